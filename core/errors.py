@@ -1,0 +1,76 @@
+"""Typed errors of the `core` package; callers catch `CoreError` or a precise subclass."""
+
+from __future__ import annotations
+
+
+class CoreError(Exception):
+    """Base of every error raised on purpose by `core`."""
+
+
+class SliceError(CoreError):
+    """A model could not be cut into pieces, or a stage could not be assembled."""
+
+
+class PieceCorruptError(SliceError):
+    """A piece on disk does not match the sha256 or size its manifest promises."""
+
+    def __init__(self, piece: str, reason: str) -> None:
+        super().__init__(f"piece {piece!r} is corrupt: {reason}")
+        self.piece = piece
+        self.reason = reason
+
+
+class ModelLoadError(CoreError):
+    """llama.cpp refused to load a model or create a context."""
+
+
+class EngineLayoutError(CoreError):
+    """The ggml tensor layout compiled into llama.cpp differs from the one we read."""
+
+
+class SessionError(CoreError):
+    """A request named a session the stage cannot serve as asked."""
+
+    def __init__(self, session: str, message: str) -> None:
+        super().__init__(f"session {session!r}: {message}")
+        self.session = session
+
+
+class StageFullError(SessionError):
+    """Every sequence slot of the stage is taken."""
+
+
+class UnknownSessionError(SessionError):
+    """The session was never opened here, or was closed."""
+
+
+class DuplicateSessionError(SessionError):
+    """The session is already open on this stage."""
+
+
+class PositionError(SessionError):
+    """Rows of a session do not continue exactly where its cache ends."""
+
+
+class InputShapeError(SessionError):
+    """Rows have the wrong kind (tokens vs hidden states) or the wrong width."""
+
+
+class ContextFullError(SessionError):
+    """The session's positions would exceed the context the stage was built with."""
+
+
+class DecodeError(CoreError):
+    """llama_decode returned a non-zero status."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"llama_decode failed with status {code}")
+        self.code = code
+
+
+class ModelNotFoundError(CoreError):
+    """A model name or path could not be resolved to a GGUF file."""
+
+
+class TokenizerError(CoreError):
+    """Tokenizing, detokenizing or applying the chat template failed."""

@@ -1,0 +1,166 @@
+"""Small frozen value types shared by the engine, the wire and the coordinator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, order=True)
+class LayerRange:
+    """Transformer blocks [start, stop) of a model; the one range type used everywhere."""
+
+    start: int
+    stop: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.start < self.stop):
+            raise ValueError(f"invalid layer range [{self.start}, {self.stop})")
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Any:
+        return iter(range(self.start, self.stop))
+
+    def __contains__(self, layer: object) -> bool:
+        return isinstance(layer, int) and self.start <= layer < self.stop
+
+    def __str__(self) -> str:
+        return f"[{self.start},{self.stop})"
+
+    @staticmethod
+    def from_cuts(cuts: list[int] | tuple[int, ...]) -> list[LayerRange]:
+        """`[0, 6, 12, 18]` -> three consecutive ranges; cuts must strictly increase."""
+        if len(cuts) < 2:
+            raise ValueError("need at least two cut points")
+        if any(b <= a for a, b in zip(cuts, cuts[1:], strict=False)):
+            raise ValueError(f"cut points must strictly increase: {list(cuts)}")
+        return [LayerRange(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What placement and the wire need to know about a model, read once from its GGUF."""
+
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    n_ctx_train: int
+    layer_kinds: tuple[str, ...]
+    """Per-layer attention kind: "full", "sliding" or "recurrent"."""
+    bytes_per_layer: tuple[int, ...]
+    kv_bytes_per_token_per_layer: tuple[int, ...]
+    """f16 K+V cache bytes one position costs in each layer (0 for recurrent layers)."""
+    embedding_bytes: int
+    head_bytes: int
+    tied_output: bool
+    """The output projection reuses token_embd (Gemma), so the last stage needs it too."""
+    bos_token: int | None = None
+    eos_tokens: tuple[int, ...] = ()
+    name: str = ""
+
+    def stage_weight_bytes(self, layers: LayerRange) -> int:
+        """Bytes of weights a stage holding `layers` loads (block bytes plus end pieces)."""
+        total = sum(self.bytes_per_layer[layers.start : layers.stop])
+        if layers.start == 0:
+            total += self.embedding_bytes
+        if layers.stop == self.n_layer:
+            total += self.head_bytes + (0 if layers.start == 0 else self.embedding_bytes)
+        return total
+
+    def stage_kv_bytes(self, layers: LayerRange, positions: int) -> int:
+        """KV-cache bytes for `positions` cached positions in the stage's layers."""
+        return positions * sum(self.kv_bytes_per_token_per_layer[layers.start : layers.stop])
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the last stage turns logits into a token; temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_window: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0 disables it)")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError("top_p must be in (0, 1]")
+        if not (0.0 <= self.min_p < 1.0):
+            raise ValueError("min_p must be in [0, 1)")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if self.repetition_window < 0:
+            raise ValueError("repetition_window must be >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """How to build one stage's runtime."""
+
+    layers: LayerRange
+    n_layer_total: int
+    n_ctx: int = 2048
+    n_batch: int = 256
+    n_seq_max: int = 8
+    n_threads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.layers.stop > self.n_layer_total:
+            raise ValueError(f"{self.layers} exceeds the model's {self.n_layer_total} layers")
+        if not (1 <= self.n_seq_max <= 256):
+            raise ValueError("n_seq_max must be in 1..256 (llama.cpp's limit)")
+        if self.n_batch < 1 or self.n_ctx < 1 or self.n_threads < 1:
+            raise ValueError("n_batch, n_ctx and n_threads must be positive")
+
+    @property
+    def is_first(self) -> bool:
+        return self.layers.start == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.layers.stop == self.n_layer_total
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class HardwareReport:
+    """Memory a node can offer; from NVML when there is an NVIDIA GPU, else system RAM."""
+
+    gpus: tuple[GpuInfo, ...]
+    system_total_bytes: int
+    system_available_bytes: int
+    driver: str | None
+    note: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def usable_bytes(self) -> int:
+        """Free VRAM summed over GPUs, or available system memory without a GPU."""
+        if self.gpus:
+            return sum(g.free_bytes for g in self.gpus)
+        return self.system_available_bytes
+
