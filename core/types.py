@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 
@@ -34,9 +36,9 @@ class LayerRange:
         """`[0, 6, 12, 18]` -> three consecutive ranges; cuts must strictly increase."""
         if len(cuts) < 2:
             raise ValueError("need at least two cut points")
-        if any(b <= a for a, b in zip(cuts, cuts[1:], strict=False)):
+        if any(b <= a for a, b in pairwise(cuts)):
             raise ValueError(f"cut points must strictly increase: {list(cuts)}")
-        return [LayerRange(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
+        return [LayerRange(a, b) for a, b in pairwise(cuts)]
 
 
 @dataclass(frozen=True)
@@ -88,18 +90,21 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        # Written so that NaN fails every check: `nan < 0` is False, `not (nan >= 0)` is True.
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError("temperature must be finite and >= 0")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0 (0 disables it)")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError("top_p must be in (0, 1]")
         if not (0.0 <= self.min_p < 1.0):
             raise ValueError("min_p must be in [0, 1)")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError("repetition_penalty must be finite and > 0")
         if self.repetition_window < 0:
-            raise ValueError("repetition_window must be >= 0")
+            raise ValueError("repetition_window must be >= 0 (0 disables the penalty)")
+        if self.seed < 0:
+            raise ValueError("seed must be >= 0 (numpy seeds are non-negative)")
 
     @property
     def greedy(self) -> bool:
@@ -136,6 +141,8 @@ class StageSpec:
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """One NVIDIA GPU as NVML sees it; sizes in bytes."""
+
     index: int
     name: str
     total_bytes: int
@@ -151,7 +158,6 @@ class HardwareReport:
     system_available_bytes: int
     driver: str | None
     note: str
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def has_gpu(self) -> bool:
@@ -163,4 +169,3 @@ class HardwareReport:
         if self.gpus:
             return sum(g.free_bytes for g in self.gpus)
         return self.system_available_bytes
-

@@ -1,0 +1,1 @@
+"""Qt widgets only (tray, join dialog, chat window, status window)."""

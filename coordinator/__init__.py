@@ -1,0 +1,1 @@
+"""The swarm's coordinator service: invites, CA, registry, placement, pieces, web page."""

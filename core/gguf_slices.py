@@ -1,0 +1,329 @@
+"""Cut a GGUF model into pieces, and assemble a stage GGUF for layers [a, b) from them.
+
+Pieces are small GGUF files: one per transformer block (tensors keep their original
+names), an embedding piece (token_embd plus the tokenizer metadata) and a head piece
+(output_norm and output). Every piece carries the model's non-tokenizer metadata, so
+any piece describes the model on its own.
+
+A stage file holds only its own blocks, renumbered from 0 (DESIGN §4):
+- per-layer attention kinds are always written as per-layer arrays, so any cut is right;
+- the first stage keeps the tokenizer and token_embd;
+- middle stages get a dummy one-token vocabulary and one-row token_embd (tiny files);
+- the last stage keeps output_norm and output (and token_embd, which fixes the
+  vocabulary size and is the head of tied models such as Gemma).
+Tensors are copied as raw quantized bytes, never re-encoded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+from core.errors import SliceError
+from core.manifest import (
+    BLOCK,
+    EMBEDDING,
+    HEAD,
+    Manifest,
+    PieceInfo,
+    block_piece_name,
+    sha256_file,
+    verify_piece,
+)
+from core.types import LayerRange, ModelFacts
+
+_BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")
+_TOKENIZER_PREFIX = "tokenizer."
+_EMBEDDING_TENSORS = ("token_embd.weight",)
+_HEAD_TENSORS = ("output_norm.weight", "output.weight")
+
+# Default sliding-window period per architecture, as llama.cpp's loaders assume it when
+# the GGUF has no explicit per-layer array (llama_hparams::set_swa_pattern).
+_SWA_PERIOD = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "olmo2": 4, "exaone4": 4}
+# Hybrid architectures whose non-full-attention layers are recurrent.
+_RECURRENT_ARCHS = {"qwen35", "qwen35moe", "qwen3next"}
+
+# Keys the assembler rewrites per stage.
+SANGAMA_LAYER_START = "sangama.layer_start"
+SANGAMA_LAYER_STOP = "sangama.layer_stop"
+SANGAMA_N_LAYER_TOTAL = "sangama.n_layer_total"
+
+
+# ---------------------------------------------------------------- reading metadata
+
+
+def _fields(reader: GGUFReader) -> dict[str, Any]:
+    return {
+        name: f
+        for name, f in reader.fields.items()
+        if not name.startswith("GGUF.") and name != "general.architecture"
+    }
+
+
+def _value(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _arch(reader: GGUFReader) -> str:
+    arch = _value(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise SliceError("GGUF has no general.architecture")
+    return arch
+
+
+def _per_layer(reader: GGUFReader, key: str, n_layer: int, default: int) -> list[int]:
+    v = _value(reader, key, default)
+    return [int(x) for x in v] if isinstance(v, list) else [int(v)] * n_layer
+
+
+def layer_kinds(reader: GGUFReader) -> list[str]:
+    """Per-layer attention kind as llama.cpp will see it: "full", "sliding" or "recurrent"."""
+    arch = _arch(reader)
+    n_layer = int(_value(reader, f"{arch}.block_count"))
+    kinds = ["full"] * n_layer
+    recurrent = _value(reader, f"{arch}.attention.recurrent_layers")
+    if isinstance(recurrent, list):
+        kinds = ["recurrent" if r else k for k, r in zip(kinds, recurrent, strict=False)]
+    elif arch in _RECURRENT_ARCHS:
+        interval = int(_value(reader, f"{arch}.full_attention_interval", 4))
+        kinds = ["recurrent" if (i + 1) % interval else "full" for i in range(n_layer)]
+    pattern = _value(reader, f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        kinds = ["sliding" if s else k for k, s in zip(kinds, pattern, strict=False)]
+    elif f"{arch}.attention.sliding_window" in reader.fields:
+        period = int(pattern) if pattern is not None else _SWA_PERIOD.get(arch, 0)
+        if period:
+            kinds = ["sliding" if i % period < period - 1 else k for i, k in enumerate(kinds)]
+    return kinds
+
+
+def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
+    """The model facts placement and the wire need, from a whole model's GGUF."""
+    arch = _arch(reader)
+    n_layer = int(_value(reader, f"{arch}.block_count"))
+    n_embd = int(_value(reader, f"{arch}.embedding_length"))
+    n_head = _per_layer(reader, f"{arch}.attention.head_count", n_layer, 1)
+    n_head_kv = _per_layer(reader, f"{arch}.attention.head_count_kv", n_layer, n_head[0])
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens.data) if tokens is not None else int(_value(reader, f"{arch}.vocab_size"))
+    kinds = layer_kinds(reader)
+
+    block_bytes = [0] * n_layer
+    embedding_bytes = head_bytes = 0
+    names = set()
+    for t in reader.tensors:
+        names.add(t.name)
+        m = _BLOCK_TENSOR.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            block_bytes[int(m.group(1))] += int(t.n_bytes)
+        elif t.name in _EMBEDDING_TENSORS:
+            embedding_bytes += int(t.n_bytes)
+        elif t.name in _HEAD_TENSORS:
+            head_bytes += int(t.n_bytes)
+
+    kv_bytes = []
+    for il in range(n_layer):
+        head_dim_k = int(_value(reader, f"{arch}.attention.key_length", n_embd // n_head[il]))
+        head_dim_v = int(_value(reader, f"{arch}.attention.value_length", head_dim_k))
+        per_pos = 2 * n_head_kv[il] * (head_dim_k + head_dim_v)  # f16 K and V
+        kv_bytes.append(0 if kinds[il] == "recurrent" else per_pos)
+
+    bos = _value(reader, "tokenizer.ggml.bos_token_id")
+    eos = _value(reader, "tokenizer.ggml.eos_token_id")
+    eot = _value(reader, "tokenizer.ggml.eot_token_id")
+    eos_tokens = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
+    return ModelFacts(
+        architecture=arch,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_vocab=n_vocab,
+        n_ctx_train=int(_value(reader, f"{arch}.context_length", 0)),
+        layer_kinds=tuple(kinds),
+        bytes_per_layer=tuple(block_bytes),
+        kv_bytes_per_token_per_layer=tuple(kv_bytes),
+        embedding_bytes=embedding_bytes,
+        head_bytes=head_bytes,
+        tied_output="output.weight" not in names,
+        bos_token=int(bos) if bos is not None else None,
+        eos_tokens=eos_tokens,
+        name=name or str(_value(reader, "general.name", "")),
+    )
+
+
+# ---------------------------------------------------------------- writing GGUF files
+
+
+def _copy_field(w: GGUFWriter, name: str, field: Any) -> None:
+    vtype = field.types[0]
+    sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+    w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+
+
+def _copy_tensor(w: GGUFWriter, name: str, tensor: Any) -> None:
+    w.add_tensor(name, tensor.data, raw_shape=None, raw_dtype=tensor.tensor_type)
+
+
+def _finish(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _write_piece(src: GGUFReader, path: Path, tensors: Iterable[Any], with_tokenizer: bool) -> None:
+    w = GGUFWriter(str(path), arch=_arch(src))
+    for name, field in _fields(src).items():
+        if with_tokenizer or not name.startswith(_TOKENIZER_PREFIX):
+            _copy_field(w, name, field)
+    for t in tensors:
+        _copy_tensor(w, t.name, t)
+    _finish(w)
+
+
+def slice_model(model_path: Path, out_dir: Path, name: str = "") -> Manifest:
+    """Cut `model_path` into pieces under `out_dir` and write manifest.json there."""
+    model_path, out_dir = Path(model_path), Path(out_dir)
+    try:
+        reader = GGUFReader(str(model_path))
+    except (OSError, ValueError) as exc:
+        raise SliceError(f"cannot read GGUF {model_path}: {exc}") from exc
+    facts = read_facts(reader, name or model_path.stem)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    blocks: dict[int, list[Any]] = {i: [] for i in range(facts.n_layer)}
+    embedding, head = [], []
+    for t in reader.tensors:
+        m = _BLOCK_TENSOR.match(t.name)
+        if m and int(m.group(1)) in blocks:
+            blocks[int(m.group(1))].append(t)
+        elif t.name in _EMBEDDING_TENSORS:
+            embedding.append(t)
+        elif t.name in _HEAD_TENSORS:
+            head.append(t)
+        else:
+            raise SliceError(f"tensor {t.name!r} belongs to no piece; architecture not supported")
+
+    plan: list[tuple[str, str, int | None, list[Any], bool]] = [
+        (EMBEDDING, EMBEDDING, None, embedding, True),
+        *((block_piece_name(i), BLOCK, i, blocks[i], False) for i in range(facts.n_layer)),
+        (HEAD, HEAD, None, head, False),
+    ]
+    pieces = []
+    for piece_name, kind, layer, tensors, with_tokenizer in plan:
+        path = out_dir / f"{piece_name}.gguf"
+        _write_piece(reader, path, tensors, with_tokenizer)
+        pieces.append(
+            PieceInfo(piece_name, path.name, kind, layer, sha256_file(path), path.stat().st_size)
+        )
+    manifest = Manifest(facts, tuple(pieces), sha256_file(model_path), model_path.stat().st_size)
+    manifest.save(out_dir)
+    return manifest
+
+
+# ---------------------------------------------------------------- assembling a stage
+
+
+def _stage_kinds_keys(
+    w: GGUFWriter, arch: str, kinds: list[str], source_fields: dict[str, Any]
+) -> set[str]:
+    """Write the per-layer pattern arrays for the stage's layers; return the keys handled."""
+    written = set()
+    window = f"{arch}.attention.sliding_window"
+    if window in source_fields and "sliding" not in kinds:
+        # llama.cpp asserts when a sliding-window model has no sliding layer; a stage of
+        # only global layers is, to llama.cpp, a model without a window.
+        written.add(window)
+    elif window in source_fields:
+        key = f"{arch}.attention.sliding_window_pattern"
+        w.add_key_value(
+            key, [k == "sliding" for k in kinds], GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL
+        )
+        written.add(key)
+    if "recurrent" in kinds or arch in _RECURRENT_ARCHS:
+        key = f"{arch}.attention.recurrent_layers"
+        w.add_key_value(
+            key, [k == "recurrent" for k in kinds], GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL
+        )
+        written.add(key)
+    return written
+
+
+def assemble_stage(
+    manifest: Manifest, pieces_dir: Path, layers: LayerRange, out_path: Path
+) -> Path:
+    """Verify the needed pieces, then write the stage GGUF for `layers` to `out_path`."""
+    facts = manifest.facts
+    needed = manifest.pieces_for(layers)
+    paths = {p.name: verify_piece(Path(pieces_dir), p) for p in needed}  # all checks first
+    readers = {name: GGUFReader(str(path)) for name, path in paths.items()}
+
+    first, last = layers.start == 0, layers.stop == facts.n_layer
+    arch = facts.architecture
+    base = readers[block_piece_name(layers.start)]
+    base_fields = _fields(base)
+    kinds = list(facts.layer_kinds[layers.start : layers.stop])
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(out_path.suffix + ".part")
+    w = GGUFWriter(str(tmp), arch=arch)
+    rewritten = _stage_kinds_keys(w, arch, kinds, base_fields)
+    rewritten |= {f"{arch}.block_count", f"{arch}.full_attention_interval"}
+    for name, field in base_fields.items():
+        if name in rewritten:
+            continue
+        if (
+            field.types[0] == GGUFValueType.ARRAY
+            and len(field.data) == facts.n_layer
+            and (name.startswith(f"{arch}."))
+        ):
+            # Per-layer hyperparameter arrays follow the blocks they describe.
+            vals = field.contents()[layers.start : layers.stop]
+            w.add_key_value(name, vals, GGUFValueType.ARRAY, sub_type=field.types[-1])
+            continue
+        _copy_field(w, name, field)
+    w.add_block_count(len(layers))
+    w.add_uint32(SANGAMA_LAYER_START, layers.start)
+    w.add_uint32(SANGAMA_LAYER_STOP, layers.stop)
+    w.add_uint32(SANGAMA_N_LAYER_TOTAL, facts.n_layer)
+
+    if first:
+        for name, field in _fields(readers[EMBEDDING]).items():
+            if name.startswith(_TOKENIZER_PREFIX):
+                _copy_field(w, name, field)
+    else:
+        w.add_tokenizer_model("none")
+        w.add_vocab_size(facts.n_vocab if last else 1)
+
+    for layer in layers:
+        for t in readers[block_piece_name(layer)].tensors:
+            m = _BLOCK_TENSOR.match(t.name)
+            if m is None or int(m.group(1)) != layer:
+                raise SliceError(f"piece {block_piece_name(layer)} holds foreign tensor {t.name}")
+            _copy_tensor(w, f"blk.{layer - layers.start}.{m.group(2)}", t)
+
+    if first or last:
+        for t in readers[EMBEDDING].tensors:
+            _copy_tensor(w, t.name, t)
+    else:
+        # A one-token vocabulary: the stage never embeds tokens nor computes logits.
+        w.add_tensor("token_embd.weight", np.zeros((1, facts.n_embd), dtype=np.float32))
+    if last:
+        for t in readers[HEAD].tensors:
+            _copy_tensor(w, t.name, t)
+    else:
+        # llama.cpp requires output_norm; the capture callback stops the graph before it.
+        w.add_tensor("output_norm.weight", np.ones(facts.n_embd, dtype=np.float32))
+    _finish(w)
+    tmp.replace(out_path)
+    return out_path
+
+
+def stage_file_name(facts: ModelFacts, layers: LayerRange) -> str:
+    return f"{facts.name or facts.architecture}.{layers.start}-{layers.stop}.gguf"

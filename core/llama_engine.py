@@ -1,0 +1,508 @@
+"""The one module that imports llama_cpp: a stage's model and context, and vocab-only loads.
+
+A stage engine evaluates one batch of rows in one `llama_decode`. Rows carry tokens
+(first stage) or f32 hidden states (later stages, through `llama_batch.embd`). Non-last
+stages return the residual after their last block, captured by an eval callback on the
+tensor `l_out-<k-1>`; the callback then stops the graph so the output norm and head are
+skipped. The last stage returns logits. Recipe and measurements: DESIGN §4.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as _llama_cpp_pkg
+import llama_cpp.llama_cpp as _ll
+import numpy as np
+import numpy.typing as npt
+import platformdirs
+
+from core.errors import DecodeError, EngineLayoutError, ModelLoadError, TokenizerError
+
+log = logging.getLogger(__name__)
+
+# ctypes signatures of llama_cpp are precise but noisy for mypy; treat the module as Any.
+LL: Any = _ll
+
+F32Array = npt.NDArray[np.float32]
+
+# ---------------------------------------------------------------- ggml tensor layout
+
+_GGML_MAX_DIMS, _GGML_MAX_OP_PARAMS, _GGML_MAX_SRC, _GGML_MAX_NAME = 4, 64, 10, 64
+_GGML_TYPE_F32 = 0
+_GGML_OBJECT_SIZE = 32  # sizeof(struct ggml_object), part of ggml_tensor_overhead()
+
+
+class GgmlTensor(ctypes.Structure):
+    """struct ggml_tensor as in the ggml.h vendored by llama-cpp-python 0.3.36."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * _GGML_MAX_DIMS),
+        ("nb", ctypes.c_size_t * _GGML_MAX_DIMS),
+        ("op", ctypes.c_int),
+        ("op_params", ctypes.c_int32 * (_GGML_MAX_OP_PARAMS // 4)),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * _GGML_MAX_SRC),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * _GGML_MAX_NAME),
+        ("extra", ctypes.c_void_p),
+        ("padding", ctypes.c_char * 8),
+    ]
+
+
+_NAME_OFFSET: int = GgmlTensor.name.offset
+_LIB_DIR = Path(_llama_cpp_pkg.__file__).parent / "lib"
+
+
+def _lib_path(stem: str) -> Path:
+    for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):
+        if (_LIB_DIR / name).exists():
+            return _LIB_DIR / name
+    raise ModelLoadError(f"{stem} library not found in {_LIB_DIR}")
+
+
+def _load_ggml_base() -> Any:
+    lib = ctypes.CDLL(str(_lib_path("ggml-base")))
+    lib.ggml_backend_tensor_get.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+    ]
+    lib.ggml_backend_tensor_get.restype = None
+    lib.ggml_tensor_overhead.argtypes = []
+    lib.ggml_tensor_overhead.restype = ctypes.c_size_t
+    lib.ggml_is_contiguous.argtypes = [ctypes.c_void_p]
+    lib.ggml_is_contiguous.restype = ctypes.c_bool
+    return lib
+
+
+_ggml_base = _load_ggml_base()
+
+
+def tensor_layout() -> tuple[int, int]:
+    """(sizeof(ggml_tensor) as we declare it, as the loaded library has it)."""
+    return ctypes.sizeof(GgmlTensor), int(_ggml_base.ggml_tensor_overhead()) - _GGML_OBJECT_SIZE
+
+
+def check_tensor_layout() -> None:
+    ours, theirs = tensor_layout()
+    if ours != theirs:
+        raise EngineLayoutError(
+            f"ggml_tensor is {theirs} bytes in the loaded llama.cpp but {ours} in Sangama's "
+            "declaration; this llama-cpp-python build is not the pinned 0.3.36"
+        )
+
+
+# ---------------------------------------------------------------- process-wide set-up
+
+_init_lock = threading.Lock()
+_initialised = False
+_log_callback: Any = None
+
+
+def _init_backend() -> None:
+    global _initialised, _log_callback
+    with _init_lock:
+        if _initialised:
+            return
+        check_tensor_layout()
+
+        def _to_logging(level: int, text: bytes, _ud: Any) -> None:
+            # llama.cpp is chatty at load; keep its lines at DEBUG unless they are errors.
+            if text and level == 4:  # GGML_LOG_LEVEL_ERROR (5 is a continuation line)
+                log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())
+            elif text and log.isEnabledFor(logging.DEBUG):
+                log.debug("llama.cpp: %s", text.decode(errors="replace").rstrip())
+
+        _log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
+            _to_logging
+        )
+        LL.llama_log_set(_log_callback, None)
+        LL.llama_backend_init()
+        _initialised = True
+
+
+# ---------------------------------------------------------------- the C capture callback
+
+
+class _CaptureState(ctypes.Structure):
+    _fields_ = [
+        ("target", ctypes.c_char * 64),
+        ("name_offset", ctypes.c_size_t),
+        ("dst", ctypes.c_void_p),
+        ("cap_bytes", ctypes.c_size_t),
+        ("written", ctypes.c_size_t),
+        ("overflow", ctypes.c_int),
+    ]
+
+
+_capture_lib: Any = None
+_capture_lib_error: str | None = None
+
+
+def _build_capture_lib() -> Any:
+    """Compile csrc/capture_cb.c once per machine into the user cache; None if impossible."""
+    global _capture_lib, _capture_lib_error
+    if _capture_lib is not None or _capture_lib_error is not None:
+        return _capture_lib
+    src = resources.files("core").joinpath("csrc/capture_cb.c").read_bytes()
+    cache = Path(platformdirs.user_cache_dir("sangama")) / "native"
+    out = cache / f"capture_cb-{abs(hash(src)) & 0xFFFFFFFF:08x}.so"
+    try:
+        if not out.exists():
+            cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+            if cc is None:
+                raise OSError("no C compiler on PATH")
+            cache.mkdir(parents=True, exist_ok=True)
+            c_file = cache / "capture_cb.c"
+            c_file.write_bytes(src)
+            base = _lib_path("ggml-base")
+            tmp = out.with_suffix(".tmp")
+            subprocess.run(
+                [
+                    cc,
+                    "-O2",
+                    "-shared",
+                    "-fPIC",
+                    str(c_file),
+                    "-o",
+                    str(tmp),
+                    f"-L{base.parent}",
+                    "-lggml-base",
+                    f"-Wl,-rpath,{base.parent}",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            tmp.replace(out)
+        _ggml_base  # noqa: B018 - libggml-base must be loaded before the callback library
+        _capture_lib = ctypes.CDLL(str(out))
+    except (OSError, subprocess.SubprocessError) as exc:
+        _capture_lib_error = str(exc)
+        log.info("C capture callback unavailable (%s); using the Python callback", exc)
+    return _capture_lib
+
+
+def c_capture_available() -> bool:
+    return _build_capture_lib() is not None
+
+
+# ---------------------------------------------------------------- engine
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_ctx: int = 2048
+    n_batch: int = 256
+    n_seq_max: int = 8
+    n_threads: int = 2
+    capture_hidden: bool = False
+    """True on non-last stages: return the last block's residual instead of logits."""
+    embd_input: bool = False
+    """True on non-first stages: rows arrive as hidden states, not tokens."""
+    c_callback: bool = True
+    """Use the compiled capture callback where a C compiler is available."""
+
+
+class LlamaStageEngine:
+    """One model, one context, one reusable batch; not thread-safe (one caller at a time)."""
+
+    def __init__(self, path: Path, config: EngineConfig) -> None:
+        _init_backend()
+        self.config = config
+        mp = LL.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self._model: Any = LL.llama_model_load_from_file(str(path).encode(), mp)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {path}")
+        self._ctx: Any = None
+        self._batch: Any = None
+        self._mem: Any = None
+        self._pos_view: npt.NDArray[np.int32] = np.empty(0, dtype=np.int32)
+        self._nseq_view: npt.NDArray[np.int32] = np.empty(0, dtype=np.int32)
+        self._out_view: npt.NDArray[np.int8] = np.empty(0, dtype=np.int8)
+        self._tok_view: npt.NDArray[np.int32] | None = None
+        self._embd_view: F32Array | None = None
+        try:
+            self.n_layer = int(LL.llama_model_n_layer(self._model))
+            self.n_embd = int(LL.llama_model_n_embd(self._model))
+            self.n_vocab = int(LL.llama_vocab_n_tokens(LL.llama_model_get_vocab(self._model)))
+            self._setup_context(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup_context(self, config: EngineConfig) -> None:
+        cp = LL.llama_context_default_params()
+        cp.n_ctx = config.n_ctx
+        cp.n_batch = cp.n_ubatch = config.n_batch
+        cp.n_seq_max = config.n_seq_max
+        cp.n_threads = cp.n_threads_batch = config.n_threads
+        # Without a unified KV cache llama.cpp reorders the rows of a multi-sequence
+        # batch, and the captured hidden states would come back in the wrong order.
+        cp.kv_unified = True
+        cp.no_perf = True
+        self._target = f"l_out-{self.n_layer - 1}".encode()
+        self._chunks: list[F32Array] = []
+        self._capture_buf: F32Array | None = None
+        self._cstate: _CaptureState | None = None
+        self.uses_c_callback = False
+        if config.capture_hidden:
+            lib = _build_capture_lib() if config.c_callback else None
+            if lib is not None:
+                self._capture_buf = np.empty((config.n_batch, self.n_embd), dtype=np.float32)
+                self._cstate = _CaptureState(
+                    self._target,
+                    _NAME_OFFSET,
+                    self._capture_buf.ctypes.data,
+                    self._capture_buf.nbytes,
+                    0,
+                    0,
+                )
+                cp.cb_eval = ctypes.cast(
+                    lib.sangama_capture_cb, LL.ggml_backend_sched_eval_callback
+                )
+                cp.cb_eval_user_data = ctypes.addressof(self._cstate)
+                self.uses_c_callback = True
+            else:
+                self._py_cb = LL.ggml_backend_sched_eval_callback(self._eval_cb)
+                cp.cb_eval = self._py_cb
+                cp.cb_eval_user_data = None
+        self._ctx = LL.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            raise ModelLoadError("llama.cpp could not create a context (out of memory?)")
+        self._mem = LL.llama_get_memory(self._ctx)
+        n_embd_in = self.n_embd if config.embd_input else 0
+        self._batch = LL.llama_batch_init(config.n_batch, n_embd_in, config.n_seq_max)
+        b = self._batch
+        n = config.n_batch
+        self._pos_view = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self._nseq_view = np.ctypeslib.as_array(b.n_seq_id, shape=(n,))
+        self._out_view = np.ctypeslib.as_array(b.logits, shape=(n,))
+        self._tok_view = None if config.embd_input else np.ctypeslib.as_array(b.token, shape=(n,))
+        self._embd_view = (
+            np.ctypeslib.as_array(b.embd, shape=(n, self.n_embd)) if config.embd_input else None
+        )
+
+    def _eval_cb(self, tensor: int, ask: bool, _ud: Any) -> bool:
+        name = ctypes.string_at(tensor + _NAME_OFFSET, len(self._target) + 1)
+        if ask:
+            return name == self._target + b"\0"
+        t = GgmlTensor.from_address(tensor)
+        if t.type != _GGML_TYPE_F32 or not _ggml_base.ggml_is_contiguous(tensor):
+            # Exceptions cannot cross the C boundary; decode() notices the missing rows.
+            return False
+        out = np.empty((int(t.ne[1]), int(t.ne[0])), dtype=np.float32)
+        _ggml_base.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
+        self._chunks.append(out)
+        return False  # skip the rest of the graph: output norm and lm_head
+
+    # ------------------------------------------------------------ evaluation
+
+    def decode(
+        self,
+        positions: npt.NDArray[np.int32],
+        seq_ids: npt.NDArray[np.int32],
+        outputs: npt.NDArray[np.bool_],
+        tokens: npt.NDArray[np.int32] | None = None,
+        hidden: F32Array | None = None,
+    ) -> F32Array:
+        """Evaluate rows; hidden states of every row, or logits of rows marked in `outputs`."""
+        n = len(positions)
+        if n == 0 or n > self.config.n_batch:
+            raise ValueError(f"batch of {n} rows; must be 1..{self.config.n_batch}")
+        b = self._batch
+        b.n_tokens = n
+        if self.config.embd_input:
+            assert hidden is not None and self._embd_view is not None
+            self._embd_view[:n] = hidden
+        else:
+            assert tokens is not None and self._tok_view is not None
+            self._tok_view[:n] = tokens
+        self._pos_view[:n] = positions
+        self._nseq_view[:n] = 1
+        for i in range(n):
+            b.seq_id[i][0] = int(seq_ids[i])
+        # Non-last stages need every row of l_out; llama.cpp prunes non-output rows before it.
+        self._out_view[:n] = 1 if self.config.capture_hidden else outputs
+        self._chunks = []
+        if self._cstate is not None:
+            self._cstate.written = 0
+            self._cstate.overflow = 0
+        rc = int(LL.llama_decode(self._ctx, b))
+        if rc != 0:
+            raise DecodeError(rc)
+        if not self.config.capture_hidden:
+            rows = np.flatnonzero(outputs)
+            logits = np.empty((len(rows), self.n_vocab), dtype=np.float32)
+            for j, i in enumerate(rows.tolist()):
+                ptr = LL.llama_get_logits_ith(self._ctx, i)
+                logits[j] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            return logits
+        if self._cstate is not None and self._capture_buf is not None:
+            if self._cstate.overflow or self._cstate.written != n * self.n_embd * 4:
+                raise DecodeError(-101)
+            return self._capture_buf[:n].copy()
+        hidden_out = np.concatenate(self._chunks, axis=0) if self._chunks else None
+        if hidden_out is None or hidden_out.shape != (n, self.n_embd):
+            raise DecodeError(-101)
+        return hidden_out
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        """Forget positions [p0, p1) of a sequence (p1 = -1: to the end)."""
+        return bool(LL.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(LL.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def clear(self) -> None:
+        LL.llama_memory_clear(self._mem, True)
+
+    def set_threads(self, n_threads: int) -> None:
+        LL.llama_set_n_threads(self._ctx, n_threads, n_threads)
+
+    def close(self) -> None:
+        """Free the batch, context and model; safe to call twice."""
+        if self._batch is not None:
+            LL.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            LL.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            LL.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> LlamaStageEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------- vocabulary only
+
+
+# Some GGUFs (the default Gemma among them) ship without tokenizer.chat_template;
+# llama.cpp's built-in templates are selected by these names.
+_BUILTIN_TEMPLATES = (("gemma", "gemma"), ("qwen", "chatml"), ("llama", "llama3"))
+
+
+class LlamaVocab:
+    """Tokenizer and chat template of a GGUF, loaded without its weights."""
+
+    def __init__(self, path: Path) -> None:
+        _init_backend()
+        mp = LL.llama_model_default_params()
+        mp.vocab_only = True
+        self._model: Any = LL.llama_model_load_from_file(str(path).encode(), mp)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not read the vocabulary of {path}")
+        self._vocab = LL.llama_model_get_vocab(self._model)
+        self.n_vocab = int(LL.llama_vocab_n_tokens(self._vocab))
+        self.bos = int(LL.llama_vocab_bos(self._vocab))
+        self.eos = int(LL.llama_vocab_eos(self._vocab))
+        self._lock = threading.Lock()
+
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        data = text.encode()
+        cap = len(data) + 16
+        for _ in range(2):
+            buf = (LL.llama_token * cap)()
+            with self._lock:
+                n = int(
+                    LL.llama_tokenize(
+                        self._vocab, data, len(data), buf, cap, add_special, parse_special
+                    )
+                )
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n
+        raise TokenizerError("tokenization did not converge")
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        self._check(token)
+        buf = ctypes.create_string_buffer(64)
+        with self._lock:
+            n = int(LL.llama_token_to_piece(self._vocab, token, buf, 64, 0, special))
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = int(LL.llama_token_to_piece(self._vocab, token, buf, -n, 0, special))
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int], special: bool = False) -> str:
+        return b"".join(self.token_to_piece(t, special) for t in tokens).decode(errors="replace")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(LL.llama_vocab_is_eog(self._vocab, token))
+
+    def architecture(self) -> str:
+        buf = ctypes.create_string_buffer(128)
+        n = int(LL.llama_model_meta_val_str(self._model, b"general.architecture", buf, 128))
+        return buf.value.decode() if n > 0 else ""
+
+    def chat_template(self) -> str | None:
+        """The GGUF's template, else llama.cpp's built-in one named for the architecture."""
+        raw = LL.llama_model_chat_template(self._model, None)
+        if raw:
+            return str(raw.decode())
+        arch = self.architecture()
+        for prefix, name in _BUILTIN_TEMPLATES:
+            if arch.startswith(prefix):
+                return name
+        return None
+
+    def apply_chat_template(
+        self, messages: list[tuple[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render (role, content) messages with the model's template (llama.cpp built-ins)."""
+        template = self.chat_template()
+        if template is None:
+            raise TokenizerError("the model has no chat template")
+        tmpl = template.encode()
+        keep = [(r.encode(), c.encode()) for r, c in messages]
+        chat = (LL.llama_chat_message * len(keep))()
+        for i, (r, c) in enumerate(keep):
+            chat[i].role = r
+            chat[i].content = c
+        cap = 2 * sum(len(c) for _, c in keep) + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = int(
+                LL.llama_chat_apply_template(tmpl, chat, len(keep), add_generation_prompt, buf, cap)
+            )
+            if n < 0:
+                raise TokenizerError("llama.cpp does not support this model's chat template")
+            if n <= cap:
+                return buf.raw[:n].decode(errors="replace")
+            cap = n
+        raise TokenizerError("chat template output did not fit")
+
+    def _check(self, token: int) -> None:
+        if not (0 <= token < self.n_vocab):
+            raise TokenizerError(f"token {token} outside the vocabulary (0..{self.n_vocab - 1})")
+
+    def close(self) -> None:
+        if self._model:
+            LL.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,76 @@
+"""Text <-> tokens and the chat template, read from a GGUF without loading its weights."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from pathlib import Path
+
+from core.llama_engine import LlamaVocab
+
+Message = tuple[str, str]
+"""(role, content): role is "system", "user" or "assistant"."""
+
+
+class Tokenizer:
+    def __init__(self, vocab: LlamaVocab) -> None:
+        self._vocab = vocab
+
+    @classmethod
+    def from_gguf(cls, path: Path) -> Tokenizer:
+        """Any GGUF that carries the tokenizer: the whole model, its embedding piece, stage 0."""
+        return cls(LlamaVocab(Path(path)))
+
+    @property
+    def n_vocab(self) -> int:
+        return self._vocab.n_vocab
+
+    @property
+    def bos(self) -> int:
+        return self._vocab.bos
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        return self._vocab.tokenize(text, add_special=add_special, parse_special=True)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self._vocab.detokenize(list(tokens))
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._vocab.token_to_piece(token)
+
+    def is_end(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, end of turn)."""
+        return self._vocab.is_end_of_generation(token)
+
+    def chat_template(self) -> str | None:
+        return self._vocab.chat_template()
+
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        return self._vocab.apply_chat_template(list(messages), add_generation_prompt)
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        tokens = self.encode(self.render_chat(messages), add_special=True)
+        # Some templates write BOS themselves; never feed the model two.
+        if len(tokens) > 1 and tokens[0] == tokens[1] == self.bos:
+            tokens = tokens[1:]
+        return tokens
+
+    def streamer(self) -> TextStreamer:
+        return TextStreamer(self)
+
+    def close(self) -> None:
+        self._vocab.close()
+
+
+class TextStreamer:
+    """Turns tokens into text as they arrive, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._decoder.decode(self._tok.token_bytes(token))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)

@@ -1,0 +1,1 @@
+"""Test helpers and fakes, in one place."""
