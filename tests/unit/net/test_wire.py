@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import struct
 from typing import Any, cast
@@ -130,10 +131,8 @@ def test_arbitrary_bytes_raise_only_frame_errors(data: bytes) -> None:
         pass
     else:
         assert encode(frame) == data  # whatever decodes is valid and encoded canonically
-    try:
+    with contextlib.suppress(FrameError):
         FrameDecoder().feed(data)
-    except FrameError:
-        pass
 
 
 @given(frames, st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4))
@@ -165,9 +164,10 @@ def test_any_split_of_a_stream_gives_the_same_frames(batch: list[Frame], cuts: l
 
 
 def test_byte_by_byte_feeding_matches() -> None:
-    batch = [Ping(1), Close("s", "done"), Pong(2)]
+    batch: list[Frame] = [Ping(1), Close("s", "done"), Pong(2)]
     decoder = FrameDecoder()
-    got = [f for byte in b"".join(map(encode, batch)) for f in decoder.feed(bytes([byte]))]
+    stream = b"".join(encode(f) for f in batch)
+    got = [f for byte in stream for f in decoder.feed(bytes([byte]))]
     assert got == batch
 
 
@@ -344,6 +344,7 @@ def timing(**changes: Any) -> Step:
 
 BAD_DTYPE = cast(WireDtype, 9)
 T, V, S, P = ErrorCode.TOO_LARGE, ErrorCode.BAD_VALUE, ErrorCode.BAD_SHAPE, ErrorCode.BAD_POSITIONS
+D = ErrorCode.BAD_DTYPE
 
 # (frame, code, whether the wire can carry it: u32/u64/i32 fields cannot hold some values)
 RULES: dict[str, tuple[Frame, ErrorCode, bool]] = {
@@ -353,7 +354,7 @@ RULES: dict[str, tuple[Frame, ErrorCode, bool]] = {
     "lone surrogate": (Close("s", "\ud800"), ErrorCode.MALFORMED, False),
     "negative step_id": (step(step_id=-1), V, False),
     "huge step_id": (step(step_id=U64_MAX + 1), V, False),
-    "unknown dtype": (step(wire_dtype=BAD_DTYPE), ErrorCode.BAD_DTYPE, True),
+    "unknown dtype": (step(wire_dtype=BAD_DTYPE), D, True),
     "too many tokens": (step(tokens=(1,) * 9, n_rows=9, drafts=()), T, True),
     "negative token": (step(tokens=(1, -2, 3)), V, True),
     "token past int32": (step(tokens=(1, TOKEN_MAX + 1, 3)), V, False),
@@ -383,7 +384,7 @@ RULES: dict[str, tuple[Frame, ErrorCode, bool]] = {
     "open: empty model": (dataclasses.replace(OPEN, model=""), V, True),
     "open: long model": (dataclasses.replace(OPEN, model="x" * 11), T, True),
     "open: long reply_to": (dataclasses.replace(OPEN, reply_to="x" * 11), T, True),
-    "open: unknown dtype": (dataclasses.replace(OPEN, wire_dtype=BAD_DTYPE), ErrorCode.BAD_DTYPE, True),
+    "open: unknown dtype": (dataclasses.replace(OPEN, wire_dtype=BAD_DTYPE), D, True),
     "open: negative max_tokens": (dataclasses.replace(OPEN, max_tokens=-1), V, False),
     "open: negative prompt_len": (dataclasses.replace(OPEN, prompt_len=-1), V, False),
     "temperature NaN": (sampling(temperature=NAN), V, True),

@@ -1,0 +1,366 @@
+"""Userspace WAN emulation: a UDP forwarder that delays, jitters and drops datagrams.
+
+These machines lack netem, so tests and benchmarks put this between QUIC peers. Each
+client address gets its own upstream socket, so the target's replies find their way
+back; both directions get `delay_ms` one way; jitter never reorders the packets of one
+flow and direction (netem without reordering); `loss` drops packets as they arrive.
+
+    python -m net.delay_proxy --listen 127.0.0.1:9000 --target 127.0.0.1:9001 --delay-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import signal
+import sys
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from net.errors import ProxyError
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+
+
+@dataclass
+class _Counters:
+    up_packets: int = 0
+    up_bytes: int = 0
+    down_packets: int = 0
+    down_bytes: int = 0
+    up_dropped: int = 0
+    down_dropped: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class ProxyStats:
+    """Counters since start. `*_packets`/`*_bytes` count datagrams forwarded after their
+    delay; `*_dropped` count emulated loss. Up is client -> target, down the reverse."""
+
+    up_packets: int = 0
+    up_bytes: int = 0
+    down_packets: int = 0
+    down_bytes: int = 0
+    up_dropped: int = 0
+    down_dropped: int = 0
+    flows: int = 0
+    errors: int = 0
+    """Socket errors reported by the OS (e.g. ICMP port unreachable from the target)."""
+
+
+class _Lane:
+    """One direction of one flow: a FIFO whose send times never decrease, so no reordering.
+
+    `send` returns False while its socket is not ready; `resume` continues once it is.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[bytes], bool]) -> None:
+        self._loop = loop
+        self._send = send
+        self._queue: deque[tuple[float, bytes]] = deque()
+        self._last_at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def push(self, data: bytes, delay_s: float) -> None:
+        now = self._loop.time()
+        # Jitter may make this packet "due" before the previous one: hold it until then.
+        at = max(now + delay_s, now, self._last_at)
+        self._last_at = at
+        self._queue.append((at, data))
+        if self._timer is None:
+            self._flush(now)
+
+    def resume(self) -> None:
+        self._flush(self._loop.time())
+
+    def discard(self) -> int:
+        """Forget queued packets (closing); how many there were."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        n = len(self._queue)
+        self._queue.clear()
+        return n
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        # The loop may wake us up to one clock tick early: the head is due all the same.
+        self._flush(max(self._loop.time(), self._queue[0][0]))
+
+    def _flush(self, until: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._queue and self._queue[0][0] <= until:
+            if not self._send(self._queue[0][1]):
+                return  # not connected yet: `resume` picks up from here
+            self._queue.popleft()
+        if self._queue:
+            self._timer = self._loop.call_at(self._queue[0][0], self._on_timer)
+
+
+class _Flow:
+    """One client address: its own upstream socket and a lane each way."""
+
+    def __init__(
+        self,
+        client: Any,
+        up: Callable[[_Flow, bytes], bool],
+        down: Callable[[_Flow, bytes], bool],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.client = client
+        self.upstream: asyncio.DatagramTransport | None = None
+        self.up = _Lane(loop, lambda data: up(self, data))
+        self.down = _Lane(loop, lambda data: down(self, data))
+
+
+class _ClientSide(asyncio.DatagramProtocol):
+    def __init__(self, proxy: DelayProxy) -> None:
+        self.proxy = proxy
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.proxy._from_client(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        self.proxy._error(exc)
+
+
+class _TargetSide(asyncio.DatagramProtocol):
+    def __init__(self, proxy: DelayProxy, flow: _Flow) -> None:
+        self.proxy = proxy
+        self.flow = flow
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.proxy._from_target(self.flow, data)
+
+    def error_received(self, exc: Exception) -> None:
+        self.proxy._error(exc)
+
+
+class DelayProxy:
+    """Forwards UDP between clients at `listen` and one `target`, with WAN-like delay."""
+
+    def __init__(
+        self,
+        listen: Address,
+        target: Address,
+        delay_ms: float,
+        jitter_ms: float = 0.0,
+        loss: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
+        if not (math.isfinite(delay_ms) and delay_ms >= 0):
+            raise ValueError(f"delay_ms must be finite and >= 0, got {delay_ms}")
+        if not (math.isfinite(jitter_ms) and jitter_ms >= 0):
+            raise ValueError(f"jitter_ms must be finite and >= 0, got {jitter_ms}")
+        if not 0.0 <= loss <= 1.0:
+            raise ValueError(f"loss must be in [0, 1], got {loss}")
+        self.listen = listen
+        self.target = target
+        self.delay_ms = delay_ms
+        self.jitter_ms = jitter_ms
+        self.loss = loss
+        # One generator per direction, so each direction's draws depend only on its own
+        # packet order, not on how the two directions interleave.
+        self._rng_up = random.Random(seed)
+        self._rng_down = random.Random(None if seed is None else seed + 1)
+        self._counts = _Counters()
+        self._flows: dict[Any, _Flow] = {}
+        self._connecting: set[asyncio.Task[None]] = set()
+        self._transport: asyncio.DatagramTransport | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        if self._transport is not None or self._closed:
+            raise ProxyError("a DelayProxy starts once")
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(
+            lambda: _ClientSide(self), local_addr=self.listen
+        )
+
+    async def close(self) -> None:
+        """Stop forwarding; packets still delayed in flight are discarded."""
+        self._closed = True
+        for task in list(self._connecting):
+            task.cancel()
+        for task in list(self._connecting):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for flow in self._flows.values():
+            flow.up.discard()
+            flow.down.discard()
+            if flow.upstream is not None:
+                flow.upstream.close()
+        if self._transport is not None:
+            self._transport.close()
+
+    async def __aenter__(self) -> DelayProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def bound_port(self) -> int:
+        """The port clients should send to (useful when listening on port 0)."""
+        if self._transport is None:
+            raise ProxyError("the proxy is not started")
+        port: int = self._transport.get_extra_info("sockname")[1]
+        return port
+
+    @property
+    def stats(self) -> ProxyStats:
+        return ProxyStats(**asdict(self._counts), flows=len(self._flows))
+
+    # --- datagrams ----------------------------------------------------------------------
+
+    def _from_client(self, data: bytes, client: Any) -> None:
+        if self._closed:
+            return
+        flow = self._flows.get(client)
+        if flow is None:
+            flow = self._open_flow(client)
+        if self._drop(self._rng_up):
+            self._counts.up_dropped += 1
+            return
+        flow.up.push(data, self._delay(self._rng_up))
+
+    def _from_target(self, flow: _Flow, data: bytes) -> None:
+        if self._closed:
+            return
+        if self._drop(self._rng_down):
+            self._counts.down_dropped += 1
+            return
+        flow.down.push(data, self._delay(self._rng_down))
+
+    def _send_up(self, flow: _Flow, data: bytes) -> bool:
+        if flow.upstream is None:
+            return False
+        flow.upstream.sendto(data)
+        self._counts.up_packets += 1
+        self._counts.up_bytes += len(data)
+        return True
+
+    def _send_down(self, flow: _Flow, data: bytes) -> bool:
+        assert self._transport is not None  # flows only exist after start()
+        self._transport.sendto(data, flow.client)
+        self._counts.down_packets += 1
+        self._counts.down_bytes += len(data)
+        return True
+
+    def _error(self, exc: Exception) -> None:
+        self._counts.errors += 1
+        log.debug("delay proxy socket error: %s", exc)
+
+    def _drop(self, rng: random.Random) -> bool:
+        return self.loss > 0 and rng.random() < self.loss
+
+    def _delay(self, rng: random.Random) -> float:
+        jitter = rng.uniform(-self.jitter_ms, self.jitter_ms) if self.jitter_ms else 0.0
+        return (self.delay_ms + jitter) / 1000.0
+
+    # --- flows --------------------------------------------------------------------------
+
+    def _open_flow(self, client: Any) -> _Flow:
+        loop = asyncio.get_running_loop()
+        flow = _Flow(client, self._send_up, self._send_down, loop)
+        self._flows[client] = flow
+        task = loop.create_task(self._connect(flow))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+        return flow
+
+    async def _connect(self, flow: _Flow) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _TargetSide(self, flow), remote_addr=self.target
+            )
+        except OSError as exc:
+            log.warning("delay proxy cannot reach %s: %s", self.target, exc)
+            self._counts.errors += 1
+            self._counts.up_dropped += flow.up.discard()
+            del self._flows[flow.client]  # the client's next packet tries again
+            return
+        if self._closed:
+            transport.close()
+            return
+        flow.upstream = transport
+        flow.up.resume()
+
+
+# --- command line -----------------------------------------------------------------------
+
+
+def parse_address(text: str) -> Address:
+    """'127.0.0.1:9000' or '[::1]:9000' -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m net.delay_proxy", description="UDP forwarder with WAN-like delay."
+    )
+    p.add_argument("--listen", type=parse_address, required=True, help="HOST:PORT to accept on")
+    p.add_argument("--target", type=parse_address, required=True, help="HOST:PORT to forward to")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay, each direction")
+    p.add_argument("--jitter-ms", type=float, default=0.0, help="uniform +- jitter, no reorder")
+    p.add_argument("--loss", type=float, default=0.0, help="drop probability per packet")
+    p.add_argument("--seed", type=int, default=None, help="seed for jitter and loss")
+    return p
+
+
+def _describe(stats: ProxyStats) -> str:
+    return (
+        f"up {stats.up_packets} pkts/{stats.up_bytes} B, down {stats.down_packets} pkts/"
+        f"{stats.down_bytes} B, dropped {stats.up_dropped} up/{stats.down_dropped} down, "
+        f"{stats.flows} flows, {stats.errors} errors"
+    )
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    proxy = DelayProxy(args.listen, args.target, args.delay_ms, args.jitter_ms, args.loss,
+                       args.seed)  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # Windows: Ctrl-C raises instead
+            loop.add_signal_handler(sig, stop.set)
+    async with proxy:
+        host, port = args.listen[0], proxy.bound_port
+        print(f"listening on {host}:{port} -> {args.target[0]}:{args.target[1]}", flush=True)
+        await stop.wait()
+        print(f"stats: {_describe(proxy.stats)}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        asyncio.run(_serve(args))
+    except ValueError as exc:  # bad --delay-ms, --jitter-ms or --loss
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # cannot bind --listen
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
