@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.errors import AppError
 from core.errors import CoreError
+from net.errors import NetError
 from core.types import LayerRange, SamplingParams
 
 DEMO_QUESTION = "In two sentences, why do volunteers share computers to run one big model?"
@@ -85,10 +87,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_sampling(p)
 
-    p = sub.add_parser("demo", help="answer one question on the default model, end to end")
+    p = sub.add_parser("demo", help="a whole swarm on loopback answers one question")
     p.add_argument("--prompt", default=DEMO_QUESTION)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--model", default="default")
+    p.add_argument("--cuts", type=_parse_cuts, default=[0, 6, 12, 18])
+    p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
+
+    p = sub.add_parser("worker", help="serve one stage (headless)")
+    p.add_argument("--config", required=True, type=Path, help="worker TOML file")
+
+    p = sub.add_parser("chat", help="ask the swarm along a route; stream the answer")
+    p.add_argument("--route", required=True, type=Path, help="route JSON file")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--credentials", required=True, type=Path, help="directory with ca.pem and NODE.pem/.key")
+    p.add_argument("--node-id", default="client", help="this client's node id (certificate name)")
+    p.add_argument("--model", default=None, help="GGUF holding the tokenizer (default: the route's model)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
+    _add_sampling(p)
+
+    p = sub.add_parser("ca", help="the swarm certificate authority")
+    ca_sub = p.add_subparsers(dest="ca_command", required=True)
+    q = ca_sub.add_parser("init", help="create a swarm CA in DIR")
+    q.add_argument("dir", type=Path)
+    q.add_argument("--name", default="sangama-swarm")
+    q = ca_sub.add_parser("issue", help="issue a node certificate")
+    q.add_argument("node_id")
+    q.add_argument("--ca", required=True, type=Path, help="directory holding ca.pem and ca.key")
+    q.add_argument("--role", choices=["worker", "client", "coordinator"], default="worker")
+    q.add_argument("--out", type=Path, default=None, help="credentials directory to write (default: --ca)")
+    q.add_argument("--hours", type=int, default=24 * 7)
 
     sub.add_parser("hardware", help="show the memory this machine can offer")
     return parser
@@ -103,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _COMMANDS[args.command]
     try:
         return handler(args)
-    except CoreError as exc:
+    except (CoreError, AppError, NetError) as exc:
         print(f"sangama {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -168,27 +198,37 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from app.local_run import run_generate
+    from app.demo import run_demo
 
-    print(f"Q: {args.prompt}\nA: ", end="", flush=True)
-    t0 = time.perf_counter()
-    report = run_generate(
-        model=args.model,
-        cuts=None,
-        prompt=args.prompt,
-        chat=True,
-        max_tokens=args.max_tokens,
-        sampling=SamplingParams(),
-        compare=False,
-        threads=2,
-        chunk=64,
-        stop_at_end=True,
-        c_callback=True,
-        stream=_stream_to_stdout,
+    return run_demo(args.model, args.cuts, args.prompt, args.max_tokens, args.wire_dtype)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from app.serve import run_worker
+
+    return run_worker(args.config)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from app.demo import run_chat_cli
+
+    return run_chat_cli(
+        route_path=args.route, credentials=args.credentials, node_id=args.node_id,
+        model=args.model, prompt=args.prompt, max_tokens=args.max_tokens,
+        chat_format=not args.raw, sampling=_sampling(args), wire_dtype=args.wire_dtype,
     )
-    print("\n")
-    _print_summary(report)
-    print(f"total {time.perf_counter() - t0:.1f} s including model preparation")
+
+
+def cmd_ca(args: argparse.Namespace) -> int:
+    from app.credentials import init_ca, issue_node
+    from net.auth import fingerprint
+
+    if args.ca_command == "init":
+        ca = init_ca(args.dir, args.name)
+        print(f"created swarm CA in {args.dir} (fingerprint {fingerprint(ca.certificate)})")
+        return 0
+    out = issue_node(args.ca, args.node_id, args.role, out_dir=args.out, hours=args.hours)
+    print(f"issued {args.role} certificate for {args.node_id} in {out}")
     return 0
 
 
@@ -226,6 +266,9 @@ _COMMANDS = {
     "assemble": cmd_assemble,
     "generate": cmd_generate,
     "demo": cmd_demo,
+    "worker": cmd_worker,
+    "chat": cmd_chat,
+    "ca": cmd_ca,
     "hardware": cmd_hardware,
 }
 

@@ -68,10 +68,15 @@ def _to_bf16_bits(array: F32Array) -> npt.NDArray[np.uint16]:
     bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
     # Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to even, and carries
     # into the exponent when needed; uint32 cannot overflow for any non-NaN input.
-    lsb = (bits >> np.uint32(16)) & np.uint32(1)
-    rounded = (bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)
-    # A NaN whose payload sits in the dropped half would truncate to infinity: keep it
-    # a quiet NaN of the same sign instead.
-    quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x0040)
-    out = np.where(np.isnan(array), quiet_nan, rounded)
+    # In-place steps: each temporary of a large array costs as much as the arithmetic.
+    out = bits >> np.uint32(16)
+    out &= np.uint32(1)
+    out += bits
+    out += np.uint32(0x7FFF)
+    out >>= np.uint32(16)
+    nan = np.isnan(array)
+    if nan.any():
+        # A NaN whose payload sits in the dropped half would round to infinity (or wrap):
+        # keep it a quiet NaN of the same sign instead.
+        out[nan] = (bits[nan] >> np.uint32(16)) | np.uint32(0x0040)
     return out.astype(np.uint16)

@@ -32,6 +32,8 @@ U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 TOKEN_MAX = 0x7FFF_FFFF
 POS_MAX = 0x7FFF_FFFF
 """llama.cpp positions are int32: the last row of a step must stay below this."""
+MIN_NONCE, MAX_NONCE = 16, 64
+"""A challenge shorter than 128 bits could be guessed and its proof replayed."""
 
 
 class FrameType(IntEnum):
@@ -42,6 +44,10 @@ class FrameType(IntEnum):
     ERROR = 5
     PING = 6
     PONG = 7
+    HELLO = 8
+    CHALLENGE = 9
+    PROOF = 10
+    WELCOME = 11
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Limits:
     max_string: int = 1024
     """UTF-8 bytes of any one string."""
     max_timings: int = 256
+    max_proof_bytes: int = 16 * 1024
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -175,7 +182,33 @@ class Pong:
     nonce: int
 
 
-Frame = Open | Step | Tokens | Close | Error | Ping | Pong
+# The handshake (net.protocol): HELLO -> CHALLENGE -> PROOF -> WELCOME, before any other frame.
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Initiator, first frame: asks the acceptor for a challenge."""
+
+
+@dataclass(frozen=True)
+class Challenge:
+    nonce: bytes
+    """Fresh random bytes the initiator must sign (MIN_NONCE..MAX_NONCE of them)."""
+
+
+@dataclass(frozen=True)
+class Proof:
+    data: bytes
+    """The initiator's certificate and signature, encoded by net.auth; opaque here."""
+
+
+@dataclass(frozen=True)
+class Welcome:
+    node_id: str
+    """The identity the acceptor verified, echoed so both sides agree on it."""
+
+
+Frame = Open | Step | Tokens | Close | Error | Ping | Pong | Hello | Challenge | Proof | Welcome
 _E = TypeVar("_E", bound=IntEnum)
 
 
@@ -205,6 +238,24 @@ def validate(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> None:
             _check_string("message", frame.message, limits)
         case Ping() | Pong():
             _check_int("nonce", frame.nonce, U64_MAX)
+        case Hello():
+            pass
+        case Challenge():
+            if len(frame.nonce) < MIN_NONCE:
+                raise FrameError(ErrorCode.BAD_VALUE, f"nonce of {len(frame.nonce)} bytes")
+            if len(frame.nonce) > MAX_NONCE:
+                raise FrameError(ErrorCode.TOO_LARGE, f"nonce of {len(frame.nonce)} bytes")
+        case Proof():
+            if not frame.data:
+                raise FrameError(ErrorCode.BAD_VALUE, "proof is empty")
+            if len(frame.data) > limits.max_proof_bytes:
+                raise FrameError(
+                    ErrorCode.TOO_LARGE, f"proof of {len(frame.data)} B > {limits.max_proof_bytes}"
+                )
+        case Welcome():
+            _check_string("node_id", frame.node_id, limits)
+            if not frame.node_id:
+                raise FrameError(ErrorCode.BAD_VALUE, "node_id is empty")
         case _:
             raise FrameError(ErrorCode.MALFORMED, f"not a frame: {type(frame).__name__}")
 
@@ -385,8 +436,8 @@ def _pack(frame: Frame) -> bytes:
     """Bytes of `frame` without validation (tests use it to build refusable frames)."""
     w = _Writer()
     ftype = _pack_body(frame, w)
-    body = b"".join(w.parts)
-    return HEADER.pack(len(body), VERSION, ftype) + body
+    length = sum(map(len, w.parts))
+    return b"".join([HEADER.pack(length, VERSION, ftype), *w.parts])  # one copy of the rows
 
 
 def _pack_body(frame: Frame, w: _Writer) -> FrameType:
@@ -437,6 +488,17 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
         case Ping() | Pong():
             w.pack(">Q", frame.nonce)
             return FrameType.PING if isinstance(frame, Ping) else FrameType.PONG
+        case Hello():
+            return FrameType.HELLO
+        case Challenge():
+            w.blob(frame.nonce)
+            return FrameType.CHALLENGE
+        case Proof():
+            w.blob(frame.data)
+            return FrameType.PROOF
+        case Welcome():
+            w.string(frame.node_id)
+            return FrameType.WELCOME
 
 
 # --- bytes in -------------------------------------------------------------------------
@@ -445,8 +507,8 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
 class _Reader:
     """Reads a body; running short or leaving bytes behind is MALFORMED."""
 
-    def __init__(self, body: bytes) -> None:
-        self.body = memoryview(body)  # slicing a view copies nothing until `raw`
+    def __init__(self, body: memoryview) -> None:
+        self.body = body  # a view: only `raw` copies, so hidden rows are copied once
         self.offset = 0
 
     def unpack(self, st: struct.Struct) -> tuple[int | float, ...]:
@@ -563,6 +625,10 @@ _READERS: dict[FrameType, Callable[[_Reader], Frame]] = {
     FrameType.ERROR: _read_error,
     FrameType.PING: lambda r: Ping(r.u(_U64)),
     FrameType.PONG: lambda r: Pong(r.u(_U64)),
+    FrameType.HELLO: lambda r: Hello(),
+    FrameType.CHALLENGE: lambda r: Challenge(r.blob()),
+    FrameType.PROOF: lambda r: Proof(r.blob()),
+    FrameType.WELCOME: lambda r: Welcome(r.string()),
 }
 
 
@@ -580,7 +646,7 @@ def _check_header(version: int, ftype: int) -> FrameType:
     return _enum(FrameType, ftype, ErrorCode.MALFORMED, "frame type")
 
 
-def _parse_body(ftype: FrameType, body: bytes, limits: Limits) -> Frame:
+def _parse_body(ftype: FrameType, body: memoryview, limits: Limits) -> Frame:
     reader = _Reader(body)
     frame = _READERS[ftype](reader)
     reader.finish()
@@ -598,7 +664,7 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Frame:
         raise FrameError(
             ErrorCode.MALFORMED, f"header says {length} body bytes, {len(data) - HEADER.size} given"
         )
-    return _parse_body(_check_header(version, ftype), bytes(data)[HEADER.size :], limits)
+    return _parse_body(_check_header(version, ftype), memoryview(data)[HEADER.size :], limits)
 
 
 # --- incremental decoding ---------------------------------------------------------------
@@ -648,9 +714,11 @@ class FrameDecoder:
         except FrameError as exc:
             self._fail(exc)
             raise
-        # One cut per feed: cutting per frame would be quadratic in frames per chunk.
-        del self._buffer[: self._offset]
-        self._offset = 0
+        if self._offset:
+            # One cut per feed (per frame would be quadratic in frames per chunk). A new
+            # buffer, not a resize: a view of the old one may outlive a parse error.
+            self._buffer = self._buffer[self._offset :]
+            self._offset = 0
         return frames
 
     def end_of_stream(self) -> None:
@@ -679,7 +747,7 @@ class FrameDecoder:
         end = start + HEADER.size + self._body_length
         if len(self._buffer) < end:
             return None
-        body = bytes(memoryview(self._buffer)[start + HEADER.size : end])
+        body = memoryview(self._buffer)[start + HEADER.size : end]
         self._offset = end
         self._state = _State.HEADER
         return _parse_body(self._type, body, self.limits)
@@ -687,5 +755,5 @@ class FrameDecoder:
     def _fail(self, exc: FrameError) -> None:
         self._state = _State.FAILED
         self._error = exc
-        self._buffer.clear()
+        self._buffer = bytearray()
         self._offset = 0

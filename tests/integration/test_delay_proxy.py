@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -34,8 +34,7 @@ class Echo(asyncio.DatagramProtocol):
         self.received = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
         self.received += 1
@@ -161,7 +160,7 @@ def test_partial_loss_is_accounted_for() -> None:
 
             await until(settled)
             s = proxy.stats
-            assert 0 < s.up_dropped < 100 and 0 < s.down_dropped  # 30 % of 100 and of ~70
+            assert 0 < s.up_dropped < 100 and s.down_dropped > 0  # 30 % of 100 and of ~70
             transport.close()
         echo_transport.close()
 

@@ -15,22 +15,28 @@ from net.errors import ErrorCode, FrameError
 from net.tensors import WireDtype
 from net.wire import (
     HEADER,
+    MAX_NONCE,
+    MIN_NONCE,
     POS_MAX,
     TOKEN_MAX,
     U32_MAX,
     U64_MAX,
+    Challenge,
     Close,
     Error,
     Frame,
     FrameDecoder,
+    Hello,
     Limits,
     Open,
     Ping,
     Pong,
+    Proof,
     SamplingSpec,
     StageTiming,
     Step,
     Tokens,
+    Welcome,
     _pack,
     decode,
     encode,
@@ -104,6 +110,10 @@ frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Error, texts, st.sampled_from(ErrorCode), texts),
     st.builds(Ping, u64s),
     st.builds(Pong, u64s),
+    st.just(Hello()),
+    st.builds(Challenge, st.binary(min_size=MIN_NONCE, max_size=MAX_NONCE)),
+    st.builds(Proof, st.binary(min_size=1, max_size=64)),
+    st.builds(Welcome, names),
 )
 
 
@@ -197,7 +207,7 @@ def test_layout_of_a_step() -> None:
 # --- header and framing rules -----------------------------------------------------------
 
 SMALL = Limits(max_frame_bytes=4096, max_rows=16, max_width=16, max_tokens_per_frame=8,
-               max_drafts=3, max_string=10, max_timings=2)  # fmt: skip
+               max_drafts=3, max_string=10, max_timings=2, max_proof_bytes=100)  # fmt: skip
 
 
 def test_a_huge_length_prefix_is_refused_before_any_body_arrives() -> None:
@@ -237,7 +247,7 @@ def test_other_versions_are_refused(version: int) -> None:
         FrameDecoder().feed(bytes(data[:6]))  # refused before the body arrives
 
 
-@pytest.mark.parametrize("ftype", [0, 8, 255])
+@pytest.mark.parametrize("ftype", [0, 12, 255])
 def test_unknown_frame_types_are_malformed(ftype: int) -> None:
     data = bytearray(encode(Ping(1)))
     data[5] = ftype
@@ -259,13 +269,18 @@ SAMPLES: list[Frame] = [
     Error("", ErrorCode.OVERLOADED, "busy"),
     Ping(1),
     Pong(2),
+    Hello(),
+    Challenge(bytes(32)),
+    Proof(b"cert+signature"),
+    Welcome("node-1"),
 ]
 
 
 @pytest.mark.parametrize("frame", SAMPLES, ids=lambda f: type(f).__name__)
 def test_trailing_and_missing_body_bytes_are_malformed(frame: Frame) -> None:
     data = encode(frame)
-    for body in (data[6:] + b"\x00", data[6:-1]):
+    bodies = [data[6:] + b"\x00", data[6:-1]] if len(data) > 6 else [b"\x00"]
+    for body in bodies:
         with refused(ErrorCode.MALFORMED):
             decode(with_body(data, body))
         with refused(ErrorCode.MALFORMED):
@@ -307,6 +322,16 @@ def test_a_failed_decoder_stays_failed() -> None:
             decoder.feed(encode(Ping(1)))
     with refused(ErrorCode.UNSUPPORTED_VERSION):
         decoder.end_of_stream()
+
+
+def test_a_bad_body_fails_the_stream_and_drops_the_frames_before_it() -> None:
+    bad_close = encode(Close("s", "ab")).replace(b"ab", b"\xff\xfe")
+    decoder = FrameDecoder()
+    assert decoder.feed(encode(Ping(1))[:3]) == []
+    with refused(ErrorCode.MALFORMED):
+        decoder.feed(encode(Ping(1))[3:] + encode(Pong(2)) + bad_close + encode(Ping(3)))
+    with refused(ErrorCode.MALFORMED):  # a FrameError again, not a buffer error
+        decoder.feed(encode(Ping(4)))
 
 
 def test_a_stream_cut_inside_a_frame_is_malformed_at_its_end() -> None:
@@ -415,6 +440,12 @@ RULES: dict[str, tuple[Frame, ErrorCode, bool]] = {
     "error: unknown code": (Error("s", cast(ErrorCode, 999), "?"), V, True),
     "error: long session": (Error("s" * 11, ErrorCode.INTERNAL, "m"), T, True),
     "error: long message": (Error("s", ErrorCode.INTERNAL, "m" * 11), T, True),
+    "challenge: short nonce": (Challenge(bytes(MIN_NONCE - 1)), V, True),
+    "challenge: long nonce": (Challenge(bytes(MAX_NONCE + 1)), T, True),
+    "proof: empty": (Proof(b""), V, True),
+    "proof: over the cap": (Proof(bytes(101)), T, True),
+    "welcome: empty node_id": (Welcome(""), V, True),
+    "welcome: long node_id": (Welcome("n" * 11), T, True),
     "ping: negative nonce": (Ping(-1), V, False),
     "pong: nonce past u64": (Pong(U64_MAX + 1), V, False),
 }  # fmt: skip
@@ -454,6 +485,9 @@ ACCEPTED: dict[str, Frame] = {
     "finished with no tokens": Tokens("s", 0, (), (), 0, True, ()),
     "connection-level error": Error("", ErrorCode.UNAUTHENTICATED, ""),
     "ping extremes": Ping(U64_MAX),
+    "nonce sizes": Challenge(bytes(MIN_NONCE)),
+    "nonce sizes, max": Challenge(bytes(MAX_NONCE)),
+    "proof at the cap": Proof(bytes(100)),
 }
 
 

@@ -1,0 +1,103 @@
+"""One chat turn through a swarm: tokenize, stream the answer, summarise where time went."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.client import SwarmClient, TokenEvent
+from core.tokenizer import Tokenizer
+from core.types import SamplingParams
+from net.tensors import WireDtype
+
+
+@dataclass(frozen=True)
+class StageTime:
+    stage: int
+    compute_ms: float
+    queue_ms: float
+
+
+@dataclass(frozen=True)
+class ChatReport:
+    prompt_tokens: int
+    tokens: tuple[int, ...]
+    text: str
+    first_token_ms: float
+    decode_tokens_per_s: float
+    trip_ms: float
+    """Median client-to-client time of one decode step."""
+    stages: tuple[StageTime, ...]
+    """Median per-stage compute and queueing over decode steps."""
+
+    @property
+    def network_and_handling_ms(self) -> float:
+        return max(0.0, self.trip_ms - sum(s.compute_ms + s.queue_ms for s in self.stages))
+
+    def table(self) -> str:
+        """The seeds' "where the time goes" table for one decode step."""
+        lines = [f"{'where the time goes (median decode step)':44} {'ms':>8}"]
+        for s in self.stages:
+            lines.append(f"  stage from layer {s.stage:<3} compute{'':15} {s.compute_ms:8.2f}")
+            lines.append(f"  stage from layer {s.stage:<3} waiting in worker{'':5} {s.queue_ms:8.2f}")
+        lines.append(f"  network and handling (rest){'':16} {self.network_and_handling_ms:8.2f}")
+        lines.append(f"  {'total trip':42} {self.trip_ms:8.2f}")
+        return "\n".join(lines)
+
+
+def _median_stages(events: list[TokenEvent]) -> tuple[StageTime, ...]:
+    if not events:
+        return ()
+    per: dict[int, list[tuple[float, float]]] = {}
+    for ev in events:
+        for t in ev.timings:
+            per.setdefault(t.stage, []).append((t.compute_ms, t.queue_ms))
+    return tuple(
+        StageTime(stage, statistics.median(c for c, _ in v), statistics.median(q for _, q in v))
+        for stage, v in sorted(per.items())
+    )
+
+
+async def chat_once(
+    client: SwarmClient,
+    tokenizer: Tokenizer,
+    prompt: str,
+    *,
+    chat_format: bool = True,
+    max_tokens: int = 64,
+    sampling: SamplingParams = SamplingParams(),
+    wire_dtype: WireDtype = WireDtype.F32,
+    stream: Callable[[str], None] | None = None,
+) -> ChatReport:
+    ids = tokenizer.encode_chat([("user", prompt)]) if chat_format else tokenizer.encode(prompt)
+    streamer = tokenizer.streamer()
+    tokens: list[int] = []
+    events: list[TokenEvent] = []
+    t0 = time.perf_counter()
+    first_ms = 0.0
+    t_first = t0
+    async for ev in client.generate(ids, max_tokens, sampling, wire_dtype, is_end=tokenizer.is_end):
+        if not tokens:
+            t_first = time.perf_counter()
+            first_ms = (t_first - t0) * 1e3
+        else:
+            events.append(ev)
+        for tok in ev.tokens:
+            tokens.append(tok)
+            if stream is not None and not tokenizer.is_end(tok):
+                stream(streamer.push(tok))
+    if stream is not None:
+        stream(streamer.flush())
+    decode_s = time.perf_counter() - t_first
+    n_decode = sum(len(e.tokens) for e in events)
+    return ChatReport(
+        prompt_tokens=len(ids),
+        tokens=tuple(tokens),
+        text=tokenizer.decode([t for t in tokens if not tokenizer.is_end(t)]),
+        first_token_ms=first_ms,
+        decode_tokens_per_s=n_decode / decode_s if decode_s > 0 and n_decode else 0.0,
+        trip_ms=statistics.median(e.trip_ms for e in events) if events else 0.0,
+        stages=_median_stages(events),
+    )

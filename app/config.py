@@ -1,0 +1,182 @@
+"""Static worker configuration and client routes, read from TOML/JSON files."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.errors import ConfigError
+from core.types import LayerRange
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not (0 <= int(port) <= 65535):
+        raise ConfigError(f"address must be HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def format_address(addr: tuple[str, int]) -> str:
+    host, port = addr
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class Hop:
+    node_id: str
+    address: tuple[str, int]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    node_id: str
+    listen: tuple[str, int]
+    model: str
+    """"default", a GGUF path, or a pieces directory holding manifest.json."""
+    layers: LayerRange
+    credentials: Path
+    """Directory holding ca.pem and <node_id>.pem / <node_id>.key."""
+    next_hop: Hop | None = None
+    threads: int = 1
+    max_sessions: int = 8
+    n_ctx: int = 2048
+    row_budget: int = 256
+    """Rows per llama_decode: decode rows of all sessions first, then prompt chunks."""
+    max_datagram_size: int = 1200
+
+    @staticmethod
+    def from_dict(doc: dict[str, Any], base: Path = Path(".")) -> WorkerConfig:
+        try:
+            start, stop = doc["layers"]
+            hop = doc.get("next_hop")
+            creds = Path(doc["credentials"])
+            return WorkerConfig(
+                node_id=str(doc["node_id"]),
+                listen=parse_address(str(doc["listen"])),
+                model=str(doc.get("model", "default")),
+                layers=LayerRange(int(start), int(stop)),
+                credentials=creds if creds.is_absolute() else base / creds,
+                next_hop=Hop(str(hop["node_id"]), parse_address(str(hop["address"]))) if hop else None,
+                threads=int(doc.get("threads", 1)),
+                max_sessions=int(doc.get("max_sessions", 8)),
+                n_ctx=int(doc.get("n_ctx", 2048)),
+                row_budget=int(doc.get("row_budget", 256)),
+                max_datagram_size=int(doc.get("max_datagram_size", 1200)),
+            )
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"bad worker configuration: {exc!r}") from exc
+
+    @staticmethod
+    def load(path: Path) -> WorkerConfig:
+        return WorkerConfig.from_dict(_read(path), path.parent)
+
+    def to_toml(self) -> str:
+        lines = [
+            f'node_id = "{self.node_id}"',
+            f'listen = "{format_address(self.listen)}"',
+            f'model = "{self.model}"',
+            f"layers = [{self.layers.start}, {self.layers.stop}]",
+            f'credentials = "{self.credentials}"',
+            f"threads = {self.threads}",
+            f"max_sessions = {self.max_sessions}",
+            f"n_ctx = {self.n_ctx}",
+            f"row_budget = {self.row_budget}",
+            f"max_datagram_size = {self.max_datagram_size}",
+        ]
+        if self.next_hop is not None:
+            lines += [
+                "",
+                "[next_hop]",
+                f'node_id = "{self.next_hop.node_id}"',
+                f'address = "{format_address(self.next_hop.address)}"',
+            ]
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class RouteStage:
+    node_id: str
+    address: tuple[str, int]
+    layers: LayerRange
+
+
+@dataclass(frozen=True)
+class Route:
+    model: str
+    stages: tuple[RouteStage, ...]
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ConfigError("a route needs at least one stage")
+        for a, b in zip(self.stages, self.stages[1:], strict=False):
+            if a.layers.stop != b.layers.start:
+                raise ConfigError(f"route has a gap or overlap between {a.layers} and {b.layers}")
+        if self.stages[0].layers.start != 0:
+            raise ConfigError("a route must start at layer 0")
+
+    @property
+    def first(self) -> RouteStage:
+        return self.stages[0]
+
+    @property
+    def last(self) -> RouteStage:
+        return self.stages[-1]
+
+    @staticmethod
+    def from_dict(doc: dict[str, Any]) -> Route:
+        try:
+            stages = tuple(
+                RouteStage(
+                    str(s["node_id"]),
+                    parse_address(str(s["address"])),
+                    LayerRange(int(s["layers"][0]), int(s["layers"][1])),
+                )
+                for s in doc["stages"]
+            )
+            return Route(str(doc.get("model", "default")), stages)
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ConfigError(f"bad route: {exc!r}") from exc
+
+    @staticmethod
+    def load(path: Path) -> Route:
+        return Route.from_dict(_read(path))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "model": self.model,
+                "stages": [
+                    {
+                        "node_id": s.node_id,
+                        "address": format_address(s.address),
+                        "layers": [s.layers.start, s.layers.stop],
+                    }
+                    for s in self.stages
+                ],
+            },
+            indent=1,
+        )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        if str(path).endswith(".json"):
+            doc = json.loads(text)
+        else:
+            doc = tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid {'JSON' if str(path).endswith('.json') else 'TOML'}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path} must hold a table/object")
+    return doc

@@ -1,0 +1,89 @@
+"""`sangama demo` (a loopback swarm answers a question) and `sangama chat`."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from app.chat_run import ChatReport, chat_once
+from app.client import SwarmClient
+from app.config import Route
+from app.credentials import load_credentials
+from app.local_swarm import LocalSwarm
+from core.models import resolve_model
+from core.tokenizer import Tokenizer
+from core.types import SamplingParams
+from net.tensors import WireDtype
+
+
+def _stream(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _print_report(report: ChatReport, n_stages: int) -> None:
+    print(
+        f"\n\n{len(report.tokens)} tokens from a {n_stages}-stage swarm: "
+        f"first token after {report.first_token_ms:.0f} ms "
+        f"({report.prompt_tokens} prompt tokens), then {report.decode_tokens_per_s:.1f} tok/s"
+    )
+    if report.stages:
+        print(report.table())
+
+
+async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype: WireDtype) -> int:
+    t0 = time.perf_counter()
+    print(f"Starting {len(cuts) - 1} workers on loopback (layers cut at {cuts}) ...", flush=True)
+    swarm = LocalSwarm(model=model, cuts=cuts, threads=1)
+    async with swarm:
+        assert swarm.route is not None and swarm.client_credentials is not None
+        for w in swarm.workers:
+            host, port = w.config.listen
+            print(f"  {w.config.node_id}: layers {w.config.layers} on udp {host}:{port} (pid {w.process.pid})")
+        print(f"swarm ready in {time.perf_counter() - t0:.1f} s\n\nQ: {prompt}\nA: ", end="", flush=True)
+        tokenizer = Tokenizer.from_gguf(Path(swarm.route.model))
+        try:
+            async with SwarmClient(swarm.client_credentials, swarm.route) as client:
+                report = await chat_once(
+                    client, tokenizer, prompt, max_tokens=max_tokens, wire_dtype=dtype, stream=_stream
+                )
+        finally:
+            tokenizer.close()
+        _print_report(report, len(swarm.workers))
+    print("\nall workers stopped cleanly")
+    return 0
+
+
+def run_demo(model: str, cuts: list[int], prompt: str, max_tokens: int, wire_dtype: str) -> int:
+    return asyncio.run(_demo(model, cuts, prompt, max_tokens, WireDtype[wire_dtype.upper()]))
+
+
+async def _chat(
+    route: Route, client_creds_dir: Path, node_id: str, model: str | None, prompt: str,
+    max_tokens: int, chat_format: bool, sampling: SamplingParams, dtype: WireDtype,
+) -> int:
+    creds = load_credentials(client_creds_dir, node_id)
+    tokenizer = Tokenizer.from_gguf(resolve_model(model or route.model))
+    try:
+        async with SwarmClient(creds, route) as client:
+            report = await chat_once(
+                client, tokenizer, prompt, chat_format=chat_format, max_tokens=max_tokens,
+                sampling=sampling, wire_dtype=dtype, stream=_stream,
+            )
+    finally:
+        tokenizer.close()
+    _print_report(report, len(route.stages))
+    return 0
+
+
+def run_chat_cli(
+    *, route_path: Path, credentials: Path, node_id: str, model: str | None, prompt: str,
+    max_tokens: int, chat_format: bool, sampling: SamplingParams, wire_dtype: str,
+) -> int:
+    route = Route.load(route_path)
+    return asyncio.run(
+        _chat(route, credentials, node_id, model, prompt, max_tokens, chat_format, sampling,
+              WireDtype[wire_dtype.upper()])
+    )

@@ -1,0 +1,84 @@
+"""The link from a worker to its next hop: connects lazily, buffers while connecting.
+
+Frames sent while the link is being (re)established wait in order, so an OPEN always
+reaches the next stage before the STEPs of its session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from app.config import Hop
+from net import wire
+from net.channel import Channel, NodeCredentials, connect_channel
+from net.errors import NetError
+from net.quic import QuicTuning
+
+log = logging.getLogger(__name__)
+
+
+class Downstream:
+    def __init__(
+        self,
+        hop: Hop,
+        creds: NodeCredentials,
+        tuning: QuicTuning,
+        on_frame: Callable[[Channel, wire.Frame], None],
+        on_lost: Callable[[str], None],
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.hop = hop
+        self._creds = creds
+        self._tuning = tuning
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._timeout = connect_timeout
+        self._channel: Channel | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._backlog: list[wire.Frame] = []
+
+    @property
+    def connected(self) -> bool:
+        return self._channel is not None and not self._channel.closed.done()
+
+    def send(self, frame: wire.Frame) -> None:
+        if self._channel is not None and not self._channel.closed.done() and not self._backlog:
+            self._channel.send(frame)
+            return
+        self._backlog.append(frame)
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        try:
+            channel = await connect_channel(
+                self.hop.address, self._creds, self.hop.node_id, self._tuning, timeout=self._timeout
+            )
+        except (NetError, OSError) as exc:
+            self._backlog.clear()
+            log.warning("next hop %s unreachable: %s", self.hop.node_id, exc)
+            self._on_lost(f"next stage {self.hop.node_id} unreachable: {exc}")
+            return
+        channel.on_frame = self._on_frame
+        channel.on_close = lambda _ch, reason: self._lost(channel, reason)
+        self._channel = channel
+        backlog, self._backlog = self._backlog, []
+        for frame in backlog:
+            channel.send(frame)
+
+    def _lost(self, channel: Channel, reason: str) -> None:
+        if self._channel is channel:
+            self._channel = None
+            self._on_lost(f"next stage {self.hop.node_id} lost: {reason}")
+
+    async def close(self) -> None:
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._connecting
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            channel.close("worker shutting down")

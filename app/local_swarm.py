@@ -1,0 +1,167 @@
+"""A whole swarm on loopback: a CA, worker processes for each stage, a client identity.
+
+Used by `sangama demo`, the integration tests and the benchmarks. Workers are real
+`sangama worker` processes talking QUIC over real UDP sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.config import Hop, Route, RouteStage, WorkerConfig
+from app.credentials import init_ca, issue_node, load_credentials
+from app.errors import AppError
+from core.models import resolve_model, stage_files
+from core.types import LayerRange
+from net.channel import NodeCredentials
+
+CLIENT_ID = "client"
+
+
+def free_udp_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class WorkerProcess:
+    config: WorkerConfig
+    process: asyncio.subprocess.Process
+    log_path: Path
+    stderr_task: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+
+@dataclass
+class LocalSwarm:
+    model: str
+    cuts: list[int]
+    threads: int = 1
+    max_sessions: int = 8
+    n_ctx: int = 2048
+    max_datagram_size: int = 1200
+    workdir: Path | None = None
+    workers: list[WorkerProcess] = field(default_factory=list)
+    route: Route | None = None
+    client_credentials: NodeCredentials | None = None
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    async def start(self, ready_timeout: float = 300.0) -> None:
+        if self.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="sangama-swarm-")
+            self.workdir = Path(self._tmp.name)
+        wd = self.workdir
+        ranges = LayerRange.from_cuts(self.cuts)
+        model_path = resolve_model(self.model)
+        # Cut and assemble once here, so worker processes never race on the cache.
+        await asyncio.get_running_loop().run_in_executor(None, stage_files, model_path, ranges)
+        ca_dir = wd / "ca"
+        init_ca(ca_dir)
+        ids = [f"stage{i}" for i in range(len(ranges))]
+        ports = [free_udp_port() for _ in ranges]
+        configs = []
+        for i, layers in enumerate(ranges):
+            creds_dir = issue_node(ca_dir, ids[i], "worker", out_dir=wd / ids[i])
+            hop = Hop(ids[i + 1], ("127.0.0.1", ports[i + 1])) if i + 1 < len(ranges) else None
+            configs.append(
+                WorkerConfig(
+                    node_id=ids[i], listen=("127.0.0.1", ports[i]), model=str(model_path),
+                    layers=layers, credentials=creds_dir, next_hop=hop, threads=self.threads,
+                    max_sessions=self.max_sessions, n_ctx=self.n_ctx,
+                    max_datagram_size=self.max_datagram_size,
+                )
+            )
+        client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)
+        self.client_credentials = load_credentials(client_dir, CLIENT_ID)
+        self.route = Route(
+            str(model_path),
+            tuple(RouteStage(c.node_id, c.listen, c.layers) for c in configs),
+        )
+        (wd / "route.json").write_text(self.route.to_json(), encoding="utf-8")
+        # Start from the last stage so each next hop is listening before traffic arrives.
+        for config in reversed(configs):
+            self.workers.insert(0, await self._launch(config, ready_timeout))
+
+    async def _launch(self, config: WorkerConfig, timeout: float) -> WorkerProcess:
+        assert self.workdir is not None
+        cfg_path = self.workdir / f"{config.node_id}.toml"
+        cfg_path.write_text(config.to_toml(), encoding="utf-8")
+        log_path = self.workdir / f"{config.node_id}.log"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "worker", "--config", str(cfg_path),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        wp = WorkerProcess(config, proc, log_path)
+        wp.stderr_task = asyncio.get_running_loop().create_task(self._drain(proc, log_path))
+        assert proc.stdout is not None
+        try:
+            while True:
+                line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+                if not line:
+                    raise AppError(f"worker {config.node_id} exited before it was ready; see {log_path}")
+                if line.startswith(b"READY"):
+                    return wp
+        except TimeoutError:
+            proc.kill()
+            raise AppError(f"worker {config.node_id} not ready after {timeout:.0f} s; see {log_path}") from None
+
+    @staticmethod
+    async def _drain(proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        assert proc.stderr is not None
+        with open(log_path, "ab") as f:
+            while line := await proc.stderr.readline():
+                f.write(line)
+                f.flush()
+
+    def kill(self, index: int) -> None:
+        """Kill one worker abruptly (SIGKILL), as a volunteer's PC vanishing would."""
+        self.workers[index].process.kill()
+
+    async def stop(self, timeout: float = 10.0) -> list[int | None]:
+        """SIGTERM every worker and wait; return their exit codes."""
+        for w in self.workers:
+            if w.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    w.process.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
+        for w in self.workers:
+            try:
+                codes.append(await asyncio.wait_for(w.process.wait(), timeout))
+            except TimeoutError:
+                w.process.kill()
+                codes.append(await w.process.wait())
+            if w.stderr_task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(w.stderr_task, 2)
+        return codes
+
+    def cleanup(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    async def __aenter__(self) -> LocalSwarm:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            self.cleanup()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+        self.cleanup()

@@ -1,0 +1,76 @@
+"""`sangama worker --config FILE`: prepare the stage file, serve until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from app.config import WorkerConfig, format_address
+from app.credentials import load_credentials
+from core.gguf_slices import assemble_stage, stage_file_name
+from core.manifest import MANIFEST_FILE, Manifest
+from core.models import resolve_model, stage_files
+from core.types import StageSpec
+
+log = logging.getLogger(__name__)
+
+# OpenMP threads spin for a long time after each graph by default; several stages
+# sharing a machine (tests, demo) then steal each other's cores. A short spin keeps
+# the compute fast and lets idle stages sleep.
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+
+
+def prepare_stage_file(config: WorkerConfig) -> tuple[Path, int]:
+    """The stage GGUF for config.layers and the model's layer count."""
+    source = Path(config.model)
+    if source.is_dir() and (source / MANIFEST_FILE).exists():
+        manifest = Manifest.load(source)
+        path = source / "stages" / stage_file_name(manifest.facts, config.layers)
+        if not path.exists():
+            assemble_stage(manifest, source, config.layers, path)
+        return path, manifest.facts.n_layer
+    manifest, paths = stage_files(resolve_model(config.model), [config.layers])
+    return paths[0], manifest.facts.n_layer
+
+
+async def serve(config: WorkerConfig, ready_line: bool = True) -> None:
+    from app.worker import StageWorker  # heavy imports after the environment is set
+    from core.stage import Stage
+
+    creds = load_credentials(config.credentials, config.node_id)
+    path, n_layer = prepare_stage_file(config)
+    spec = StageSpec(
+        config.layers, n_layer, n_ctx=config.n_ctx, n_batch=config.row_budget,
+        n_seq_max=config.max_sessions, n_threads=config.threads,
+    )
+    stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
+    worker = StageWorker(config, stage, creds)
+    address = await worker.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if ready_line:
+        # The demo and tests wait for this line before routing traffic here.
+        print(f"READY {config.node_id} {format_address(address)} {config.layers}", flush=True)
+    log.info("worker %s serving %s on %s", config.node_id, config.layers, format_address(address))
+    try:
+        await stop.wait()
+    finally:
+        await worker.stop()
+        s = worker.stats
+        print(
+            f"STOPPED {config.node_id}: {s.sessions_opened} sessions, {s.steps} steps in "
+            f"{s.batches} batches, {s.errors} errors",
+            file=sys.stderr, flush=True,
+        )
+
+
+def run_worker(config_path: Path) -> int:
+    config = WorkerConfig.load(config_path)
+    asyncio.run(serve(config))
+    return 0

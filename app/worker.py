@@ -1,0 +1,323 @@
+"""The serving loop of one stage: frames in, batched engine steps, frames out at once.
+
+The asyncio loop owns the network. The stage runtime (llama.cpp) runs in one engine
+thread, so the network stays responsive while a batch computes. Each engine step takes
+the queued rows of all sessions (core.scheduling), evaluates them in one llama_decode,
+and forwards every session's output immediately: hidden states to the next stage, or,
+on the last stage, sampled tokens straight to the client (push-forward, DESIGN §2).
+Imports no Qt: the CLI runs it headless and the tray app reuses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.config import WorkerConfig
+from app.downstream import Downstream
+from app.wire_convert import sampling_from_wire
+from core.errors import CoreError
+from core.sampling import make_rng, sample
+from core.scheduling import Queued, select_batch
+from core.stage import Stage, StepFailure, StepRequest, StepResult
+from net import wire
+from net.channel import Channel, ChannelServer, NodeCredentials
+from net.errors import ErrorCode, FrameError
+from net.quic import QuicTuning
+from net.tensors import WireDtype, decode_rows, encode_rows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Session:
+    open: wire.Open
+    owner: Channel
+    """Where this session's frames come from; errors go back this way."""
+    reply: Channel | None = None
+    """Last stage: the client's own channel, for TOKENS."""
+    history: list[int] = field(default_factory=list)
+    generated: int = 0
+    rng: np.random.Generator | None = None
+
+
+@dataclass
+class _Pending:
+    step: wire.Step
+    request: StepRequest
+    arrived: float
+
+
+@dataclass
+class WorkerStats:
+    steps: int = 0
+    batches: int = 0
+    rows: int = 0
+    errors: int = 0
+    sessions_opened: int = 0
+
+
+class StageWorker:
+    def __init__(self, config: WorkerConfig, stage: Stage, creds: NodeCredentials) -> None:
+        self.config = config
+        self.stage = stage
+        self.creds = creds
+        self.is_first = stage.spec.is_first
+        self.is_last = stage.spec.is_last
+        self.n_embd = stage.engine.n_embd
+        self.stats = WorkerStats()
+        tuning = QuicTuning(max_datagram_size=config.max_datagram_size)
+        self._server = ChannelServer(creds, self._channel_ready, tuning)
+        self._downstream = (
+            Downstream(config.next_hop, creds, tuning, self._downstream_frame, self._downstream_lost)
+            if config.next_hop is not None
+            else None
+        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._sessions: dict[str, _Session] = {}
+        self._peers: dict[str, Channel] = {}
+        self._pending: list[_Pending] = []
+        self._wake = asyncio.Event()
+        self._engine_task: asyncio.Task[None] | None = None
+        self.address: tuple[str, int] | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> tuple[str, int]:
+        self.address = await self._server.listen(*self.config.listen)
+        self._engine_task = asyncio.get_running_loop().create_task(self._engine_loop())
+        return self.address
+
+    async def stop(self) -> None:
+        if self._engine_task is not None:
+            self._engine_task.cancel()
+        for name in list(self._sessions):
+            self._drop(name, forward_close=True, reason="worker shutting down")
+        if self._downstream is not None:
+            await self._downstream.close()
+        self._server.close()
+        await asyncio.sleep(0.05)  # let CONNECTION_CLOSE datagrams leave
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.stage.shutdown)
+        self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------ channels
+
+    def _channel_ready(self, channel: Channel) -> None:
+        assert channel.peer is not None
+        self._peers[channel.peer.node_id] = channel
+        channel.on_frame = self._upstream_frame
+        channel.on_close = self._channel_closed
+
+    def _channel_closed(self, channel: Channel, reason: str) -> None:
+        peer = channel.peer
+        if peer is not None and self._peers.get(peer.node_id) is channel:
+            del self._peers[peer.node_id]
+        for name, s in list(self._sessions.items()):
+            if s.owner is channel:
+                self._drop(name, forward_close=True, reason=f"upstream closed: {reason}")
+            elif s.reply is channel:
+                self._fail(name, ErrorCode.STAGE_ERROR, f"client link lost: {reason}", notify_reply=False)
+
+    def _upstream_frame(self, channel: Channel, frame: wire.Frame) -> None:
+        try:
+            if isinstance(frame, wire.Open):
+                self._on_open(channel, frame)
+            elif isinstance(frame, wire.Step):
+                self._on_step(channel, frame)
+            elif isinstance(frame, wire.Close):
+                self._drop(frame.session, forward_close=True, reason=frame.reason)
+            elif isinstance(frame, wire.Error):
+                log.info("peer %s reports: %s", channel.peer, frame.message)
+        except FrameError as exc:
+            session = getattr(frame, "session", "")
+            self._send(channel, wire.Error(session, exc.code, exc.message))
+            if session:
+                self._fail(session, exc.code, exc.message)
+
+    def _downstream_frame(self, _channel: Channel, frame: wire.Frame) -> None:
+        if isinstance(frame, wire.Error) and frame.session in self._sessions:
+            # An error further down the chain: pass it back towards the client.
+            self._fail(frame.session, frame.code, frame.message, forward_close=False)
+
+    def _downstream_lost(self, reason: str) -> None:
+        for name in list(self._sessions):
+            self._fail(name, ErrorCode.STAGE_ERROR, reason, forward_close=False)
+
+    # ------------------------------------------------------------ frames
+
+    def _on_open(self, channel: Channel, frame: wire.Open) -> None:
+        if frame.session in self._sessions:
+            raise FrameError(ErrorCode.BAD_VALUE, "session already open")
+        session = _Session(frame, owner=channel)
+        if self.is_last:
+            session.reply = self._peers.get(frame.reply_to)
+            if session.reply is None:
+                raise FrameError(ErrorCode.BAD_VALUE, f"client {frame.reply_to!r} has no link to the last stage")
+            session.rng = make_rng(sampling_from_wire(frame.sampling))
+        self._sessions[frame.session] = session
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self.stage.open, frame.session)
+        future.add_done_callback(lambda f: self._opened(frame.session, f))
+        if self._downstream is not None:
+            self._downstream.send(frame)
+        self.stats.sessions_opened += 1
+
+    def _opened(self, name: str, future: asyncio.Future[None]) -> None:
+        exc = future.exception()
+        if exc is not None:
+            self._fail(name, ErrorCode.OVERLOADED, str(exc))
+
+    def _on_step(self, channel: Channel, frame: wire.Step) -> None:
+        session = self._sessions.get(frame.session)
+        if session is None or session.owner is not channel:
+            raise FrameError(ErrorCode.UNKNOWN_SESSION, "no such session here")
+        if frame.wire_dtype != session.open.wire_dtype and frame.hidden is not None:
+            raise FrameError(ErrorCode.BAD_DTYPE, "rows in a dtype the session did not open with")
+        if self.is_first:
+            if frame.hidden is not None:
+                raise FrameError(ErrorCode.BAD_SHAPE, "the first stage takes tokens")
+            request = StepRequest(
+                frame.session, frame.start, tokens=np.asarray(frame.tokens, dtype=np.int32),
+                all_logits=bool(frame.drafts), keep_until=frame.keep_until,
+            )
+        else:
+            if frame.hidden is None or frame.width != self.n_embd:
+                raise FrameError(ErrorCode.BAD_SHAPE, f"this stage takes hidden rows of width {self.n_embd}")
+            rows = decode_rows(frame.hidden, WireDtype(frame.wire_dtype), frame.n_rows, frame.width)
+            request = StepRequest(
+                frame.session, frame.start, hidden=rows,
+                all_logits=bool(frame.drafts), keep_until=frame.keep_until,
+            )
+        self._pending.append(_Pending(frame, request, time.perf_counter()))
+        self._wake.set()
+
+    # ------------------------------------------------------------ the engine
+
+    async def _engine_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                queue = [
+                    Queued(p.request.n_rows, is_prompt=p.request.n_rows > 1 and not p.step.drafts)
+                    for p in self._pending
+                ]
+                chosen = select_batch(queue, self.config.row_budget)
+                batch = [self._pending[i] for i in chosen]
+                taken = set(chosen)
+                self._pending = [p for i, p in enumerate(self._pending) if i not in taken]
+                batch = [p for p in batch if p.request.session in self._sessions]
+                if not batch:
+                    continue
+                started = time.perf_counter()
+                results = await loop.run_in_executor(self._executor, self.stage.step, [p.request for p in batch])
+                compute_ms = (time.perf_counter() - started) * 1e3
+                self.stats.batches += 1
+                self.stats.rows += sum(p.request.n_rows for p in batch)
+                for p, result in zip(batch, results, strict=True):
+                    self._emit(p, result, compute_ms, (started - p.arrived) * 1e3)
+
+    def _emit(self, p: _Pending, result: StepResult | StepFailure, compute_ms: float, queue_ms: float) -> None:
+        session = self._sessions.get(p.step.session)
+        if session is None:
+            return  # closed while computing
+        if isinstance(result, StepFailure):
+            self._fail(p.step.session, ErrorCode.STAGE_ERROR, str(result.error))
+            return
+        self.stats.steps += 1
+        timing = wire.StageTiming(
+            self.stage.spec.layers.start, compute_ms, queue_ms, (time.perf_counter() - p.arrived) * 1e3
+        )
+        timings = (*p.step.timings, timing)
+        if not self.is_last:
+            assert result.hidden is not None and self._downstream is not None
+            dtype = WireDtype(session.open.wire_dtype)
+            self._downstream.send(
+                wire.Step(
+                    session=p.step.session, step_id=p.step.step_id, start=p.step.start,
+                    tokens=p.step.tokens, hidden=encode_rows(result.hidden, dtype),
+                    n_rows=result.hidden.shape[0], width=result.hidden.shape[1], wire_dtype=dtype,
+                    drafts=p.step.drafts, keep_until=p.step.keep_until, timings=timings,
+                    sent_at_ns=p.step.sent_at_ns,
+                )
+            )
+            return
+        assert result.logits is not None
+        self._sample_and_reply(session, p.step, result.logits, timings)
+
+    def _sample_and_reply(
+        self, session: _Session, step: wire.Step, logits: np.ndarray, timings: tuple[wire.StageTiming, ...]
+    ) -> None:
+        if step.keep_until is not None:
+            del session.history[step.keep_until :]
+        session.history.extend(step.tokens)
+        if step.start + step.n_rows < session.open.prompt_len:
+            return  # an intermediate prompt chunk: nothing to say yet
+        assert session.rng is not None
+        params = sampling_from_wire(session.open.sampling)
+        drafts = step.drafts
+        history = list(session.history)
+        chosen: list[int] = []
+        # Row j's logits predict what follows row j: the last len(drafts)+1 rows decide.
+        for row in logits[-(len(drafts) + 1) :]:
+            tok = sample(row, params, session.rng, history)
+            chosen.append(tok)
+            history.append(tok)
+            if len(chosen) <= len(drafts) and drafts[len(chosen) - 1] != tok:
+                break
+        n_accepted = len(chosen) - 1
+        session.generated += len(chosen)
+        finished = session.generated >= session.open.max_tokens
+        reply = session.reply
+        assert reply is not None
+        self._send(
+            reply,
+            wire.Tokens(
+                session=step.session, step_id=step.step_id, tokens=tuple(chosen), drafts=(),
+                n_accepted=n_accepted, finished=finished, timings=timings,
+            ),
+        )
+
+    # ------------------------------------------------------------ ending sessions
+
+    def _fail(
+        self, name: str, code: ErrorCode, message: str, *, forward_close: bool = True, notify_reply: bool = True
+    ) -> None:
+        session = self._sessions.get(name)
+        if session is None:
+            return
+        self.stats.errors += 1
+        error = wire.Error(name, code, wire.truncate_utf8(message, 900))
+        self._send(session.owner, error)
+        if notify_reply and session.reply is not None:
+            self._send(session.reply, error)
+        self._drop(name, forward_close=forward_close, reason=message)
+
+    def _drop(self, name: str, *, forward_close: bool, reason: str) -> None:
+        session = self._sessions.pop(name, None)
+        if session is None:
+            return
+        session.owner.conn.release(name)
+        self._pending = [p for p in self._pending if p.step.session != name]
+        self._executor.submit(self._close_on_stage, name)
+        if forward_close and self._downstream is not None and self._downstream.connected:
+            self._downstream.send(wire.Close(name, wire.truncate_utf8(reason, 900)))
+
+    def _close_on_stage(self, name: str) -> None:
+        try:
+            self.stage.close(name)
+        except CoreError:
+            pass  # never opened here (open failed): nothing to free
+
+    @staticmethod
+    def _send(channel: Channel, frame: wire.Frame) -> None:
+        if not channel.closed.done():
+            try:
+                channel.send(frame)
+            except Exception as exc:  # a dying link must not take the worker down
+                log.debug("could not send %s: %s", type(frame).__name__, exc)

@@ -1,0 +1,232 @@
+"""Authenticated frame channels: the asyncio shell around `PeerConnection`.
+
+A channel is one byte link (QUIC normally; plain TCP only for benchmarks) plus the
+sans-IO protocol state. `connect_channel` dials and authenticates; `ChannelServer`
+accepts. Either way, frames reach `on_frame` only after both sides are authenticated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cryptography.hazmat.primitives import serialization
+
+from net import auth, wire
+from net.errors import ErrorCode, NetError
+from net.protocol import (
+    Authenticated,
+    ConnectionFailed,
+    FrameReceived,
+    PeerConnection,
+    PeerIdentity,
+    Role,
+    SessionRejected,
+)
+from net.quic import Addr, QuicServer, QuicTuning, TlsIdentity, connect
+
+log = logging.getLogger(__name__)
+
+
+class AuthenticationFailed(NetError):
+    """The peer refused us, or we refused the peer; the message says why."""
+
+
+class ByteLink(Protocol):
+    closed: asyncio.Future[str]
+    on_data: Callable[[bytes], None]
+    on_close: Callable[[str], None]
+    peer_address: Addr
+
+    def send(self, data: bytes) -> None: ...
+
+    def close(self, reason: str = "closed", error_code: int = 0) -> None: ...
+
+
+@dataclass(frozen=True)
+class NodeCredentials:
+    """Everything a node needs to talk to the swarm: its certified key and the CA."""
+
+    certified: auth.CertifiedKey
+    ca_certificate_pem: bytes
+    revoked_serials: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def node_id(self) -> str:
+        return auth.node_id_of(self.certified.certificate)
+
+    def tls(self) -> TlsIdentity:
+        return TlsIdentity(
+            certificate_pem=self.certified.certificate.public_bytes(serialization.Encoding.PEM),
+            private_key_pem=auth.private_key_pem(self.certified.private_key),
+            ca_pem=self.ca_certificate_pem,
+        )
+
+    @property
+    def certificate_sha256(self) -> bytes:
+        der = self.certified.certificate.public_bytes(serialization.Encoding.DER)
+        return hashlib.sha256(der).digest()
+
+
+FrameHandler = Callable[["Channel", wire.Frame], None]
+
+
+class Channel:
+    def __init__(self, link: ByteLink, conn: PeerConnection) -> None:
+        self.link = link
+        self.conn = conn
+        loop = asyncio.get_running_loop()
+        self.authenticated: asyncio.Future[PeerIdentity] = loop.create_future()
+        self.on_frame: FrameHandler = lambda _ch, _f: None
+        self.on_close: Callable[[Channel, str], None] = lambda _ch, _r: None
+        self.closed = link.closed
+        link.on_data = self._data_received
+        link.on_close = self._link_closed
+
+    @property
+    def peer(self) -> PeerIdentity | None:
+        return self.conn.peer
+
+    def start(self) -> None:
+        if self.conn.role is Role.INITIATOR:
+            self.conn.initiate()
+            self._flush()
+
+    def send(self, frame: wire.Frame) -> None:
+        self.conn.send(frame)
+        self._flush()
+
+    def close(self, reason: str = "closed") -> None:
+        self.link.close(reason)
+
+    def _flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and not self.link.closed.done():
+            self.link.send(data)
+
+    def _data_received(self, data: bytes) -> None:
+        events = self.conn.receive_data(data)
+        self._flush()
+        for ev in events:
+            if isinstance(ev, FrameReceived):
+                self.on_frame(self, ev.frame)
+            elif isinstance(ev, Authenticated):
+                if not self.authenticated.done():
+                    self.authenticated.set_result(ev.peer)
+            elif isinstance(ev, SessionRejected):
+                log.warning("peer %s: session %s rejected: %s", self.peer, ev.session, ev.message)
+            elif isinstance(ev, ConnectionFailed):
+                who = "peer refused us" if ev.by_peer else "we refused the peer"
+                self._fail(f"{who}: {ev.message}")
+                self.link.close(ev.message[:200], error_code=0x100 + int(ev.code))
+
+    def _fail(self, reason: str) -> None:
+        if not self.authenticated.done():
+            self.authenticated.set_exception(AuthenticationFailed(reason))
+            self.authenticated.exception()
+
+    def _link_closed(self, reason: str) -> None:
+        self._fail(f"link closed before authentication: {reason}")
+        self.on_close(self, reason)
+
+
+def _proof_maker(creds: NodeCredentials, server_cert_sha256: bytes) -> Callable[[bytes], bytes]:
+    def make(nonce: bytes) -> bytes:
+        return auth.make_client_proof(creds.certified, nonce, server_cert_sha256).encode()
+
+    return make
+
+
+def proof_checker(creds: NodeCredentials) -> Callable[[bytes, bytes], PeerIdentity]:
+    ca = auth.load_certificate(creds.ca_certificate_pem)
+    own_hash = creds.certificate_sha256
+
+    def check(data: bytes, nonce: bytes) -> PeerIdentity:
+        proof = auth.ClientProof.decode(data)
+        ident = auth.verify_client_proof(proof, ca, nonce, own_hash, revoked=creds.revoked_serials)
+        return PeerIdentity(ident.node_id, ident.role)
+
+    return check
+
+
+async def connect_channel(
+    address: Addr,
+    creds: NodeCredentials,
+    expected_node_id: str,
+    tuning: QuicTuning = QuicTuning(),
+    timeout: float = 10.0,
+) -> Channel:
+    """Dial a node over QUIC and authenticate both ways; raise NetError on failure."""
+    link = await connect(address, creds.tls(), expected_node_id, tuning=tuning, timeout=timeout)
+    server_hash = link.peer_certificate_sha256()
+    assert server_hash is not None  # TLS completed, so the server presented a certificate
+    conn = PeerConnection(
+        Role.INITIATOR,
+        make_proof=_proof_maker(creds, server_hash),
+        expected_peer=PeerIdentity(expected_node_id, "worker"),
+    )
+    channel = Channel(link, conn)
+    channel.start()
+    try:
+        await asyncio.wait_for(asyncio.shield(channel.authenticated), timeout)
+    except TimeoutError:
+        link.close("authentication timed out")
+        raise AuthenticationFailed(f"{expected_node_id} did not answer our proof in {timeout:.0f} s") from None
+    return channel
+
+
+class ChannelServer:
+    """Accepts QUIC links and authenticates each peer before handing its channel over."""
+
+    def __init__(
+        self,
+        creds: NodeCredentials,
+        on_channel: Callable[[Channel], None],
+        tuning: QuicTuning = QuicTuning(),
+        allowed_roles: Collection[str] = ("worker", "client", "coordinator"),
+    ) -> None:
+        self._creds = creds
+        self._on_channel = on_channel
+        self._check = proof_checker(creds)
+        self._allowed_roles = frozenset(allowed_roles)
+        self._server = QuicServer(creds.tls(), self._link_accepted, tuning)
+        self.channels: set[Channel] = set()
+
+    async def listen(self, host: str, port: int) -> Addr:
+        return await self._server.listen(host, port)
+
+    def _check_role(self, data: bytes, nonce: bytes) -> PeerIdentity:
+        peer = self._check(data, nonce)
+        if peer.role not in self._allowed_roles:
+            raise auth.AuthError(f"role {peer.role!r} may not connect here")
+        return peer
+
+    def _link_accepted(self, link: ByteLink) -> None:
+        conn = PeerConnection(Role.ACCEPTOR, check_proof=self._check_role, new_nonce=auth.new_nonce)
+        channel = Channel(link, conn)
+        self.channels.add(channel)
+        channel.closed.add_done_callback(lambda _f: self.channels.discard(channel))
+
+        def ready(fut: asyncio.Future[PeerIdentity]) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                self._on_channel(channel)
+
+        channel.authenticated.add_done_callback(ready)
+        channel.start()
+
+    def close(self) -> None:
+        self._server.close()
+
+
+__all__ = [
+    "AuthenticationFailed",
+    "Channel",
+    "ChannelServer",
+    "ErrorCode",
+    "NodeCredentials",
+    "connect_channel",
+]

@@ -1,0 +1,241 @@
+"""Sans-IO state of one peer connection: authentication first, then frames.
+
+Bytes go in with `receive_data`, events come out; frames to send are taken with
+`data_to_send`. No sockets, no asyncio, no clock: the shell (net.channel) does IO.
+
+Authentication (DESIGN §6): TLS has already proved the acceptor's identity to the
+initiator. The initiator then proves its own: HELLO -> CHALLENGE(nonce) ->
+PROOF(certificate, signature over nonce and the acceptor's certificate hash) ->
+WELCOME. Nothing else is processed before WELCOME; a refused peer is told why.
+
+Once ready, the acceptor checks session ownership: STEP and CLOSE frames must name a
+session this connection opened. A violation is answered with an ERROR for that
+session; the connection and the other sessions carry on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, auto
+
+from net import wire
+from net.errors import ErrorCode, FrameError
+
+
+class Role(Enum):
+    INITIATOR = auto()
+    ACCEPTOR = auto()
+
+
+class State(Enum):
+    SEND_HELLO = auto()
+    AWAIT_HELLO = auto()
+    AWAIT_CHALLENGE = auto()
+    AWAIT_PROOF = auto()
+    AWAIT_WELCOME = auto()
+    READY = auto()
+    CLOSED = auto()
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    node_id: str
+    role: str
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    peer: PeerIdentity
+
+
+@dataclass(frozen=True)
+class FrameReceived:
+    frame: wire.Frame
+
+
+@dataclass(frozen=True)
+class SessionRejected:
+    """A frame broke a session rule; an ERROR was queued for the peer."""
+
+    session: str
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True)
+class ConnectionFailed:
+    """The connection is unusable (malformed bytes, failed authentication); close it."""
+
+    code: ErrorCode
+    message: str
+    by_peer: bool
+
+
+Event = Authenticated | FrameReceived | SessionRejected | ConnectionFailed
+
+ProofMaker = Callable[[bytes], bytes]
+"""Initiator: nonce -> encoded proof of our identity."""
+ProofChecker = Callable[[bytes, bytes], PeerIdentity]
+"""Acceptor: (encoded proof, nonce we sent) -> identity; raises on a bad proof."""
+
+
+class PeerConnection:
+    def __init__(
+        self,
+        role: Role,
+        *,
+        make_proof: ProofMaker | None = None,
+        check_proof: ProofChecker | None = None,
+        new_nonce: Callable[[], bytes] | None = None,
+        expected_peer: PeerIdentity | None = None,
+        limits: wire.Limits = wire.DEFAULT_LIMITS,
+    ) -> None:
+        if role is Role.INITIATOR and (make_proof is None or expected_peer is None):
+            raise ValueError("an initiator needs make_proof and the peer TLS verified")
+        if role is Role.ACCEPTOR and (check_proof is None or new_nonce is None):
+            raise ValueError("an acceptor needs check_proof and new_nonce")
+        self.role = role
+        self.state = State.SEND_HELLO if role is Role.INITIATOR else State.AWAIT_HELLO
+        self.peer: PeerIdentity | None = None
+        self._make_proof = make_proof
+        self._check_proof = check_proof
+        self._new_nonce = new_nonce
+        self._expected_peer = expected_peer
+        self._nonce = b""
+        self._decoder = wire.FrameDecoder(limits)
+        self._limits = limits
+        self._out = bytearray()
+        self.owned_sessions: set[str] = set()
+
+    # ------------------------------------------------------------ output
+
+    def initiate(self) -> None:
+        if self.state is not State.SEND_HELLO:
+            raise RuntimeError(f"initiate() in state {self.state.name}")
+        self._queue(wire.Hello())
+        self.state = State.AWAIT_CHALLENGE
+
+    def send(self, frame: wire.Frame) -> None:
+        if self.state is not State.READY:
+            raise RuntimeError(f"cannot send {type(frame).__name__} in state {self.state.name}")
+        self._queue(frame)
+
+    def data_to_send(self) -> bytes:
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    def _queue(self, frame: wire.Frame) -> None:
+        self._out += wire.encode(frame, self._limits)
+
+    # ------------------------------------------------------------ input
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        if self.state is State.CLOSED:
+            return []
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as exc:
+            return [self._fail(exc.code, f"malformed frame: {exc}")]
+        events: list[Event] = []
+        for frame in frames:
+            events.extend(self._handle(frame))
+            if self.state is State.CLOSED:
+                break
+        return events
+
+    def _handle(self, frame: wire.Frame) -> list[Event]:
+        handler = _HANDLERS.get((self.state, type(frame)))
+        if handler is not None:
+            return handler(self, frame)
+        if isinstance(frame, wire.Error) and self.state is not State.READY:
+            self.state = State.CLOSED
+            return [ConnectionFailed(frame.code, frame.message, by_peer=True)]
+        if self.state is not State.READY:
+            return [self._fail(ErrorCode.UNAUTHENTICATED, f"{type(frame).__name__} before authentication")]
+        return [FrameReceived(frame)]
+
+    def _fail(self, code: ErrorCode, message: str) -> ConnectionFailed:
+        if self.state is not State.CLOSED:
+            self._queue(wire.Error("", code, wire.truncate_utf8(message, self._limits.max_string)))
+        self.state = State.CLOSED
+        return ConnectionFailed(code, message, by_peer=False)
+
+    # ------------------------------------------------------------ handlers (one per row)
+
+    def _on_hello(self, _frame: wire.Frame) -> list[Event]:
+        assert self._new_nonce is not None
+        self._nonce = self._new_nonce()
+        self._queue(wire.Challenge(self._nonce))
+        self.state = State.AWAIT_PROOF
+        return []
+
+    def _on_challenge(self, frame: wire.Frame) -> list[Event]:
+        assert isinstance(frame, wire.Challenge) and self._make_proof is not None
+        self._queue(wire.Proof(self._make_proof(frame.nonce)))
+        self.state = State.AWAIT_WELCOME
+        return []
+
+    def _on_proof(self, frame: wire.Frame) -> list[Event]:
+        assert isinstance(frame, wire.Proof) and self._check_proof is not None
+        try:
+            peer = self._check_proof(frame.data, self._nonce)
+        except Exception as exc:  # any verification failure refuses the peer, with the reason
+            return [self._fail(ErrorCode.UNAUTHENTICATED, f"authentication refused: {exc}")]
+        self.peer = peer
+        self._queue(wire.Welcome(peer.node_id))
+        self.state = State.READY
+        return [Authenticated(peer)]
+
+    def _on_welcome(self, _frame: wire.Frame) -> list[Event]:
+        assert self._expected_peer is not None
+        self.peer = self._expected_peer
+        self.state = State.READY
+        return [Authenticated(self._expected_peer)]
+
+    def _on_ping(self, frame: wire.Frame) -> list[Event]:
+        assert isinstance(frame, wire.Ping)
+        self._queue(wire.Pong(frame.nonce))
+        return []
+
+    def _on_open(self, frame: wire.Frame) -> list[Event]:
+        assert isinstance(frame, wire.Open)
+        if self.role is Role.ACCEPTOR:
+            if frame.session in self.owned_sessions:
+                return [self._reject(frame.session, ErrorCode.NOT_OWNER, "session already open")]
+            self.owned_sessions.add(frame.session)
+        return [FrameReceived(frame)]
+
+    def _on_owned(self, frame: wire.Frame) -> list[Event]:
+        assert isinstance(frame, wire.Step | wire.Close)
+        if self.role is Role.ACCEPTOR and frame.session not in self.owned_sessions:
+            return [self._reject(frame.session, ErrorCode.NOT_OWNER, "session not opened on this connection")]
+        if isinstance(frame, wire.Close):
+            self.owned_sessions.discard(frame.session)
+        return [FrameReceived(frame)]
+
+    def _reject(self, session: str, code: ErrorCode, message: str) -> SessionRejected:
+        self._queue(wire.Error(session, code, message))
+        return SessionRejected(session, code, message)
+
+    def release(self, session: str) -> None:
+        """The application ended a session (error or finished); forget its ownership."""
+        self.owned_sessions.discard(session)
+
+
+_Handler = Callable[[PeerConnection, wire.Frame], list[Event]]
+
+_HANDLERS: dict[tuple[State, type], _Handler] = {
+    (State.AWAIT_HELLO, wire.Hello): PeerConnection._on_hello,
+    (State.AWAIT_CHALLENGE, wire.Challenge): PeerConnection._on_challenge,
+    (State.AWAIT_PROOF, wire.Proof): PeerConnection._on_proof,
+    (State.AWAIT_WELCOME, wire.Welcome): PeerConnection._on_welcome,
+    (State.READY, wire.Ping): PeerConnection._on_ping,
+    (State.READY, wire.Open): PeerConnection._on_open,
+    (State.READY, wire.Step): PeerConnection._on_owned,
+    (State.READY, wire.Close): PeerConnection._on_owned,
+}
