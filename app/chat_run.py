@@ -41,7 +41,9 @@ class ChatReport:
         lines = [f"{'where the time goes (median decode step)':44} {'ms':>8}"]
         for s in self.stages:
             lines.append(f"  stage from layer {s.stage:<3} compute{'':15} {s.compute_ms:8.2f}")
-            lines.append(f"  stage from layer {s.stage:<3} waiting in worker{'':5} {s.queue_ms:8.2f}")
+            lines.append(
+                f"  stage from layer {s.stage:<3} waiting in worker{'':5} {s.queue_ms:8.2f}"
+            )
         lines.append(f"  network and handling (rest){'':16} {self.network_and_handling_ms:8.2f}")
         lines.append(f"  {'total trip':42} {self.trip_ms:8.2f}")
         return "\n".join(lines)

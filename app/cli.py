@@ -6,15 +6,14 @@ import argparse
 import json
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from app.errors import AppError
 from core.errors import CoreError
-from net.errors import NetError
 from core.types import LayerRange, SamplingParams
+from net.errors import NetError
 
 DEMO_QUESTION = "In two sentences, why do volunteers share computers to run one big model?"
 
@@ -100,11 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="ask the swarm along a route; stream the answer")
     p.add_argument("--route", required=True, type=Path, help="route JSON file")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--credentials", required=True, type=Path, help="directory with ca.pem and NODE.pem/.key")
+    p.add_argument(
+        "--credentials", required=True, type=Path, help="directory with ca.pem and NODE.pem/.key"
+    )
     p.add_argument("--node-id", default="client", help="this client's node id (certificate name)")
-    p.add_argument("--model", default=None, help="GGUF holding the tokenizer (default: the route's model)")
+    p.add_argument(
+        "--model", default=None, help="GGUF holding the tokenizer (default: the route's model)"
+    )
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument(
+        "--raw", action="store_true", help="send the prompt as is, without the chat template"
+    )
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
     _add_sampling(p)
 
@@ -117,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("node_id")
     q.add_argument("--ca", required=True, type=Path, help="directory holding ca.pem and ca.key")
     q.add_argument("--role", choices=["worker", "client", "coordinator"], default="worker")
-    q.add_argument("--out", type=Path, default=None, help="credentials directory to write (default: --ca)")
+    q.add_argument(
+        "--out", type=Path, default=None, help="credentials directory to write (default: --ca)"
+    )
     q.add_argument("--hours", type=int, default=24 * 7)
 
     sub.add_parser("hardware", help="show the memory this machine can offer")
@@ -213,9 +220,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from app.demo import run_chat_cli
 
     return run_chat_cli(
-        route_path=args.route, credentials=args.credentials, node_id=args.node_id,
-        model=args.model, prompt=args.prompt, max_tokens=args.max_tokens,
-        chat_format=not args.raw, sampling=_sampling(args), wire_dtype=args.wire_dtype,
+        route_path=args.route,
+        credentials=args.credentials,
+        node_id=args.node_id,
+        model=args.model,
+        prompt=args.prompt,
+        max_tokens=args.max_tokens,
+        chat_format=not args.raw,
+        sampling=_sampling(args),
+        wire_dtype=args.wire_dtype,
     )
 
 

@@ -14,6 +14,9 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from app.config import Route
 from app.errors import RouteUnavailable, StageFailed, StageTimeout
 from app.wire_convert import sampling_to_wire
@@ -35,6 +38,8 @@ class TokenEvent:
     trip_ms: float
     """Client send to TOKENS received, for this step."""
     n_accepted: int = 0
+    logits: npt.NDArray[np.float32] | None = None
+    """Only from workers configured with return_logits (diagnostics, tests)."""
 
 
 @dataclass(frozen=True)
@@ -121,9 +126,13 @@ class SwarmClient:
         try:
             first.send(
                 wire.Open(
-                    session=name, model=self.route.model, wire_dtype=wire_dtype,
-                    sampling=sampling_to_wire(sampling), reply_to=self.creds.node_id,
-                    max_tokens=max_tokens, prompt_len=len(prompt),
+                    session=name,
+                    model=self.route.model,
+                    wire_dtype=wire_dtype,
+                    sampling=sampling_to_wire(sampling),
+                    reply_to=self.creds.node_id,
+                    max_tokens=max_tokens,
+                    prompt_len=len(prompt),
                 )
             )
             step_id = 0
@@ -136,7 +145,15 @@ class SwarmClient:
             timeout = self.first_token_timeout
             while True:
                 frame = await self._next(queue, timeout)
-                event = TokenEvent(frame.tokens, frame.step_id, frame.timings, (time.perf_counter() - sent) * 1e3, frame.n_accepted)
+                logits = (
+                    np.frombuffer(frame.logits_sample, dtype=np.float32)
+                    if frame.logits_sample
+                    else None
+                )
+                trip_ms = (time.perf_counter() - sent) * 1e3
+                event = TokenEvent(
+                    frame.tokens, frame.step_id, frame.timings, trip_ms, frame.n_accepted, logits
+                )
                 yield event
                 produced += len(frame.tokens)
                 last = frame.tokens[-1]
@@ -155,11 +172,20 @@ class SwarmClient:
     @staticmethod
     def _step(session: str, step_id: int, start: int, tokens: tuple[int, ...]) -> wire.Step:
         return wire.Step(
-            session=session, step_id=step_id, start=start, tokens=tokens, hidden=None,
-            n_rows=len(tokens), width=0, wire_dtype=WireDtype.F32, sent_at_ns=time.time_ns(),
+            session=session,
+            step_id=step_id,
+            start=start,
+            tokens=tokens,
+            hidden=None,
+            n_rows=len(tokens),
+            width=0,
+            wire_dtype=WireDtype.F32,
+            sent_at_ns=time.time_ns(),
         )
 
-    async def _next(self, queue: asyncio.Queue[wire.Frame | _Failure], timeout: float) -> wire.Tokens:
+    async def _next(
+        self, queue: asyncio.Queue[wire.Frame | _Failure], timeout: float
+    ) -> wire.Tokens:
         while True:
             try:
                 item = await asyncio.wait_for(queue.get(), timeout)

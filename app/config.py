@@ -46,6 +46,8 @@ class WorkerConfig:
     row_budget: int = 256
     """Rows per llama_decode: decode rows of all sessions first, then prompt chunks."""
     max_datagram_size: int = 1200
+    return_logits: bool = False
+    """Diagnostics: the last stage sends the logits each token was chosen from."""
 
     @staticmethod
     def from_dict(doc: dict[str, Any], base: Path = Path(".")) -> WorkerConfig:
@@ -59,12 +61,15 @@ class WorkerConfig:
                 model=str(doc.get("model", "default")),
                 layers=LayerRange(int(start), int(stop)),
                 credentials=creds if creds.is_absolute() else base / creds,
-                next_hop=Hop(str(hop["node_id"]), parse_address(str(hop["address"]))) if hop else None,
+                next_hop=Hop(str(hop["node_id"]), parse_address(str(hop["address"])))
+                if hop
+                else None,
                 threads=int(doc.get("threads", 1)),
                 max_sessions=int(doc.get("max_sessions", 8)),
                 n_ctx=int(doc.get("n_ctx", 2048)),
                 row_budget=int(doc.get("row_budget", 256)),
                 max_datagram_size=int(doc.get("max_datagram_size", 1200)),
+                return_logits=bool(doc.get("return_logits", False)),
             )
         except ConfigError:
             raise
@@ -87,6 +92,7 @@ class WorkerConfig:
             f"n_ctx = {self.n_ctx}",
             f"row_budget = {self.row_budget}",
             f"max_datagram_size = {self.max_datagram_size}",
+            f"return_logits = {'true' if self.return_logits else 'false'}",
         ]
         if self.next_hop is not None:
             lines += [
@@ -170,13 +176,11 @@ def _read(path: Path) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    is_json = str(path).endswith(".json")
     try:
-        if str(path).endswith(".json"):
-            doc = json.loads(text)
-        else:
-            doc = tomllib.loads(text)
+        doc = json.loads(text) if is_json else tomllib.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid {'JSON' if str(path).endswith('.json') else 'TOML'}: {exc}") from exc
+        raise ConfigError(f"{path} is not valid {'JSON' if is_json else 'TOML'}: {exc}") from exc
     if not isinstance(doc, dict):
         raise ConfigError(f"{path} must hold a table/object")
     return doc

@@ -25,7 +25,11 @@ def init_ca(directory: Path, name: str = "sangama-swarm") -> auth.CertifiedKey:
 
 
 def issue_node(
-    ca_dir: Path, node_id: str, role: str = "worker", out_dir: Path | None = None, hours: int = 24 * 7
+    ca_dir: Path,
+    node_id: str,
+    role: str = "worker",
+    out_dir: Path | None = None,
+    hours: int = 24 * 7,
 ) -> Path:
     """Issue `node_id` a certificate from the CA in `ca_dir`; write a credentials dir."""
     try:
@@ -47,7 +51,9 @@ def load_credentials(directory: Path, node_id: str) -> NodeCredentials:
     try:
         certified = auth.CertifiedKey.load(directory, node_id)
         ca_pem = (directory / f"{CA_STEM}.pem").read_bytes()
-        auth.verify_node_certificate(certified.certificate, auth.load_certificate(ca_pem), expected_node_id=node_id)
+        auth.verify_node_certificate(
+            certified.certificate, auth.load_certificate(ca_pem), expected_node_id=node_id
+        )
     except OSError as exc:
         raise ConfigError(f"credentials for {node_id} missing in {directory}: {exc}") from exc
     except auth.AuthError as exc:

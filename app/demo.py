@@ -41,13 +41,23 @@ async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype
         assert swarm.route is not None and swarm.client_credentials is not None
         for w in swarm.workers:
             host, port = w.config.listen
-            print(f"  {w.config.node_id}: layers {w.config.layers} on udp {host}:{port} (pid {w.process.pid})")
-        print(f"swarm ready in {time.perf_counter() - t0:.1f} s\n\nQ: {prompt}\nA: ", end="", flush=True)
+            layers, pid = w.config.layers, w.process.pid
+            print(f"  {w.config.node_id}: layers {layers} on udp {host}:{port} (pid {pid})")
+        print(
+            f"swarm ready in {time.perf_counter() - t0:.1f} s\n\nQ: {prompt}\nA: ",
+            end="",
+            flush=True,
+        )
         tokenizer = Tokenizer.from_gguf(Path(swarm.route.model))
         try:
             async with SwarmClient(swarm.client_credentials, swarm.route) as client:
                 report = await chat_once(
-                    client, tokenizer, prompt, max_tokens=max_tokens, wire_dtype=dtype, stream=_stream
+                    client,
+                    tokenizer,
+                    prompt,
+                    max_tokens=max_tokens,
+                    wire_dtype=dtype,
+                    stream=_stream,
                 )
         finally:
             tokenizer.close()
@@ -61,16 +71,29 @@ def run_demo(model: str, cuts: list[int], prompt: str, max_tokens: int, wire_dty
 
 
 async def _chat(
-    route: Route, client_creds_dir: Path, node_id: str, model: str | None, prompt: str,
-    max_tokens: int, chat_format: bool, sampling: SamplingParams, dtype: WireDtype,
+    route: Route,
+    client_creds_dir: Path,
+    node_id: str,
+    model: str | None,
+    prompt: str,
+    max_tokens: int,
+    chat_format: bool,
+    sampling: SamplingParams,
+    dtype: WireDtype,
 ) -> int:
     creds = load_credentials(client_creds_dir, node_id)
     tokenizer = Tokenizer.from_gguf(resolve_model(model or route.model))
     try:
         async with SwarmClient(creds, route) as client:
             report = await chat_once(
-                client, tokenizer, prompt, chat_format=chat_format, max_tokens=max_tokens,
-                sampling=sampling, wire_dtype=dtype, stream=_stream,
+                client,
+                tokenizer,
+                prompt,
+                chat_format=chat_format,
+                max_tokens=max_tokens,
+                sampling=sampling,
+                wire_dtype=dtype,
+                stream=_stream,
             )
     finally:
         tokenizer.close()
@@ -79,11 +102,28 @@ async def _chat(
 
 
 def run_chat_cli(
-    *, route_path: Path, credentials: Path, node_id: str, model: str | None, prompt: str,
-    max_tokens: int, chat_format: bool, sampling: SamplingParams, wire_dtype: str,
+    *,
+    route_path: Path,
+    credentials: Path,
+    node_id: str,
+    model: str | None,
+    prompt: str,
+    max_tokens: int,
+    chat_format: bool,
+    sampling: SamplingParams,
+    wire_dtype: str,
 ) -> int:
     route = Route.load(route_path)
     return asyncio.run(
-        _chat(route, credentials, node_id, model, prompt, max_tokens, chat_format, sampling,
-              WireDtype[wire_dtype.upper()])
+        _chat(
+            route,
+            credentials,
+            node_id,
+            model,
+            prompt,
+            max_tokens,
+            chat_format,
+            sampling,
+            WireDtype[wire_dtype.upper()],
+        )
     )

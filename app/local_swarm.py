@@ -22,6 +22,7 @@ from app.errors import AppError
 from core.models import resolve_model, stage_files
 from core.types import LayerRange
 from net.channel import NodeCredentials
+from net.delay_proxy import DelayProxy
 
 CLIENT_ID = "client"
 
@@ -52,11 +53,23 @@ class LocalSwarm:
     max_sessions: int = 8
     n_ctx: int = 2048
     max_datagram_size: int = 1200
+    return_logits: bool = False
+    link_delays_ms: list[float] | None = None
+    """One-way delay per link, WAN emulation through net.delay_proxy: client->stage0,
+    each stage->next, last stage->client (len = stages + 1)."""
     workdir: Path | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     route: Route | None = None
     client_credentials: NodeCredentials | None = None
     _tmp: tempfile.TemporaryDirectory[str] | None = None
+    proxies: list[DelayProxy] = field(default_factory=list)
+
+    async def _delayed(self, target: tuple[str, int], delay_ms: float) -> tuple[str, int]:
+        """An address that reaches `target` after `delay_ms` each way."""
+        proxy = DelayProxy(("127.0.0.1", 0), target, delay_ms)
+        await proxy.start()
+        self.proxies.append(proxy)
+        return ("127.0.0.1", proxy.bound_port)
 
     async def start(self, ready_timeout: float = 300.0) -> None:
         if self.workdir is None:
@@ -71,23 +84,42 @@ class LocalSwarm:
         init_ca(ca_dir)
         ids = [f"stage{i}" for i in range(len(ranges))]
         ports = [free_udp_port() for _ in ranges]
+        delays = self.link_delays_ms
+        if delays is not None and len(delays) != len(ranges) + 1:
+            raise AppError(f"need {len(ranges) + 1} link delays, got {len(delays)}")
+        # Where each stage is reached from upstream: directly, or through a delay proxy.
+        entry = [("127.0.0.1", p) for p in ports]
+        if delays is not None:
+            entry = [await self._delayed(a, d) for a, d in zip(entry, delays[:-1], strict=True)]
         configs = []
         for i, layers in enumerate(ranges):
             creds_dir = issue_node(ca_dir, ids[i], "worker", out_dir=wd / ids[i])
-            hop = Hop(ids[i + 1], ("127.0.0.1", ports[i + 1])) if i + 1 < len(ranges) else None
+            hop = Hop(ids[i + 1], entry[i + 1]) if i + 1 < len(ranges) else None
             configs.append(
                 WorkerConfig(
-                    node_id=ids[i], listen=("127.0.0.1", ports[i]), model=str(model_path),
-                    layers=layers, credentials=creds_dir, next_hop=hop, threads=self.threads,
-                    max_sessions=self.max_sessions, n_ctx=self.n_ctx,
+                    node_id=ids[i],
+                    listen=("127.0.0.1", ports[i]),
+                    model=str(model_path),
+                    layers=layers,
+                    credentials=creds_dir,
+                    next_hop=hop,
+                    threads=self.threads,
+                    max_sessions=self.max_sessions,
+                    n_ctx=self.n_ctx,
                     max_datagram_size=self.max_datagram_size,
+                    return_logits=self.return_logits,
                 )
             )
         client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)
         self.client_credentials = load_credentials(client_dir, CLIENT_ID)
+        addresses = [entry[0], *(c.listen for c in configs[1:])]
+        if delays is not None:  # the client's own link to the last stage carries TOKENS back
+            addresses[-1] = await self._delayed(configs[-1].listen, delays[-1])
         self.route = Route(
             str(model_path),
-            tuple(RouteStage(c.node_id, c.listen, c.layers) for c in configs),
+            tuple(
+                RouteStage(c.node_id, a, c.layers) for c, a in zip(configs, addresses, strict=True)
+            ),
         )
         (wd / "route.json").write_text(self.route.to_json(), encoding="utf-8")
         # Start from the last stage so each next hop is listening before traffic arrives.
@@ -100,8 +132,14 @@ class LocalSwarm:
         cfg_path.write_text(config.to_toml(), encoding="utf-8")
         log_path = self.workdir / f"{config.node_id}.log"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app.cli", "worker", "--config", str(cfg_path),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "app.cli",
+            "worker",
+            "--config",
+            str(cfg_path),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         wp = WorkerProcess(config, proc, log_path)
@@ -111,12 +149,16 @@ class LocalSwarm:
             while True:
                 line = await asyncio.wait_for(proc.stdout.readline(), timeout)
                 if not line:
-                    raise AppError(f"worker {config.node_id} exited before it was ready; see {log_path}")
+                    raise AppError(
+                        f"worker {config.node_id} exited before it was ready; see {log_path}"
+                    )
                 if line.startswith(b"READY"):
                     return wp
         except TimeoutError:
             proc.kill()
-            raise AppError(f"worker {config.node_id} not ready after {timeout:.0f} s; see {log_path}") from None
+            raise AppError(
+                f"worker {config.node_id} not ready after {timeout:.0f} s; see {log_path}"
+            ) from None
 
     @staticmethod
     async def _drain(proc: asyncio.subprocess.Process, log_path: Path) -> None:
@@ -146,6 +188,9 @@ class LocalSwarm:
             if w.stderr_task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(w.stderr_task, 2)
+        for proxy in self.proxies:
+            await proxy.close()
+        self.proxies.clear()
         return codes
 
     def cleanup(self) -> None:

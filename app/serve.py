@@ -44,8 +44,12 @@ async def serve(config: WorkerConfig, ready_line: bool = True) -> None:
     creds = load_credentials(config.credentials, config.node_id)
     path, n_layer = prepare_stage_file(config)
     spec = StageSpec(
-        config.layers, n_layer, n_ctx=config.n_ctx, n_batch=config.row_budget,
-        n_seq_max=config.max_sessions, n_threads=config.threads,
+        config.layers,
+        n_layer,
+        n_ctx=config.n_ctx,
+        n_batch=config.row_budget,
+        n_seq_max=config.max_sessions,
+        n_threads=config.threads,
     )
     stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
     worker = StageWorker(config, stage, creds)
@@ -66,7 +70,8 @@ async def serve(config: WorkerConfig, ready_line: bool = True) -> None:
         print(
             f"STOPPED {config.node_id}: {s.sessions_opened} sessions, {s.steps} steps in "
             f"{s.batches} batches, {s.errors} errors",
-            file=sys.stderr, flush=True,
+            file=sys.stderr,
+            flush=True,
         )
 
 

@@ -11,6 +11,7 @@ Imports no Qt: the CLI runs it headless and the tray app reuses it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +75,9 @@ class StageWorker:
         tuning = QuicTuning(max_datagram_size=config.max_datagram_size)
         self._server = ChannelServer(creds, self._channel_ready, tuning)
         self._downstream = (
-            Downstream(config.next_hop, creds, tuning, self._downstream_frame, self._downstream_lost)
+            Downstream(
+                config.next_hop, creds, tuning, self._downstream_frame, self._downstream_lost
+            )
             if config.next_hop is not None
             else None
         )
@@ -121,7 +124,9 @@ class StageWorker:
             if s.owner is channel:
                 self._drop(name, forward_close=True, reason=f"upstream closed: {reason}")
             elif s.reply is channel:
-                self._fail(name, ErrorCode.STAGE_ERROR, f"client link lost: {reason}", notify_reply=False)
+                self._fail(
+                    name, ErrorCode.STAGE_ERROR, f"client link lost: {reason}", notify_reply=False
+                )
 
     def _upstream_frame(self, channel: Channel, frame: wire.Frame) -> None:
         try:
@@ -157,10 +162,14 @@ class StageWorker:
         if self.is_last:
             session.reply = self._peers.get(frame.reply_to)
             if session.reply is None:
-                raise FrameError(ErrorCode.BAD_VALUE, f"client {frame.reply_to!r} has no link to the last stage")
+                raise FrameError(
+                    ErrorCode.BAD_VALUE, f"client {frame.reply_to!r} has no link to the last stage"
+                )
             session.rng = make_rng(sampling_from_wire(frame.sampling))
         self._sessions[frame.session] = session
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self.stage.open, frame.session)
+        future = asyncio.get_running_loop().run_in_executor(
+            self._executor, self.stage.open, frame.session
+        )
         future.add_done_callback(lambda f: self._opened(frame.session, f))
         if self._downstream is not None:
             self._downstream.send(frame)
@@ -181,16 +190,24 @@ class StageWorker:
             if frame.hidden is not None:
                 raise FrameError(ErrorCode.BAD_SHAPE, "the first stage takes tokens")
             request = StepRequest(
-                frame.session, frame.start, tokens=np.asarray(frame.tokens, dtype=np.int32),
-                all_logits=bool(frame.drafts), keep_until=frame.keep_until,
+                frame.session,
+                frame.start,
+                tokens=np.asarray(frame.tokens, dtype=np.int32),
+                all_logits=bool(frame.drafts),
+                keep_until=frame.keep_until,
             )
         else:
             if frame.hidden is None or frame.width != self.n_embd:
-                raise FrameError(ErrorCode.BAD_SHAPE, f"this stage takes hidden rows of width {self.n_embd}")
+                raise FrameError(
+                    ErrorCode.BAD_SHAPE, f"this stage takes hidden rows of width {self.n_embd}"
+                )
             rows = decode_rows(frame.hidden, WireDtype(frame.wire_dtype), frame.n_rows, frame.width)
             request = StepRequest(
-                frame.session, frame.start, hidden=rows,
-                all_logits=bool(frame.drafts), keep_until=frame.keep_until,
+                frame.session,
+                frame.start,
+                hidden=rows,
+                all_logits=bool(frame.drafts),
+                keep_until=frame.keep_until,
             )
         self._pending.append(_Pending(frame, request, time.perf_counter()))
         self._wake.set()
@@ -215,14 +232,18 @@ class StageWorker:
                 if not batch:
                     continue
                 started = time.perf_counter()
-                results = await loop.run_in_executor(self._executor, self.stage.step, [p.request for p in batch])
+                results = await loop.run_in_executor(
+                    self._executor, self.stage.step, [p.request for p in batch]
+                )
                 compute_ms = (time.perf_counter() - started) * 1e3
                 self.stats.batches += 1
                 self.stats.rows += sum(p.request.n_rows for p in batch)
                 for p, result in zip(batch, results, strict=True):
                     self._emit(p, result, compute_ms, (started - p.arrived) * 1e3)
 
-    def _emit(self, p: _Pending, result: StepResult | StepFailure, compute_ms: float, queue_ms: float) -> None:
+    def _emit(
+        self, p: _Pending, result: StepResult | StepFailure, compute_ms: float, queue_ms: float
+    ) -> None:
         session = self._sessions.get(p.step.session)
         if session is None:
             return  # closed while computing
@@ -231,7 +252,10 @@ class StageWorker:
             return
         self.stats.steps += 1
         timing = wire.StageTiming(
-            self.stage.spec.layers.start, compute_ms, queue_ms, (time.perf_counter() - p.arrived) * 1e3
+            self.stage.spec.layers.start,
+            compute_ms,
+            queue_ms,
+            (time.perf_counter() - p.arrived) * 1e3,
         )
         timings = (*p.step.timings, timing)
         if not self.is_last:
@@ -239,10 +263,17 @@ class StageWorker:
             dtype = WireDtype(session.open.wire_dtype)
             self._downstream.send(
                 wire.Step(
-                    session=p.step.session, step_id=p.step.step_id, start=p.step.start,
-                    tokens=p.step.tokens, hidden=encode_rows(result.hidden, dtype),
-                    n_rows=result.hidden.shape[0], width=result.hidden.shape[1], wire_dtype=dtype,
-                    drafts=p.step.drafts, keep_until=p.step.keep_until, timings=timings,
+                    session=p.step.session,
+                    step_id=p.step.step_id,
+                    start=p.step.start,
+                    tokens=p.step.tokens,
+                    hidden=encode_rows(result.hidden, dtype),
+                    n_rows=result.hidden.shape[0],
+                    width=result.hidden.shape[1],
+                    wire_dtype=dtype,
+                    drafts=p.step.drafts,
+                    keep_until=p.step.keep_until,
+                    timings=timings,
                     sent_at_ns=p.step.sent_at_ns,
                 )
             )
@@ -251,7 +282,11 @@ class StageWorker:
         self._sample_and_reply(session, p.step, result.logits, timings)
 
     def _sample_and_reply(
-        self, session: _Session, step: wire.Step, logits: np.ndarray, timings: tuple[wire.StageTiming, ...]
+        self,
+        session: _Session,
+        step: wire.Step,
+        logits: np.ndarray,
+        timings: tuple[wire.StageTiming, ...],
     ) -> None:
         if step.keep_until is not None:
             del session.history[step.keep_until :]
@@ -275,18 +310,33 @@ class StageWorker:
         finished = session.generated >= session.open.max_tokens
         reply = session.reply
         assert reply is not None
+        diagnostics = b""
+        if self.config.return_logits:
+            diagnostics = logits[-(len(drafts) + 1)].astype(np.float32).tobytes()
         self._send(
             reply,
             wire.Tokens(
-                session=step.session, step_id=step.step_id, tokens=tuple(chosen), drafts=(),
-                n_accepted=n_accepted, finished=finished, timings=timings,
+                session=step.session,
+                step_id=step.step_id,
+                tokens=tuple(chosen),
+                drafts=(),
+                n_accepted=n_accepted,
+                finished=finished,
+                timings=timings,
+                logits_sample=diagnostics,
             ),
         )
 
     # ------------------------------------------------------------ ending sessions
 
     def _fail(
-        self, name: str, code: ErrorCode, message: str, *, forward_close: bool = True, notify_reply: bool = True
+        self,
+        name: str,
+        code: ErrorCode,
+        message: str,
+        *,
+        forward_close: bool = True,
+        notify_reply: bool = True,
     ) -> None:
         session = self._sessions.get(name)
         if session is None:
@@ -309,10 +359,8 @@ class StageWorker:
             self._downstream.send(wire.Close(name, wire.truncate_utf8(reason, 900)))
 
     def _close_on_stage(self, name: str) -> None:
-        try:
+        with contextlib.suppress(CoreError):  # never opened here (open failed): nothing to free
             self.stage.close(name)
-        except CoreError:
-            pass  # never opened here (open failed): nothing to free
 
     @staticmethod
     def _send(channel: Channel, frame: wire.Frame) -> None:

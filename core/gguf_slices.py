@@ -275,6 +275,8 @@ def assemble_stage(
     w = GGUFWriter(str(tmp), arch=arch)
     rewritten = _stage_kinds_keys(w, arch, kinds, base_fields)
     rewritten |= {f"{arch}.block_count", f"{arch}.full_attention_interval"}
+    if not first:
+        rewritten.add(f"{arch}.vocab_size")  # rewritten below with the stage's own size
     for name, field in base_fields.items():
         if name in rewritten:
             continue

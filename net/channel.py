@@ -175,7 +175,9 @@ async def connect_channel(
         await asyncio.wait_for(asyncio.shield(channel.authenticated), timeout)
     except TimeoutError:
         link.close("authentication timed out")
-        raise AuthenticationFailed(f"{expected_node_id} did not answer our proof in {timeout:.0f} s") from None
+        raise AuthenticationFailed(
+            f"{expected_node_id} did not answer our proof in {timeout:.0f} s"
+        ) from None
     return channel
 
 

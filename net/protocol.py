@@ -111,6 +111,10 @@ class PeerConnection:
         self._out = bytearray()
         self.owned_sessions: set[str] = set()
 
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
     # ------------------------------------------------------------ output
 
     def initiate(self) -> None:
@@ -144,7 +148,7 @@ class PeerConnection:
         events: list[Event] = []
         for frame in frames:
             events.extend(self._handle(frame))
-            if self.state is State.CLOSED:
+            if self.closed:
                 break
         return events
 
@@ -156,7 +160,11 @@ class PeerConnection:
             self.state = State.CLOSED
             return [ConnectionFailed(frame.code, frame.message, by_peer=True)]
         if self.state is not State.READY:
-            return [self._fail(ErrorCode.UNAUTHENTICATED, f"{type(frame).__name__} before authentication")]
+            return [
+                self._fail(
+                    ErrorCode.UNAUTHENTICATED, f"{type(frame).__name__} before authentication"
+                )
+            ]
         return [FrameReceived(frame)]
 
     def _fail(self, code: ErrorCode, message: str) -> ConnectionFailed:
@@ -213,7 +221,11 @@ class PeerConnection:
     def _on_owned(self, frame: wire.Frame) -> list[Event]:
         assert isinstance(frame, wire.Step | wire.Close)
         if self.role is Role.ACCEPTOR and frame.session not in self.owned_sessions:
-            return [self._reject(frame.session, ErrorCode.NOT_OWNER, "session not opened on this connection")]
+            return [
+                self._reject(
+                    frame.session, ErrorCode.NOT_OWNER, "session not opened on this connection"
+                )
+            ]
         if isinstance(frame, wire.Close):
             self.owned_sessions.discard(frame.session)
         return [FrameReceived(frame)]

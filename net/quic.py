@@ -18,6 +18,7 @@ that allow more than 1200 bytes (loopback, LAN).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import socket
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from aioquic.buffer import Buffer
+from aioquic.buffer import Buffer  # type: ignore[attr-defined]
 from aioquic.quic import events as qev
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
@@ -71,7 +72,9 @@ class QuicTuning:
     pace: bool = False
 
 
-def _configuration(identity: TlsIdentity, is_client: bool, tuning: QuicTuning, server_name: str | None) -> QuicConfiguration:
+def _configuration(
+    identity: TlsIdentity, is_client: bool, tuning: QuicTuning, server_name: str | None
+) -> QuicConfiguration:
     cfg = QuicConfiguration(
         is_client=is_client,
         alpn_protocols=ALPN,
@@ -83,7 +86,7 @@ def _configuration(identity: TlsIdentity, is_client: bool, tuning: QuicTuning, s
     certs = x509.load_pem_x509_certificates(identity.certificate_pem)
     cfg.certificate = certs[0]
     cfg.certificate_chain = certs[1:]
-    cfg.private_key = serialization.load_pem_private_key(identity.private_key_pem, password=None)  # type: ignore[assignment]
+    cfg.private_key = serialization.load_pem_private_key(identity.private_key_pem, password=None)
     cfg.load_verify_locations(cadata=identity.ca_pem)  # only the swarm CA, no system roots
     cfg.verify_mode = ssl.CERT_REQUIRED
     if is_client:
@@ -109,7 +112,9 @@ class UdpPath(asyncio.DatagramProtocol):
     """A UDP socket. Connected (one peer) for outgoing links, so ICMP "port unreachable"
     from a dead peer is reported at once instead of after the idle timeout."""
 
-    def __init__(self, receiver: Receiver, on_error: Callable[[Exception], None] | None = None) -> None:
+    def __init__(
+        self, receiver: Receiver, on_error: Callable[[Exception], None] | None = None
+    ) -> None:
         self._receiver = receiver
         self._on_error = on_error
         self._transport: asyncio.DatagramTransport | None = None
@@ -118,13 +123,19 @@ class UdpPath(asyncio.DatagramProtocol):
     @classmethod
     async def bind(cls, host: str, port: int, receiver: Receiver) -> UdpPath:
         loop = asyncio.get_running_loop()
-        _, proto = await loop.create_datagram_endpoint(lambda: cls(receiver), local_addr=(host, port))
+        _, proto = await loop.create_datagram_endpoint(
+            lambda: cls(receiver), local_addr=(host, port)
+        )
         return proto
 
     @classmethod
-    async def connect(cls, remote: Addr, receiver: Receiver, on_error: Callable[[Exception], None]) -> UdpPath:
+    async def connect(
+        cls, remote: Addr, receiver: Receiver, on_error: Callable[[Exception], None]
+    ) -> UdpPath:
         loop = asyncio.get_running_loop()
-        _, proto = await loop.create_datagram_endpoint(lambda: cls(receiver, on_error), remote_addr=remote)
+        _, proto = await loop.create_datagram_endpoint(
+            lambda: cls(receiver, on_error), remote_addr=remote
+        )
         proto.connected = True
         return proto
 
@@ -133,10 +144,8 @@ class UdpPath(asyncio.DatagramProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-                try:
+                with contextlib.suppress(OSError):  # best effort: larger buffers absorb bursts
                     sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-                except OSError:
-                    pass
 
     @property
     def local_address(self) -> Addr:
@@ -170,7 +179,9 @@ class UdpPath(asyncio.DatagramProtocol):
 class QuicLink:
     """One QUIC connection; bytes in order in both directions on one stream."""
 
-    def __init__(self, quic: QuicConnection, path: DatagramPath, peer: Addr, tuning: QuicTuning) -> None:
+    def __init__(
+        self, quic: QuicConnection, path: DatagramPath, peer: Addr, tuning: QuicTuning
+    ) -> None:
         self._quic = quic
         self._path = path
         self.peer_address = peer
@@ -281,6 +292,9 @@ class QuicLink:
     def close(self, reason: str = "closed", error_code: int = 0) -> None:
         if self.closed.done():
             return
+        # Flush first: once a close is pending aioquic sends only the CONNECTION_CLOSE, so
+        # frames sent in this loop turn (a refusal's ERROR, a last CLOSE) would be lost.
+        self._transmit()
         self._quic.close(error_code=error_code, reason_phrase=reason)
         self._transmit()
         self._terminate(reason)
@@ -304,17 +318,23 @@ class QuicLink:
             await asyncio.wait_for(asyncio.shield(self.connected), timeout)
         except TimeoutError:
             self.close("handshake timed out")
-            raise LinkError(f"QUIC handshake with {self.peer_address} timed out after {timeout:.0f} s") from None
+            raise LinkError(
+                f"QUIC handshake with {self.peer_address} timed out after {timeout:.0f} s"
+            ) from None
         except LinkError:
             raise
         except Exception as exc:  # TLS alerts surface here
             raise LinkError(str(exc)) from exc
 
 
+def _never_wait(now: float) -> None:
+    return None
+
+
 def _disable_pacing(quic: QuicConnection) -> None:
     # aioquic's pacer spreads a burst over the RTT; a hidden state is a 2-10 packet burst
     # that must leave at once. Congestion control still applies.
-    quic._loss._pacer.next_send_time = lambda now: None  # type: ignore[method-assign]
+    quic._loss._pacer.next_send_time = _never_wait  # type: ignore[method-assign,assignment]
 
 
 # ---------------------------------------------------------------- client and server
@@ -358,7 +378,12 @@ async def connect(
 class QuicServer:
     """Accepts links on one UDP socket; each new peer address gets its own connection."""
 
-    def __init__(self, identity: TlsIdentity, on_link: Callable[[QuicLink], None], tuning: QuicTuning = QuicTuning()) -> None:
+    def __init__(
+        self,
+        identity: TlsIdentity,
+        on_link: Callable[[QuicLink], None],
+        tuning: QuicTuning = QuicTuning(),
+    ) -> None:
         self._identity = identity
         self._config = _configuration(identity, False, tuning, None)
         self._tuning = tuning
@@ -386,7 +411,9 @@ class QuicServer:
         if header.packet_type != QuicPacketType.INITIAL:
             return
         assert self._path is not None
-        quic = QuicConnection(configuration=self._config, original_destination_connection_id=header.destination_cid)
+        quic = QuicConnection(
+            configuration=self._config, original_destination_connection_id=header.destination_cid
+        )
         if not self._tuning.pace:
             _disable_pacing(quic)
         link = QuicLink(quic, self._path, addr, self._tuning)

@@ -1,4 +1,4 @@
-"""Frames between client and stages: dataclasses, strict validation, and bytes (no IO).
+"""Frames between peers (handshake, sessions, steps): dataclasses, validation, bytes; no IO.
 
 Layout of every frame: a 6-byte header `>IBB` = body length (bytes after the header),
 version (1), frame type; then the body. Body scalars are big-endian (network order);

@@ -1,0 +1,250 @@
+"""Per-hop software cost: STEP frames around a ring of forwarder processes, QUIC vs TCP.
+
+Each forwarder decodes the frame, turns the hidden rows into an f32 array and back
+(exactly what a worker does around its compute), and sends it on. The origin sends one
+frame at a time and measures the round trip; per-hop cost = round trip / links. Zero
+compute, so what remains is transport plus handling.
+
+QUIC links are the real authenticated channels (net.channel); TCP links carry the
+same frames on plain asyncio streams, without TLS or authentication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from app.credentials import init_ca, issue_node, load_credentials
+from app.local_swarm import free_udp_port
+from net import wire
+from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
+from net.quic import QuicTuning
+from net.tensors import WireDtype, decode_rows, encode_rows
+
+Send = Callable[[wire.Frame], None]
+
+
+def _reencode(frame: wire.Frame) -> wire.Frame:
+    if isinstance(frame, wire.Step) and frame.hidden is not None:
+        dtype = WireDtype(frame.wire_dtype)
+        rows = decode_rows(frame.hidden, dtype, frame.n_rows, frame.width)
+        return wire.Step(
+            frame.session,
+            frame.step_id,
+            frame.start,
+            frame.tokens,
+            encode_rows(rows, dtype),
+            frame.n_rows,
+            frame.width,
+            dtype,
+            timings=frame.timings,
+            sent_at_ns=frame.sent_at_ns,
+        )
+    return frame
+
+
+# ---------------------------------------------------------------- transports
+
+
+async def _tcp_server(port: int, on_frame: Callable[[wire.Frame], None]) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = wire.FrameDecoder()
+        while data := await reader.read(1 << 20):
+            for f in decoder.feed(data):
+                on_frame(f)
+
+    return await asyncio.start_server(handle, "127.0.0.1", port)
+
+
+async def _tcp_sender(port: int) -> Send:
+    for _ in range(200):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            break
+        except OSError:
+            await asyncio.sleep(0.05)
+    else:
+        raise OSError(f"no TCP listener on {port}")
+    sock = writer.get_extra_info("socket")
+    import socket
+
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return lambda f: writer.write(wire.encode(f))
+
+
+async def _quic_server(
+    creds: NodeCredentials, port: int, on_frame: Callable[[wire.Frame], None], mtu: int
+) -> ChannelServer:
+    def ready(ch: Channel) -> None:
+        ch.on_frame = lambda _c, f: on_frame(f)
+
+    server = ChannelServer(creds, ready, QuicTuning(max_datagram_size=mtu))
+    await server.listen("127.0.0.1", port)
+    return server
+
+
+async def _quic_sender(creds: NodeCredentials, port: int, node_id: str, mtu: int) -> Send:
+    for _ in range(200):
+        try:
+            ch = await connect_channel(
+                ("127.0.0.1", port), creds, node_id, QuicTuning(max_datagram_size=mtu), timeout=2
+            )
+            return ch.send
+        except Exception:
+            await asyncio.sleep(0.05)
+    raise OSError(f"no QUIC listener on {port}")
+
+
+# ---------------------------------------------------------------- forwarder process
+
+
+async def forward(args: argparse.Namespace) -> None:
+    out: list[Send] = []
+
+    def on_frame(f: wire.Frame) -> None:
+        out[0](_reencode(f))
+
+    if args.transport == "quic":
+        creds = load_credentials(Path(args.creds), args.id)
+        out.append(await _quic_sender(creds, args.next, args.next_id, args.mtu))
+        server: object = await _quic_server(creds, args.listen, on_frame, args.mtu)
+    else:
+        out.append(await _tcp_sender(args.next))
+        server = await _tcp_server(args.listen, on_frame)
+    print("READY", flush=True)  # connected downstream and listening upstream
+    await asyncio.Event().wait()
+    del server
+
+
+# ---------------------------------------------------------------- origin
+
+
+async def measure(
+    transport: str, hops: int, dtype: WireDtype, width: int, n: int, mtu: int
+) -> dict[str, float]:
+    """Round trips of `n` one-row STEP frames through `hops` forwarders."""
+    tmp = tempfile.TemporaryDirectory(prefix="sangama-ring-")
+    wd = Path(tmp.name)
+    init_ca(wd / "ca")
+    ids = ["origin"] + [f"hop{i}" for i in range(hops)]
+    for node in ids:
+        issue_node(wd / "ca", node, "worker", out_dir=wd / node)
+    ports = [free_udp_port() if transport == "quic" else _free_tcp_port() for _ in ids]
+    procs = []
+    arrived: asyncio.Queue[float] = asyncio.Queue()
+
+    def back_home(_f: wire.Frame) -> None:
+        arrived.put_nowait(time.perf_counter())
+
+    try:
+        creds = load_credentials(wd / "origin", "origin")
+        if transport == "quic":
+            server: object = await _quic_server(creds, ports[0], back_home, mtu)
+        else:
+            server = await _tcp_server(ports[0], back_home)
+        for i in range(len(ids) - 1, 0, -1):  # from the end, so each next hop is up
+            nxt = (i + 1) % len(ids)
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    __file__,
+                    "forward",
+                    "--transport",
+                    transport,
+                    "--listen",
+                    str(ports[i]),
+                    "--next",
+                    str(ports[nxt]),
+                    "--id",
+                    ids[i],
+                    "--next-id",
+                    ids[nxt],
+                    "--creds",
+                    str(wd / ids[i]),
+                    "--mtu",
+                    str(mtu),
+                    stdout=asyncio.subprocess.PIPE,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            )
+            assert procs[-1].stdout is not None
+            await asyncio.wait_for(procs[-1].stdout.readline(), 60)
+        send = await (
+            _quic_sender(creds, ports[1], ids[1], mtu)
+            if transport == "quic"
+            else _tcp_sender(ports[1])
+        )
+        rows = np.random.default_rng(0).standard_normal((1, width)).astype(np.float32)
+        payload = encode_rows(rows, dtype)
+        frame = wire.Step("bench", 0, 0, (), payload, 1, width, dtype)
+        send(wire.Open("bench", "ring", dtype, wire.SamplingSpec(), "origin", 1, 1))
+        await asyncio.wait_for(arrived.get(), 10)
+        trips = []
+        for i in range(n + 20):
+            t0 = time.perf_counter()
+            send(frame)
+            t1 = await asyncio.wait_for(arrived.get(), 10)
+            if i >= 20:  # warm-up: handshakes, congestion windows, caches
+                trips.append((t1 - t0) * 1e3)
+        links = hops + 1
+        med = statistics.median(trips)
+        return {
+            "trip_ms": med,
+            "hop_ms": med / links,
+            "links": links,
+            "frame_bytes": len(wire.encode(frame)),
+        }
+    finally:
+        for p in procs:
+            p.kill()
+            await p.wait()
+        del server
+        tmp.cleanup()
+
+
+def _free_tcp_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("forward")
+    f.add_argument("--transport", choices=["quic", "tcp"], required=True)
+    f.add_argument("--listen", type=int, required=True)
+    f.add_argument("--next", type=int, required=True)
+    f.add_argument("--id", default="")
+    f.add_argument("--next-id", default="")
+    f.add_argument("--creds", default="")
+    f.add_argument("--mtu", type=int, default=1200)
+    m = sub.add_parser("measure")
+    m.add_argument("--hops", type=int, default=3)
+    m.add_argument("--n", type=int, default=200)
+    m.add_argument("--width", type=int, default=640)
+    args = ap.parse_args()
+    if args.cmd == "forward":
+        asyncio.run(forward(args))
+        return
+    for transport in ("tcp", "quic"):
+        for dtype in (WireDtype.F32, WireDtype.BF16):
+            r = asyncio.run(measure(transport, args.hops, dtype, args.width, args.n, 1200))
+            print(f"{transport:5} {dtype.name:5} {r}")
+
+
+if __name__ == "__main__":
+    main()

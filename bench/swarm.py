@@ -1,0 +1,186 @@
+"""Swarm benchmark, side by side in one run (prints tables; --json prints one object):
+
+(a) whole model vs a 3-process swarm on loopback, decode tokens/s, default model;
+(b) per-hop software cost, QUIC vs plain TCP carrying the same STEP frames, f32 and bf16
+    (bench/hop_ring.py: forwarder processes, zero compute);
+(c) a 20-stage chain of the tiny model, each link given 1-56 ms one way by the delay
+    proxy (the seeds' 20-PC fleet), against the bound sum(compute) + sum(delays).
+
+    .venv/bin/python bench/swarm.py [--json] [--tokens 48] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.client import SwarmClient
+from app.local_run import build_pipeline
+from app.local_swarm import LocalSwarm
+from bench.hop_ring import measure as measure_hops
+from core.models import resolve_model
+from core.tokenizer import Tokenizer
+from core.types import LayerRange
+from net.tensors import WireDtype
+
+PROMPT = "Write a short story about a lighthouse keeper who befriends a whale."
+
+
+def whole_model_tps(model: Path, prompt: list[int], tokens: int, threads: int) -> float:
+    pipe = build_pipeline([model], [LayerRange(0, 18)], 18, 1024, 64, threads, True)
+    try:
+        pipe.generate(prompt, 8)  # warm-up
+        runs = [pipe.generate(prompt, tokens).decode_tokens_per_s for _ in range(2)]
+    finally:
+        pipe.shutdown()
+    return max(runs)
+
+
+async def swarm_tps(model: Path, prompt: list[int], tokens: int, threads: int) -> dict[str, Any]:
+    swarm = LocalSwarm(model=str(model), cuts=[0, 6, 12, 18], threads=threads)
+    await swarm.start()
+    try:
+        assert swarm.route is not None and swarm.client_credentials is not None
+        async with SwarmClient(swarm.client_credentials, swarm.route) as client:
+            best: dict[str, Any] = {}
+            for _ in range(3):  # first run warms caches and congestion windows
+                events = [ev async for ev in client.generate(prompt, tokens)]
+                decode = events[1:]
+                total_ms = sum(e.trip_ms for e in decode)
+                tps = len(decode) / (total_ms / 1e3)
+                if tps > best.get("tokens_per_s", 0):
+                    compute = [sum(t.compute_ms for t in e.timings) for e in decode]
+                    queue = [sum(t.queue_ms for t in e.timings) for e in decode]
+                    trip = statistics.median(e.trip_ms for e in decode)
+                    best = {
+                        "tokens_per_s": tps,
+                        "trip_ms": trip,
+                        "compute_ms": statistics.median(compute),
+                        "queue_ms": statistics.median(queue),
+                        "per_stage_compute_ms": [
+                            statistics.median(e.timings[i].compute_ms for e in decode)
+                            for i in range(len(decode[0].timings))
+                        ],
+                    }
+            best["network_and_handling_ms"] = (
+                best["trip_ms"] - best["compute_ms"] - best["queue_ms"]
+            )
+            best["per_hop_ms"] = best["network_and_handling_ms"] / (len(swarm.workers) + 1)
+            return best
+    finally:
+        await swarm.stop()
+        swarm.cleanup()
+
+
+async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:
+    from tests.support.tiny_models import write_tiny_model
+
+    rng = random.Random(seed)
+    delays = [float(rng.randint(1, 56)) for _ in range(21)]
+    with tempfile.TemporaryDirectory(prefix="sangama-wan20-") as tmp:
+        model = write_tiny_model(
+            Path(tmp) / "tiny20.gguf", n_layer=20, n_embd=256, n_head=4, n_ff=512
+        )
+        swarm = LocalSwarm(
+            model=str(model), cuts=list(range(21)), threads=1, link_delays_ms=delays, n_ctx=512
+        )
+        await swarm.start()
+        try:
+            assert swarm.route is not None and swarm.client_credentials is not None
+            async with SwarmClient(
+                swarm.client_credentials, swarm.route, step_timeout=30
+            ) as client:
+                events = [ev async for ev in client.generate([1, 2, 3, 4, 5, 6, 7, 8], tokens)][1:]
+        finally:
+            await swarm.stop()
+            swarm.cleanup()
+    trip = statistics.median(e.trip_ms for e in events)
+    compute = statistics.median(sum(t.compute_ms for t in e.timings) for e in events)
+    bound = compute + sum(delays)
+    return {
+        "stages": 20,
+        "link_delays_ms": delays,
+        "sum_delays_ms": sum(delays),
+        "compute_ms": compute,
+        "bound_ms": bound,
+        "trip_ms": trip,
+        "overhead_ms": trip - bound,
+        "wan20_vs_bound": bound / trip,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--hop-frames", type=int, default=200)
+    ap.add_argument("--quick", action="store_true", help="fewer tokens and frames")
+    args = ap.parse_args()
+    if args.quick:
+        args.tokens, args.hop_frames = 16, 50
+
+    model = resolve_model("default")
+    tok = Tokenizer.from_gguf(model)
+    prompt = tok.encode(PROMPT)
+    tok.close()
+    out: dict[str, Any] = {"model": model.name, "decode_tokens": args.tokens}
+
+    whole = whole_model_tps(model, prompt, args.tokens, threads=2)
+    swarm_runs = {t: asyncio.run(swarm_tps(model, prompt, args.tokens, t)) for t in (1, 2)}
+    best_threads = max(swarm_runs, key=lambda t: swarm_runs[t]["tokens_per_s"])
+    out["whole_model_tokens_per_s"] = whole
+    out["swarm"] = {f"threads_{t}": r for t, r in swarm_runs.items()}
+    out["swarm_vs_mono"] = swarm_runs[best_threads]["tokens_per_s"] / whole
+
+    hops: dict[str, dict[str, float]] = {}
+    for transport in ("quic", "tcp"):
+        for dtype in (WireDtype.F32, WireDtype.BF16):
+            hops[f"{transport}_{dtype.name.lower()}"] = asyncio.run(
+                measure_hops(transport, 3, dtype, 640, args.hop_frames, 1200)
+            )
+    out["hops"] = hops
+    out["hop_ms_quic"] = hops["quic_f32"]["hop_ms"]
+    out["hop_ms_tcp"] = hops["tcp_f32"]["hop_ms"]
+
+    w = asyncio.run(wan20(args.tokens))
+    out["wan20"] = w
+    out["wan20_vs_bound"] = w["wan20_vs_bound"]
+
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"(a) decode, {model.name}, {args.tokens} tokens")
+    print(f"  whole model (1 process, 2 threads)   {whole:7.1f} tok/s")
+    for t, r in swarm_runs.items():
+        print(
+            f"  swarm, 3 processes x {t} thread(s)    {r['tokens_per_s']:7.1f} tok/s   "
+            f"trip {r['trip_ms']:.2f} ms = compute {r['compute_ms']:.2f} + "
+            f"waiting {r['queue_ms']:.2f} + network/handling "
+            f"{r['network_and_handling_ms']:.2f} ({r['per_hop_ms']:.2f} per hop)"
+        )
+    print(f"  swarm_vs_mono {out['swarm_vs_mono']:.2f}")
+    print("(b) per-hop software cost, one 640-wide row, 3 forwarders (4 links)")
+    for k, r in hops.items():
+        print(f"  {k:10} {r['hop_ms']:.3f} ms per hop ({r['frame_bytes']} B frames)")
+    print("(c) 20 stages, tiny model, 1-56 ms per link")
+    print(
+        f"  trip {w['trip_ms']:.1f} ms; bound {w['bound_ms']:.1f} ms "
+        f"(compute {w['compute_ms']:.1f} + delays {w['sum_delays_ms']:.0f}); "
+        f"wan20_vs_bound {w['wan20_vs_bound']:.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
