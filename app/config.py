@@ -46,8 +46,16 @@ class WorkerConfig:
     row_budget: int = 256
     """Rows per llama_decode: decode rows of all sessions first, then prompt chunks."""
     max_datagram_size: int = 1200
+    quic_library: str = "aioquic"
+    """"aioquic" or "qh3" (see net.quic)."""
     return_logits: bool = False
     """Diagnostics: the last stage sends the logits each token was chosen from."""
+
+    def __post_init__(self) -> None:
+        if self.quic_library not in ("aioquic", "qh3"):
+            raise ConfigError(f"quic_library must be aioquic or qh3, not {self.quic_library!r}")
+        if self.threads < 1 or self.max_sessions < 1 or self.row_budget < 1:
+            raise ConfigError("threads, max_sessions and row_budget must be >= 1")
 
     @staticmethod
     def from_dict(doc: dict[str, Any], base: Path = Path(".")) -> WorkerConfig:
@@ -70,6 +78,7 @@ class WorkerConfig:
                 row_budget=int(doc.get("row_budget", 256)),
                 max_datagram_size=int(doc.get("max_datagram_size", 1200)),
                 return_logits=bool(doc.get("return_logits", False)),
+                quic_library=str(doc.get("quic_library", "aioquic")),
             )
         except ConfigError:
             raise
@@ -93,6 +102,7 @@ class WorkerConfig:
             f"row_budget = {self.row_budget}",
             f"max_datagram_size = {self.max_datagram_size}",
             f"return_logits = {'true' if self.return_logits else 'false'}",
+            f'quic_library = "{self.quic_library}"',
         ]
         if self.next_hop is not None:
             lines += [

@@ -23,6 +23,7 @@ from core.models import resolve_model, stage_files
 from core.types import LayerRange
 from net.channel import NodeCredentials
 from net.delay_proxy import DelayProxy
+from net.quic import QuicTuning
 
 CLIENT_ID = "client"
 
@@ -54,6 +55,7 @@ class LocalSwarm:
     n_ctx: int = 2048
     max_datagram_size: int = 1200
     return_logits: bool = False
+    quic_library: str = "aioquic"
     link_delays_ms: list[float] | None = None
     """One-way delay per link, WAN emulation through net.delay_proxy: client->stage0,
     each stage->next, last stage->client (len = stages + 1)."""
@@ -108,6 +110,7 @@ class LocalSwarm:
                     n_ctx=self.n_ctx,
                     max_datagram_size=self.max_datagram_size,
                     return_logits=self.return_logits,
+                    quic_library=self.quic_library,
                 )
             )
         client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)
@@ -192,6 +195,11 @@ class LocalSwarm:
             await proxy.close()
         self.proxies.clear()
         return codes
+
+    @property
+    def tuning(self) -> QuicTuning:
+        """QUIC settings a client of this swarm should use."""
+        return QuicTuning(max_datagram_size=self.max_datagram_size, library=self.quic_library)
 
     def cleanup(self) -> None:
         if self._tmp is not None:

@@ -72,7 +72,7 @@ class StageWorker:
         self.is_last = stage.spec.is_last
         self.n_embd = stage.engine.n_embd
         self.stats = WorkerStats()
-        tuning = QuicTuning(max_datagram_size=config.max_datagram_size)
+        tuning = QuicTuning(max_datagram_size=config.max_datagram_size, library=config.quic_library)
         self._server = ChannelServer(creds, self._channel_ready, tuning)
         self._downstream = (
             Downstream(

@@ -33,6 +33,12 @@ from net.quic import QuicTuning
 from net.tensors import WireDtype, decode_rows, encode_rows
 
 Send = Callable[[wire.Frame], None]
+TRANSPORTS = ("quic", "qh3", "tcp")
+"""quic: the default QUIC library (aioquic); qh3: the alternative; tcp: plain asyncio TCP."""
+
+
+def _library(transport: str) -> str:
+    return "qh3" if transport == "qh3" else "aioquic"
 
 
 def _reencode(frame: wire.Frame) -> wire.Frame:
@@ -84,21 +90,25 @@ async def _tcp_sender(port: int) -> Send:
 
 
 async def _quic_server(
-    creds: NodeCredentials, port: int, on_frame: Callable[[wire.Frame], None], mtu: int
+    creds: NodeCredentials, port: int, on_frame: Callable[[wire.Frame], None], mtu: int, lib: str
 ) -> ChannelServer:
     def ready(ch: Channel) -> None:
         ch.on_frame = lambda _c, f: on_frame(f)
 
-    server = ChannelServer(creds, ready, QuicTuning(max_datagram_size=mtu))
+    server = ChannelServer(creds, ready, QuicTuning(max_datagram_size=mtu, library=lib))
     await server.listen("127.0.0.1", port)
     return server
 
 
-async def _quic_sender(creds: NodeCredentials, port: int, node_id: str, mtu: int) -> Send:
+async def _quic_sender(creds: NodeCredentials, port: int, node_id: str, mtu: int, lib: str) -> Send:
     for _ in range(200):
         try:
             ch = await connect_channel(
-                ("127.0.0.1", port), creds, node_id, QuicTuning(max_datagram_size=mtu), timeout=2
+                ("127.0.0.1", port),
+                creds,
+                node_id,
+                QuicTuning(max_datagram_size=mtu, library=lib),
+                timeout=2,
             )
             return ch.send
         except Exception:
@@ -115,10 +125,11 @@ async def forward(args: argparse.Namespace) -> None:
     def on_frame(f: wire.Frame) -> None:
         out[0](_reencode(f))
 
-    if args.transport == "quic":
+    if args.transport != "tcp":
+        lib = _library(args.transport)
         creds = load_credentials(Path(args.creds), args.id)
-        out.append(await _quic_sender(creds, args.next, args.next_id, args.mtu))
-        server: object = await _quic_server(creds, args.listen, on_frame, args.mtu)
+        out.append(await _quic_sender(creds, args.next, args.next_id, args.mtu, lib))
+        server: object = await _quic_server(creds, args.listen, on_frame, args.mtu, lib)
     else:
         out.append(await _tcp_sender(args.next))
         server = await _tcp_server(args.listen, on_frame)
@@ -140,7 +151,8 @@ async def measure(
     ids = ["origin"] + [f"hop{i}" for i in range(hops)]
     for node in ids:
         issue_node(wd / "ca", node, "worker", out_dir=wd / node)
-    ports = [free_udp_port() if transport == "quic" else _free_tcp_port() for _ in ids]
+    ports = [free_udp_port() if transport != "tcp" else _free_tcp_port() for _ in ids]
+    lib = _library(transport)
     procs = []
     arrived: asyncio.Queue[float] = asyncio.Queue()
 
@@ -149,8 +161,8 @@ async def measure(
 
     try:
         creds = load_credentials(wd / "origin", "origin")
-        if transport == "quic":
-            server: object = await _quic_server(creds, ports[0], back_home, mtu)
+        if transport != "tcp":
+            server: object = await _quic_server(creds, ports[0], back_home, mtu, lib)
         else:
             server = await _tcp_server(ports[0], back_home)
         for i in range(len(ids) - 1, 0, -1):  # from the end, so each next hop is up
@@ -181,8 +193,8 @@ async def measure(
             assert procs[-1].stdout is not None
             await asyncio.wait_for(procs[-1].stdout.readline(), 60)
         send = await (
-            _quic_sender(creds, ports[1], ids[1], mtu)
-            if transport == "quic"
+            _quic_sender(creds, ports[1], ids[1], mtu, lib)
+            if transport != "tcp"
             else _tcp_sender(ports[1])
         )
         rows = np.random.default_rng(0).standard_normal((1, width)).astype(np.float32)
@@ -225,7 +237,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("forward")
-    f.add_argument("--transport", choices=["quic", "tcp"], required=True)
+    f.add_argument("--transport", choices=TRANSPORTS, required=True)
     f.add_argument("--listen", type=int, required=True)
     f.add_argument("--next", type=int, required=True)
     f.add_argument("--id", default="")
@@ -240,7 +252,7 @@ def main() -> None:
     if args.cmd == "forward":
         asyncio.run(forward(args))
         return
-    for transport in ("tcp", "quic"):
+    for transport in TRANSPORTS:
         for dtype in (WireDtype.F32, WireDtype.BF16):
             r = asyncio.run(measure(transport, args.hops, dtype, args.width, args.n, 1200))
             print(f"{transport:5} {dtype.name:5} {r}")

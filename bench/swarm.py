@@ -45,12 +45,14 @@ def whole_model_tps(model: Path, prompt: list[int], tokens: int, threads: int) -
     return max(runs)
 
 
-async def swarm_tps(model: Path, prompt: list[int], tokens: int, threads: int) -> dict[str, Any]:
-    swarm = LocalSwarm(model=str(model), cuts=[0, 6, 12, 18], threads=threads)
+async def swarm_tps(
+    model: Path, prompt: list[int], tokens: int, threads: int, library: str
+) -> dict[str, Any]:
+    swarm = LocalSwarm(model=str(model), cuts=[0, 6, 12, 18], threads=threads, quic_library=library)
     await swarm.start()
     try:
         assert swarm.route is not None and swarm.client_credentials is not None
-        async with SwarmClient(swarm.client_credentials, swarm.route) as client:
+        async with SwarmClient(swarm.client_credentials, swarm.route, swarm.tuning) as client:
             best: dict[str, Any] = {}
             for _ in range(3):  # first run warms caches and congestion windows
                 events = [ev async for ev in client.generate(prompt, tokens)]
@@ -137,14 +139,22 @@ def main() -> int:
     out: dict[str, Any] = {"model": model.name, "decode_tokens": args.tokens}
 
     whole = whole_model_tps(model, prompt, args.tokens, threads=2)
-    swarm_runs = {t: asyncio.run(swarm_tps(model, prompt, args.tokens, t)) for t in (1, 2)}
-    best_threads = max(swarm_runs, key=lambda t: swarm_runs[t]["tokens_per_s"])
+    configs = [(1, "aioquic"), (2, "aioquic"), (2, "qh3")]
+    swarm_runs = {
+        f"{lib}_threads_{t}": asyncio.run(swarm_tps(model, prompt, args.tokens, t, lib))
+        for t, lib in configs
+    }
+    default = max(
+        (k for k in swarm_runs if k.startswith("aioquic")),
+        key=lambda k: swarm_runs[k]["tokens_per_s"],
+    )
     out["whole_model_tokens_per_s"] = whole
-    out["swarm"] = {f"threads_{t}": r for t, r in swarm_runs.items()}
-    out["swarm_vs_mono"] = swarm_runs[best_threads]["tokens_per_s"] / whole
+    out["swarm"] = swarm_runs
+    out["swarm_vs_mono"] = swarm_runs[default]["tokens_per_s"] / whole
+    out["swarm_vs_mono_qh3"] = swarm_runs["qh3_threads_2"]["tokens_per_s"] / whole
 
     hops: dict[str, dict[str, float]] = {}
-    for transport in ("quic", "tcp"):
+    for transport in ("quic", "qh3", "tcp"):
         for dtype in (WireDtype.F32, WireDtype.BF16):
             hops[f"{transport}_{dtype.name.lower()}"] = asyncio.run(
                 measure_hops(transport, 3, dtype, 640, args.hop_frames, 1200)
@@ -152,6 +162,7 @@ def main() -> int:
     out["hops"] = hops
     out["hop_ms_quic"] = hops["quic_f32"]["hop_ms"]
     out["hop_ms_tcp"] = hops["tcp_f32"]["hop_ms"]
+    out["hop_ms_qh3"] = hops["qh3_f32"]["hop_ms"]
 
     w = asyncio.run(wan20(args.tokens))
     out["wan20"] = w
@@ -162,15 +173,18 @@ def main() -> int:
         return 0
     print(f"(a) decode, {model.name}, {args.tokens} tokens")
     print(f"  whole model (1 process, 2 threads)   {whole:7.1f} tok/s")
-    for t, r in swarm_runs.items():
+    for name, r in swarm_runs.items():
         print(
-            f"  swarm, 3 processes x {t} thread(s)    {r['tokens_per_s']:7.1f} tok/s   "
+            f"  swarm, 3 processes, {name:18} {r['tokens_per_s']:7.1f} tok/s   "
             f"trip {r['trip_ms']:.2f} ms = compute {r['compute_ms']:.2f} + "
             f"waiting {r['queue_ms']:.2f} + network/handling "
             f"{r['network_and_handling_ms']:.2f} ({r['per_hop_ms']:.2f} per hop)"
         )
-    print(f"  swarm_vs_mono {out['swarm_vs_mono']:.2f}")
-    print("(b) per-hop software cost, one 640-wide row, 3 forwarders (4 links)")
+    print(
+        f"  swarm_vs_mono {out['swarm_vs_mono']:.2f} (aioquic), "
+        f"{out['swarm_vs_mono_qh3']:.2f} (qh3)"
+    )
+    print("(b) per-hop software cost, one 640-wide row, 3 forwarders (4 links); quic = aioquic")
     for k, r in hops.items():
         print(f"  {k:10} {r['hop_ms']:.3f} ms per hop ({r['frame_bytes']} B frames)")
     print("(c) 20 stages, tiny model, 1-56 ms per link")

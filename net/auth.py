@@ -157,7 +157,7 @@ def load_certificate(pem_or_der: bytes) -> x509.Certificate:
             cert = x509.load_pem_x509_certificate(data)
         else:
             cert = x509.load_der_x509_certificate(data)
-    except ValueError as exc:
+    except (ValueError, x509.InvalidVersion) as exc:
         raise MalformedCertificate(f"not a certificate in PEM or DER: {exc}") from exc
     if cert.serial_number <= 0:
         # RFC 5280 forbids it and newer cryptography releases refuse to load it.
@@ -438,7 +438,7 @@ def _parsing(fn: Callable[[], _T]) -> _T:
         return fn()
     except AuthError:
         raise
-    except (ValueError, UnsupportedAlgorithm) as exc:
+    except (ValueError, UnsupportedAlgorithm, x509.InvalidVersion) as exc:
         raise MalformedCertificate(f"certificate has a field that does not parse: {exc}") from exc
 
 

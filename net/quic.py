@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import logging
 import socket
 import ssl
@@ -28,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from aioquic.buffer import Buffer  # type: ignore[attr-defined]
-from aioquic.quic import events as qev
+import aioquic.buffer
+import aioquic.quic.events
+import aioquic.quic.packet
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.packet import QuicPacketType, pull_quic_header
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -63,6 +64,9 @@ class TlsIdentity:
         return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).digest()
 
 
+QUIC_LIBRARIES = ("aioquic", "qh3")
+
+
 @dataclass(frozen=True)
 class QuicTuning:
     max_datagram_size: int = 1200
@@ -70,28 +74,106 @@ class QuicTuning:
     keepalive: float = 5.0
     """Seconds between PINGs on an idle link: keeps NAT mappings and detects dead peers."""
     pace: bool = False
+    library: str = "aioquic"
+    """"aioquic" (default) or "qh3" (same sans-IO API, Rust packet core, less CPU)."""
+
+    def __post_init__(self) -> None:
+        if self.library not in QUIC_LIBRARIES:
+            raise ValueError(f"QUIC library must be one of {QUIC_LIBRARIES}, not {self.library!r}")
 
 
-def _configuration(
-    identity: TlsIdentity, is_client: bool, tuning: QuicTuning, server_name: str | None
-) -> QuicConfiguration:
-    cfg = QuicConfiguration(
-        is_client=is_client,
-        alpn_protocols=ALPN,
-        idle_timeout=tuning.idle_timeout,
-        max_datagram_size=tuning.max_datagram_size,
-        max_data=256 << 20,
-        max_stream_data=128 << 20,
-    )
-    certs = x509.load_pem_x509_certificates(identity.certificate_pem)
-    cfg.certificate = certs[0]
-    cfg.certificate_chain = certs[1:]
-    cfg.private_key = serialization.load_pem_private_key(identity.private_key_pem, password=None)
-    cfg.load_verify_locations(cadata=identity.ca_pem)  # only the swarm CA, no system roots
-    cfg.verify_mode = ssl.CERT_REQUIRED
-    if is_client:
-        cfg.server_name = server_name
-    return cfg
+class _Backend:
+    """The sans-IO pieces of one QUIC library. qh3 is an aioquic fork with a Rust core;
+    the differences that matter here are handled in this class and nowhere else."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        if name == "aioquic":
+            self._connection: Any = QuicConnection
+            self._configuration: Any = QuicConfiguration
+            self.events: Any = aioquic.quic.events
+            self._buffer: Any = aioquic.buffer.Buffer  # type: ignore[attr-defined]
+            packet: Any = aioquic.quic.packet
+        else:
+            self._connection = importlib.import_module("qh3.quic.connection").QuicConnection
+            self._configuration = importlib.import_module(
+                "qh3.quic.configuration"
+            ).QuicConfiguration
+            self.events = importlib.import_module("qh3.quic.events")
+            self._buffer = importlib.import_module("qh3._hazmat").Buffer
+            packet = importlib.import_module("qh3.quic.packet")
+        self._pull_header = packet.pull_quic_header
+        self._initial = packet.QuicPacketType.INITIAL
+
+    def configuration(
+        self, identity: TlsIdentity, is_client: bool, tuning: QuicTuning, server_name: str | None
+    ) -> Any:
+        cfg = self._configuration(
+            is_client=is_client,
+            alpn_protocols=ALPN,
+            idle_timeout=tuning.idle_timeout,
+            max_datagram_size=tuning.max_datagram_size,
+            max_data=256 << 20,
+            max_stream_data=128 << 20,
+        )
+        if self.name == "aioquic":
+            certs = x509.load_pem_x509_certificates(identity.certificate_pem)
+            cfg.certificate = certs[0]
+            cfg.certificate_chain = certs[1:]
+            cfg.private_key = serialization.load_pem_private_key(
+                identity.private_key_pem, password=None
+            )
+        else:
+            cfg.load_cert_chain(identity.certificate_pem, identity.private_key_pem)
+            cfg.probe_datagram_size = False  # the datagram size is ours to choose
+            if is_client:  # qh3 does not offer Ed25519 unless asked; swarm keys are Ed25519
+                sa = importlib.import_module("qh3.tls").SignatureAlgorithm
+                cfg.signature_algorithms = [
+                    sa.ED25519,
+                    sa.ECDSA_SECP256R1_SHA256,
+                    sa.RSA_PSS_RSAE_SHA256,
+                ]
+        cfg.load_verify_locations(cadata=identity.ca_pem)  # only the swarm CA, no system roots
+        cfg.verify_mode = ssl.CERT_REQUIRED
+        if is_client:
+            cfg.server_name = server_name
+        return cfg
+
+    def new_connection(self, config: Any, tuning: QuicTuning, odcid: bytes | None = None) -> Any:
+        quic = self._connection(configuration=config, original_destination_connection_id=odcid)
+        if self.name == "aioquic" and not tuning.pace:
+            # aioquic's pacer spreads a burst over the RTT; a hidden state is a 2-10
+            # packet burst that must leave at once. Congestion control still applies.
+            quic._loss._pacer.next_send_time = _never_wait
+        return quic
+
+    def initial_dcid(self, data: bytes) -> bytes | None:
+        """The destination connection id of a client's Initial packet, else None."""
+        try:
+            header = self._pull_header(self._buffer(data=data), host_cid_length=8)
+        except ValueError:
+            return None
+        return bytes(header.destination_cid) if header.packet_type == self._initial else None
+
+    def peer_certificate_der(self, quic: Any) -> bytes | None:
+        if self.name == "aioquic":
+            cert = quic.tls._peer_certificate  # aioquic 1.7.2 has no public accessor
+            return None if cert is None else bytes(cert.public_bytes(serialization.Encoding.DER))
+        cert = quic.get_peercert()
+        return None if cert is None else bytes(cert.public_bytes())
+
+
+def _never_wait(now: float) -> None:
+    return None
+
+
+_backends: dict[str, _Backend] = {}
+
+
+def _backend(name: str) -> _Backend:
+    if name not in _backends:
+        _backends[name] = _Backend(name)
+    return _backends[name]
 
 
 # ---------------------------------------------------------------- datagram paths
@@ -179,10 +261,10 @@ class UdpPath(asyncio.DatagramProtocol):
 class QuicLink:
     """One QUIC connection; bytes in order in both directions on one stream."""
 
-    def __init__(
-        self, quic: QuicConnection, path: DatagramPath, peer: Addr, tuning: QuicTuning
-    ) -> None:
+    def __init__(self, quic: Any, path: DatagramPath, peer: Addr, tuning: QuicTuning) -> None:
         self._quic = quic
+        self._backend = _backend(tuning.library)
+        self._events = self._backend.events
         self._path = path
         self.peer_address = peer
         self._tuning = tuning
@@ -206,10 +288,8 @@ class QuicLink:
 
     def peer_certificate_sha256(self) -> bytes | None:
         """The server certificate TLS verified (client side), for the client's proof."""
-        cert = self._quic.tls._peer_certificate  # aioquic 1.7.2 has no public accessor
-        if cert is None:
-            return None
-        return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).digest()
+        der = self._backend.peer_certificate_der(self._quic)
+        return None if der is None else hashlib.sha256(der).digest()
 
     # -- input
     def datagram_received(self, data: bytes, addr: Addr) -> None:
@@ -236,15 +316,15 @@ class QuicLink:
 
     def _process_events(self) -> None:
         while (ev := self._quic.next_event()) is not None:
-            if isinstance(ev, qev.StreamDataReceived):
+            if isinstance(ev, self._events.StreamDataReceived):
                 if ev.data:
                     self.bytes_received += len(ev.data)
                     self.on_data(ev.data)
-            elif isinstance(ev, qev.HandshakeCompleted):
+            elif isinstance(ev, self._events.HandshakeCompleted):
                 if not self.connected.done():
                     self.connected.set_result(None)
                 self._arm_keepalive()
-            elif isinstance(ev, qev.ConnectionTerminated):
+            elif isinstance(ev, self._events.ConnectionTerminated):
                 reason = ev.reason_phrase or f"QUIC error {ev.error_code:#x}"
                 self._terminate(reason)
 
@@ -327,16 +407,6 @@ class QuicLink:
             raise LinkError(str(exc)) from exc
 
 
-def _never_wait(now: float) -> None:
-    return None
-
-
-def _disable_pacing(quic: QuicConnection) -> None:
-    # aioquic's pacer spreads a burst over the RTT; a hidden state is a 2-10 packet burst
-    # that must leave at once. Congestion control still applies.
-    quic._loss._pacer.next_send_time = _never_wait  # type: ignore[method-assign,assignment]
-
-
 # ---------------------------------------------------------------- client and server
 
 
@@ -349,9 +419,10 @@ async def connect(
     path_factory: Callable[[Receiver, Callable[[Exception], None]], Any] | None = None,
 ) -> QuicLink:
     """Open a link to `address`; TLS checks the server is `expected_node_id` in our swarm."""
-    quic = QuicConnection(configuration=_configuration(identity, True, tuning, expected_node_id))
-    if not tuning.pace:
-        _disable_pacing(quic)
+    backend = _backend(tuning.library)
+    quic = backend.new_connection(
+        backend.configuration(identity, True, tuning, expected_node_id), tuning
+    )
     holder: list[QuicLink] = []
 
     def receive(data: bytes, addr: Addr) -> None:
@@ -385,7 +456,8 @@ class QuicServer:
         tuning: QuicTuning = QuicTuning(),
     ) -> None:
         self._identity = identity
-        self._config = _configuration(identity, False, tuning, None)
+        self._backend = _backend(tuning.library)
+        self._config = self._backend.configuration(identity, False, tuning, None)
         self._tuning = tuning
         self._on_link = on_link
         self._links: dict[Addr, QuicLink] = {}
@@ -404,18 +476,11 @@ class QuicServer:
         if link is not None and not link.closed.done():
             link.datagram_received(data, addr)
             return
-        try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=8)
-        except ValueError:
-            return  # not QUIC: ignore, never crash the listener
-        if header.packet_type != QuicPacketType.INITIAL:
-            return
+        odcid = self._backend.initial_dcid(data)
+        if odcid is None:
+            return  # not a new QUIC connection: ignore, never crash the listener
         assert self._path is not None
-        quic = QuicConnection(
-            configuration=self._config, original_destination_connection_id=header.destination_cid
-        )
-        if not self._tuning.pace:
-            _disable_pacing(quic)
+        quic = self._backend.new_connection(self._config, self._tuning, odcid)
         link = QuicLink(quic, self._path, addr, self._tuning)
         self._links[addr] = link
 

@@ -413,6 +413,21 @@ def test_damaged_certificates_raise_only_auth_errors(
         verify_client_proof(proof, ca.certificate, new_nonce(), server_hash)
 
 
+@pytest.mark.filterwarnings("ignore::cryptography.utils.CryptographyDeprecationWarning")
+def test_every_single_byte_damage_raises_only_auth_errors(
+    ca: CertifiedKey, client: CertifiedKey, server_hash: bytes
+) -> None:
+    # Deterministic sweep (hypothesis once found a flipped version field that escaped).
+    der = client.certificate.public_bytes(serialization.Encoding.DER)
+    for index in range(len(der)):
+        for mask in (0x01, 0x02, 0x80, 0xFF):
+            damaged = bytearray(der)
+            damaged[index] ^= mask
+            proof = ClientProof(certificate_pem=bytes(damaged), signature=bytes(64))
+            with pytest.raises(AuthError):
+                verify_client_proof(proof, ca.certificate, new_nonce(), server_hash)
+
+
 # ---------------------------------------------------------------- files and PEM
 
 
