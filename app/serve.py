@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 # OpenMP threads spin for a long time after each graph by default; several stages
 # sharing a machine (tests, demo) then steal each other's cores. A short spin keeps
 # the compute fast and lets idle stages sleep.
-os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 def prepare_stage_file(config: WorkerConfig) -> tuple[Path, int]:
