@@ -10,12 +10,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.errors import AppError
+from app.cli_swarm import add_commands as add_swarm_commands
+from app.errors import AppError, ConfigError
+from coordinator.errors import CoordinatorError
+from coordinator.invites import InviteError
 from core.errors import CoreError
 from core.types import LayerRange, SamplingParams
 from net.errors import NetError
 
-DEMO_QUESTION = "In two sentences, why do volunteers share computers to run one big model?"
+# The bundled Gemma 3 270M is a base model: it continues text rather than following chat
+# turns, so the demo gives it a sentence to finish (with a mild repetition penalty).
+DEMO_QUESTION = "Volunteers share their home computers to run one big language model because"
 
 
 def _parse_cuts(text: str) -> list[int]:
@@ -90,26 +95,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default=DEMO_QUESTION)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--model", default="default")
-    p.add_argument("--cuts", type=_parse_cuts, default=[0, 6, 12, 18])
+    p.add_argument("--stages", type=int, default=3, help="workers the model is spread over")
+    p.add_argument(
+        "--static",
+        action="store_true",
+        help="skip the coordinator: fixed cuts, certificates made locally",
+    )
+    p.add_argument("--cuts", type=_parse_cuts, default=[0, 6, 12, 18], help="with --static")
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
 
     p = sub.add_parser("worker", help="serve one stage (headless)")
-    p.add_argument("--config", required=True, type=Path, help="worker TOML file")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--config", type=Path, help="static worker TOML file")
+    how.add_argument(
+        "--join",
+        metavar="CODE",
+        help="join with an invite, then serve what the coordinator assigns",
+    )
+    how.add_argument(
+        "--identity", type=Path, help="serve as an already joined node (identity directory)"
+    )
+    p.add_argument(
+        "--identity-dir", type=Path, default=None, help="where --join keeps the identity"
+    )
+    p.add_argument(
+        "--listen", default="127.0.0.1:0", help="UDP HOST:PORT for QUIC (coordinated mode)"
+    )
+    p.add_argument("--advertise", default=None, help="address peers should dial, if not --listen")
+    p.add_argument("--vram-cap", default="0", help="memory to offer, e.g. 12G (default: all free)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quic", choices=["aioquic", "qh3"], default="aioquic")
 
-    p = sub.add_parser("chat", help="ask the swarm along a route; stream the answer")
-    p.add_argument("--route", required=True, type=Path, help="route JSON file")
+    p = sub.add_parser("chat", help="ask the swarm; stream the answer")
     p.add_argument("--prompt", required=True)
-    p.add_argument(
-        "--credentials", required=True, type=Path, help="directory with ca.pem and NODE.pem/.key"
-    )
-    p.add_argument("--node-id", default="client", help="this client's node id (certificate name)")
-    p.add_argument(
-        "--model", default=None, help="GGUF holding the tokenizer (default: the route's model)"
-    )
+    p.add_argument("--identity", type=Path, default=None, help="a joined client's identity dir")
+    p.add_argument("--route", type=Path, default=None, help="route JSON file (static swarm)")
+    p.add_argument("--credentials", type=Path, default=None, help="dir with ca.pem, NODE.pem/.key")
+    p.add_argument("--node-id", default="client", help="certificate name with --credentials")
+    p.add_argument("--model", default=None, help="GGUF with the tokenizer (static swarm)")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument(
-        "--raw", action="store_true", help="send the prompt as is, without the chat template"
-    )
+    p.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
     _add_sampling(p)
 
@@ -128,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--hours", type=int, default=24 * 7)
 
     sub.add_parser("hardware", help="show the memory this machine can offer")
+    _COMMANDS.update(add_swarm_commands(sub))
     return parser
 
 
@@ -140,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _COMMANDS[args.command]
     try:
         return handler(args)
-    except (CoreError, AppError, NetError) as exc:
+    except (CoreError, AppError, NetError, CoordinatorError, InviteError) as exc:
         print(f"sangama {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -205,15 +231,51 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from app.demo import run_demo
+    if args.static:
+        from app.demo import run_demo
 
-    return run_demo(args.model, args.cuts, args.prompt, args.max_tokens, args.wire_dtype)
+        return run_demo(args.model, args.cuts, args.prompt, args.max_tokens, args.wire_dtype)
+    import asyncio
+
+    from app.demo_swarm import run_demo_swarm
+    from net.tensors import WireDtype
+
+    dtype = WireDtype[args.wire_dtype.upper()]
+    return asyncio.run(run_demo_swarm(args.model, args.stages, args.prompt, args.max_tokens, dtype))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from app.serve import run_worker
+    if args.config is not None:
+        from app.serve import run_worker
 
-    return run_worker(args.config)
+        return run_worker(args.config)
+    from app.config import parse_address
+    from app.coordinated import CoordinatedOptions, run_coordinated
+    from app.identity import default_identity_dir
+
+    return run_coordinated(
+        CoordinatedOptions(
+            identity_dir=args.identity or args.identity_dir or default_identity_dir(),
+            join_code=args.join,
+            listen=parse_address(args.listen),
+            advertise=args.advertise,
+            vram_cap_bytes=parse_bytes(args.vram_cap),
+            threads=args.threads,
+            quic_library=args.quic,
+        )
+    )
+
+
+def parse_bytes(text: str) -> int:
+    """'12G', '512M', '0' -> bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    text = text.strip().upper().removesuffix("B")
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"memory size must look like 12G or 512M, not {text!r}") from None
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -222,6 +284,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return run_chat_cli(
         route_path=args.route,
         credentials=args.credentials,
+        identity=args.identity,
         node_id=args.node_id,
         model=args.model,
         prompt=args.prompt,

@@ -11,10 +11,13 @@ from app.chat_run import ChatReport, chat_once
 from app.client import SwarmClient
 from app.config import Route
 from app.credentials import load_credentials
+from app.demo_swarm import DEMO_SAMPLING
+from app.errors import ConfigError
 from app.local_swarm import LocalSwarm
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
+from net.channel import NodeCredentials
 from net.tensors import WireDtype
 
 
@@ -44,7 +47,7 @@ async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype
             layers, pid = w.config.layers, w.process.pid
             print(f"  {w.config.node_id}: layers {layers} on udp {host}:{port} (pid {pid})")
         print(
-            f"swarm ready in {time.perf_counter() - t0:.1f} s\n\nQ: {prompt}\nA: ",
+            f"swarm ready in {time.perf_counter() - t0:.1f} s\n\n{prompt}",
             end="",
             flush=True,
         )
@@ -55,7 +58,9 @@ async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype
                     client,
                     tokenizer,
                     prompt,
+                    chat_format=False,
                     max_tokens=max_tokens,
+                    sampling=DEMO_SAMPLING,
                     wire_dtype=dtype,
                     stream=_stream,
                 )
@@ -72,17 +77,15 @@ def run_demo(model: str, cuts: list[int], prompt: str, max_tokens: int, wire_dty
 
 async def _chat(
     route: Route,
-    client_creds_dir: Path,
-    node_id: str,
-    model: str | None,
+    creds: NodeCredentials,
+    tokenizer_path: Path,
     prompt: str,
     max_tokens: int,
     chat_format: bool,
     sampling: SamplingParams,
     dtype: WireDtype,
 ) -> int:
-    creds = load_credentials(client_creds_dir, node_id)
-    tokenizer = Tokenizer.from_gguf(resolve_model(model or route.model))
+    tokenizer = Tokenizer.from_gguf(tokenizer_path)
     try:
         async with SwarmClient(creds, route) as client:
             report = await chat_once(
@@ -103,8 +106,9 @@ async def _chat(
 
 def run_chat_cli(
     *,
-    route_path: Path,
-    credentials: Path,
+    route_path: Path | None,
+    credentials: Path | None,
+    identity: Path | None,
     node_id: str,
     model: str | None,
     prompt: str,
@@ -113,17 +117,21 @@ def run_chat_cli(
     sampling: SamplingParams,
     wire_dtype: str,
 ) -> int:
-    route = Route.load(route_path)
+    """Chat along a route file with static credentials, or as a joined client node."""
+    if identity is not None:
+        from app.coordinated import fetch_route
+        from app.identity import Identity
+
+        me = Identity.load(identity)
+        route, tokenizer_path = fetch_route(me)
+        creds = me.credentials()
+    else:
+        if route_path is None or credentials is None:
+            raise ConfigError("give --identity (a joined client) or --route with --credentials")
+        route = Route.load(route_path)
+        creds = load_credentials(credentials, node_id)
+        tokenizer_path = resolve_model(model or route.model)
+    dtype = WireDtype[wire_dtype.upper()]
     return asyncio.run(
-        _chat(
-            route,
-            credentials,
-            node_id,
-            model,
-            prompt,
-            max_tokens,
-            chat_format,
-            sampling,
-            WireDtype[wire_dtype.upper()],
-        )
+        _chat(route, creds, tokenizer_path, prompt, max_tokens, chat_format, sampling, dtype)
     )

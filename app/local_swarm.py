@@ -7,11 +7,7 @@ Used by `sangama demo`, the integration tests and the benchmarks. Workers are re
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import socket
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +15,7 @@ from pathlib import Path
 from app.config import Hop, Route, RouteStage, WorkerConfig
 from app.credentials import init_ca, issue_node, load_credentials
 from app.errors import AppError
+from app.processes import Child, spawn_sangama
 from core.models import resolve_model, stage_files
 from core.types import LayerRange
 from net.channel import NodeCredentials
@@ -37,13 +34,15 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
 @dataclass
 class WorkerProcess:
     config: WorkerConfig
-    process: asyncio.subprocess.Process
-    log_path: Path
-    stderr_task: asyncio.Task[None] | None = None
+    child: Child
+
+    @property
+    def process(self) -> asyncio.subprocess.Process:
+        return self.child.process
 
     @property
     def alive(self) -> bool:
-        return self.process.returncode is None
+        return self.child.alive
 
 
 @dataclass
@@ -134,42 +133,10 @@ class LocalSwarm:
         cfg_path = self.workdir / f"{config.node_id}.toml"
         cfg_path.write_text(config.to_toml(), encoding="utf-8")
         log_path = self.workdir / f"{config.node_id}.log"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "app.cli",
-            "worker",
-            "--config",
-            str(cfg_path),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        child = await spawn_sangama(
+            f"worker {config.node_id}", ["worker", "--config", str(cfg_path)], log_path, timeout
         )
-        wp = WorkerProcess(config, proc, log_path)
-        wp.stderr_task = asyncio.get_running_loop().create_task(self._drain(proc, log_path))
-        assert proc.stdout is not None
-        try:
-            while True:
-                line = await asyncio.wait_for(proc.stdout.readline(), timeout)
-                if not line:
-                    raise AppError(
-                        f"worker {config.node_id} exited before it was ready; see {log_path}"
-                    )
-                if line.startswith(b"READY"):
-                    return wp
-        except TimeoutError:
-            proc.kill()
-            raise AppError(
-                f"worker {config.node_id} not ready after {timeout:.0f} s; see {log_path}"
-            ) from None
-
-    @staticmethod
-    async def _drain(proc: asyncio.subprocess.Process, log_path: Path) -> None:
-        assert proc.stderr is not None
-        with open(log_path, "ab") as f:
-            while line := await proc.stderr.readline():
-                f.write(line)
-                f.flush()
+        return WorkerProcess(config, child)
 
     def kill(self, index: int) -> None:
         """Kill one worker abruptly (SIGKILL), as a volunteer's PC vanishing would."""
@@ -177,20 +144,7 @@ class LocalSwarm:
 
     async def stop(self, timeout: float = 10.0) -> list[int | None]:
         """SIGTERM every worker and wait; return their exit codes."""
-        for w in self.workers:
-            if w.alive:
-                with contextlib.suppress(ProcessLookupError):
-                    w.process.send_signal(signal.SIGTERM)
-        codes: list[int | None] = []
-        for w in self.workers:
-            try:
-                codes.append(await asyncio.wait_for(w.process.wait(), timeout))
-            except TimeoutError:
-                w.process.kill()
-                codes.append(await w.process.wait())
-            if w.stderr_task is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(w.stderr_task, 2)
+        codes: list[int | None] = [await w.child.stop(timeout) for w in self.workers]
         for proxy in self.proxies:
             await proxy.close()
         self.proxies.clear()

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.config import WorkerConfig, format_address
 from app.credentials import load_credentials
@@ -15,6 +16,10 @@ from core.gguf_slices import assemble_stage, stage_file_name
 from core.manifest import MANIFEST_FILE, Manifest
 from core.models import resolve_model, stage_files
 from core.types import StageSpec
+from net.channel import NodeCredentials
+
+if TYPE_CHECKING:
+    from app.worker import StageWorker
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +42,11 @@ def prepare_stage_file(config: WorkerConfig) -> tuple[Path, int]:
     return paths[0], manifest.facts.n_layer
 
 
-async def serve(config: WorkerConfig, ready_line: bool = True) -> None:
+async def start_worker(config: WorkerConfig, creds: NodeCredentials) -> StageWorker:
+    """Build the stage (in a thread: loading takes a while) and start serving it."""
     from app.worker import StageWorker  # heavy imports after the environment is set
     from core.stage import Stage
 
-    creds = load_credentials(config.credentials, config.node_id)
     path, n_layer = prepare_stage_file(config)
     spec = StageSpec(
         config.layers,
@@ -53,26 +58,45 @@ async def serve(config: WorkerConfig, ready_line: bool = True) -> None:
     )
     stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
     worker = StageWorker(config, stage, creds)
-    address = await worker.start()
+    await worker.start()
+    return worker
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: the clean-shutdown trigger."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def report_stopped(worker: StageWorker) -> None:
+    s = worker.stats
+    print(
+        f"STOPPED {worker.config.node_id}: {s.sessions_opened} sessions, {s.steps} steps in "
+        f"{s.batches} batches, {s.errors} errors",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+async def serve(config: WorkerConfig, ready_line: bool = True) -> None:
+    creds = load_credentials(config.credentials, config.node_id)
+    worker = await start_worker(config, creds)
+    assert worker.address is not None
+    stop = stop_event()
     if ready_line:
         # The demo and tests wait for this line before routing traffic here.
-        print(f"READY {config.node_id} {format_address(address)} {config.layers}", flush=True)
-    log.info("worker %s serving %s on %s", config.node_id, config.layers, format_address(address))
+        print(
+            f"READY {config.node_id} {format_address(worker.address)} {config.layers}", flush=True
+        )
+    log.info("worker %s serving %s", config.node_id, config.layers)
     try:
         await stop.wait()
     finally:
         await worker.stop()
-        s = worker.stats
-        print(
-            f"STOPPED {config.node_id}: {s.sessions_opened} sessions, {s.steps} steps in "
-            f"{s.batches} batches, {s.errors} errors",
-            file=sys.stderr,
-            flush=True,
-        )
+        report_stopped(worker)
 
 
 def run_worker(config_path: Path) -> int:

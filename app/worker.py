@@ -61,6 +61,9 @@ class WorkerStats:
     rows: int = 0
     errors: int = 0
     sessions_opened: int = 0
+    tokens: int = 0
+    """Tokens sampled here (last stage only)."""
+    last_compute_ms: float = 0.0
 
 
 class StageWorker:
@@ -95,6 +98,10 @@ class StageWorker:
         self.address = await self._server.listen(*self.config.listen)
         self._engine_task = asyncio.get_running_loop().create_task(self._engine_loop())
         return self.address
+
+    def set_revoked(self, serials: frozenset[int]) -> None:
+        """Refuse nodes the coordinator has revoked, from their next connection on."""
+        self._server.revoked_serials = serials
 
     async def stop(self) -> None:
         if self._engine_task is not None:
@@ -237,6 +244,7 @@ class StageWorker:
                 )
                 compute_ms = (time.perf_counter() - started) * 1e3
                 self.stats.batches += 1
+                self.stats.last_compute_ms = compute_ms
                 self.stats.rows += sum(p.request.n_rows for p in batch)
                 for p, result in zip(batch, results, strict=True):
                     self._emit(p, result, compute_ms, (started - p.arrived) * 1e3)
@@ -307,6 +315,7 @@ class StageWorker:
                 break
         n_accepted = len(chosen) - 1
         session.generated += len(chosen)
+        self.stats.tokens += len(chosen)
         finished = session.generated >= session.open.max_tokens
         reply = session.reply
         assert reply is not None

@@ -37,7 +37,7 @@ from typing import Final, TypeVar
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from net.errors import NetError
@@ -329,14 +329,18 @@ def create_ca(name: str, days: int = 3650, *, now: dt.datetime | None = None) ->
 def issue_node_certificate(
     ca: CertifiedKey,
     node_id: str,
-    public_key: ed25519.Ed25519PublicKey,
+    public_key: ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey,
     role: str,
     hours: int = 24 * 7,
     addresses: tuple[str, ...] = (),
     *,
     now: dt.datetime | None = None,
 ) -> x509.Certificate:
-    """Sign a short-lived node certificate (layout in the module docstring)."""
+    """Sign a short-lived node certificate (layout in the module docstring).
+
+    Nodes use Ed25519; only the coordinator's HTTPS certificate takes an ECDSA P-256 key,
+    because browsers refuse Ed25519 server keys (verify_node_certificate still requires
+    Ed25519 for nodes)."""
     node_id, parsed_role = _check_node_id(node_id), _check_role(role)
     if hours <= 0:
         raise InvalidArgument(f"certificate lifetime must be positive, got {hours} hours")

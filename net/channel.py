@@ -141,13 +141,17 @@ def _proof_maker(creds: NodeCredentials, server_cert_sha256: bytes) -> Callable[
     return make
 
 
-def proof_checker(creds: NodeCredentials) -> Callable[[bytes, bytes], PeerIdentity]:
+def proof_checker(
+    creds: NodeCredentials, revoked: Callable[[], Collection[int]] | None = None
+) -> Callable[[bytes, bytes], PeerIdentity]:
+    """Verify a client's proof; `revoked` gives the current revocation list at each call."""
     ca = auth.load_certificate(creds.ca_certificate_pem)
     own_hash = creds.certificate_sha256
 
     def check(data: bytes, nonce: bytes) -> PeerIdentity:
         proof = auth.ClientProof.decode(data)
-        ident = auth.verify_client_proof(proof, ca, nonce, own_hash, revoked=creds.revoked_serials)
+        serials = creds.revoked_serials if revoked is None else revoked()
+        ident = auth.verify_client_proof(proof, ca, nonce, own_hash, revoked=serials)
         return PeerIdentity(ident.node_id, ident.role)
 
     return check
@@ -193,7 +197,9 @@ class ChannelServer:
     ) -> None:
         self._creds = creds
         self._on_channel = on_channel
-        self._check = proof_checker(creds)
+        self.revoked_serials: frozenset[int] = creds.revoked_serials
+        """Replace to refuse newly revoked nodes (the coordinator publishes them)."""
+        self._check = proof_checker(creds, lambda: self.revoked_serials)
         self._allowed_roles = frozenset(allowed_roles)
         self._server = QuicServer(creds.tls(), self._link_accepted, tuning)
         self.channels: set[Channel] = set()

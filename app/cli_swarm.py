@@ -1,0 +1,140 @@
+"""`sangama coordinator`, `sangama invite ...`, `sangama join`: the swarm's front door."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Handler]:
+    p = sub.add_parser(
+        "coordinator", help="run the swarm's coordinator (HTTPS API + operator page)"
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--db", default=None, help="SQLAlchemy URL (default: SQLite file in --data)")
+    p.add_argument("--data", type=Path, default=None, help="data directory (CA, pieces, secrets)")
+    p.add_argument("--model", default="default", help="'default' or a GGUF path")
+    p.add_argument("--public-url", default=None, help="address written into invites")
+    p.add_argument("--admin-password", default=None, help="operator password (default: generated)")
+    p.add_argument(
+        "--min-stages", type=int, default=1, help="spread the model over at least N workers"
+    )
+    p.add_argument("--spares", type=int, default=0, help="healthy workers kept out of the chain")
+
+    p = sub.add_parser("invite", help="create, list or revoke invitations")
+    isub = p.add_subparsers(dest="invite_command", required=True)
+    q = isub.add_parser("create", help="create an invite; the code is the last line printed")
+    q.add_argument("--role", choices=["worker", "client"], required=True)
+    q.add_argument("--uses", type=int, default=1)
+    q.add_argument("--expires", default="7d", help="e.g. 7d, 12h, 30m")
+    q.add_argument("--note", default="")
+    _db_args(q)
+    q = isub.add_parser("list", help="list invites")
+    _db_args(q)
+    q = isub.add_parser("revoke", help="revoke an invite by id")
+    q.add_argument("id", type=int)
+    _db_args(q)
+
+    p = sub.add_parser("join", help="join a swarm with an invite code")
+    p.add_argument("code")
+    p.add_argument("--identity", type=Path, default=None, help="where to keep this node's identity")
+    return {"coordinator": cmd_coordinator, "invite": cmd_invite, "join": cmd_join}
+
+
+def _db_args(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--db", default=None, help="the coordinator's database URL")
+    q.add_argument("--data", type=Path, default=None, help="the coordinator's data directory")
+    q.add_argument("--coordinator", default=None, help="public URL written into the code")
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from coordinator.server import CoordinatorOptions, default_data_dir, serve
+    from coordinator.service import Settings
+
+    options = CoordinatorOptions(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data or default_data_dir(),
+        db_url=args.db,
+        model=args.model,
+        public_url=args.public_url,
+        admin_password=args.admin_password,
+        settings=Settings(min_stages=args.min_stages, spares=args.spares),
+    )
+    return serve(options)
+
+
+def cmd_invite(args: argparse.Namespace) -> int:
+    from coordinator import invites as inv
+    from coordinator.server import default_data_dir, default_db_url
+    from coordinator.service import CA_CERT, create_invite
+    from coordinator.store import Store, migrate
+    from net import auth
+
+    url = args.db or default_db_url(args.data or default_data_dir())
+    migrate(url)
+    store = Store(url)
+    try:
+        if args.invite_command == "create":
+            ca_pem = store.get_setting(CA_CERT)
+            if ca_pem is None:
+                print(
+                    "sangama invite: error: start the coordinator once first (no CA yet)",
+                    file=sys.stderr,
+                )
+                return 2
+            public = args.coordinator or store.get_setting("public_url")
+            if not public:
+                print("sangama invite: error: --coordinator URL is required", file=sys.stderr)
+                return 2
+            fingerprint = auth.fingerprint(auth.load_certificate(ca_pem.encode()))
+            invite_id, code = create_invite(
+                store,
+                public,
+                fingerprint,
+                args.role,
+                args.uses,
+                inv.parse_duration(args.expires),
+                args.note,
+            )
+            print(f"invite {invite_id}: {args.role}, {args.uses} use(s), expires in {args.expires}")
+            print(code)
+        elif args.invite_command == "list":
+            from coordinator.store import Invite
+
+            with store.session() as s:
+                for row in s.query(Invite).order_by(Invite.id):
+                    state = "revoked" if row.revoked else f"{row.uses_left}/{row.max_uses} left"
+                    print(
+                        f"{row.id:4} {row.role:7} {state:12} "
+                        f"expires {row.expires_at:%Y-%m-%d %H:%M} {row.note}"
+                    )
+        else:
+            from coordinator.store import Invite
+
+            with store.session() as s:
+                found = s.get(Invite, args.id)
+                if found is None:
+                    print(f"sangama invite: error: no invite {args.id}", file=sys.stderr)
+                    return 2
+                found.revoked = True
+            print(f"invite {args.id} revoked")
+        return 0
+    finally:
+        store.close()
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    from app.identity import default_identity_dir, join_swarm
+
+    identity = join_swarm(args.code, args.identity or default_identity_dir())
+    print(
+        f"joined {identity.coordinator} as {identity.node_id} ({identity.role}); "
+        f"identity in {identity.directory}"
+    )
+    return 0

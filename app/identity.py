@@ -1,0 +1,147 @@
+"""This node's identity after joining a swarm: certificate, CA, coordinator, secrets.
+
+Public parts live in a directory (default: the user config dir); the private key and
+the node token go to the OS keyring through `keyring`. Where no keyring backend exists
+(headless servers, CI), they go to 0600 files beside the certificate, and the log says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from app.errors import ConfigError
+from coordinator.client import CoordinatorClient, Joined, join
+from net import auth
+from net.channel import NodeCredentials
+
+log = logging.getLogger(__name__)
+
+KEYRING_SERVICE = "sangama"
+IDENTITY_FILE = "identity.json"
+
+
+def default_identity_dir() -> Path:
+    return Path(platformdirs.user_config_dir("sangama")) / "identity"
+
+
+def _keyring_usable() -> bool:
+    try:
+        import keyring
+        from keyring.backends import fail
+
+        return not isinstance(keyring.get_keyring(), fail.Keyring)
+    except Exception:  # a broken keyring installation is the same as none
+        return False
+
+
+def _store_secret(directory: Path, name: str, value: str) -> str:
+    """Keep a secret; return where ("keyring" or a file path) for the log."""
+    if _keyring_usable():
+        import keyring
+
+        try:
+            keyring.set_password(KEYRING_SERVICE, f"{directory.resolve()}:{name}", value)
+            return "keyring"
+        except Exception as exc:  # locked or refusing backends: fall back, loudly
+            log.warning("keyring refused to store %s (%s); using a 0600 file", name, exc)
+    path = directory / f"{name}.secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+    log.info("no OS keyring available: %s kept in %s (mode 0600)", name, path)
+    return str(path)
+
+
+def _load_secret(directory: Path, name: str) -> str:
+    path = directory / f"{name}.secret"
+    if path.exists():
+        return path.read_text().strip()
+    if _keyring_usable():
+        import keyring
+
+        value = keyring.get_password(KEYRING_SERVICE, f"{directory.resolve()}:{name}")
+        if value is not None:
+            return value
+    raise ConfigError(f"secret {name!r} of the identity in {directory} is missing")
+
+
+@dataclass(frozen=True)
+class Identity:
+    directory: Path
+    node_id: str
+    role: str
+    coordinator: str
+    token: str
+    certified: auth.CertifiedKey
+    ca_pem: bytes
+
+    @property
+    def ca_path(self) -> Path:
+        return self.directory / "ca.pem"
+
+    def credentials(self, revoked: frozenset[int] = frozenset()) -> NodeCredentials:
+        return NodeCredentials(self.certified, self.ca_pem, revoked)
+
+    def client(self) -> CoordinatorClient:
+        return CoordinatorClient(
+            self.coordinator, self.node_id, self.token, self.ca_pem, self.ca_path
+        )
+
+    @staticmethod
+    def load(directory: Path) -> Identity:
+        try:
+            doc = json.loads((directory / IDENTITY_FILE).read_text())
+            cert = auth.load_certificate((directory / "node.pem").read_bytes())
+            ca_pem = (directory / "ca.pem").read_bytes()
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"no joined identity in {directory}: {exc}") from exc
+        key = auth.load_private_key(_load_secret(directory, "node-key").encode())
+        return Identity(
+            directory,
+            doc["node_id"],
+            doc["role"],
+            doc["coordinator"],
+            _load_secret(directory, "node-token"),
+            auth.CertifiedKey(cert, key),
+            ca_pem,
+        )
+
+    def save_certificate(self, cert_pem: bytes) -> Identity:
+        """After renewal: same key, new certificate."""
+        (self.directory / "node.pem").write_bytes(cert_pem)
+        cert = auth.load_certificate(cert_pem)
+        return Identity(
+            self.directory,
+            self.node_id,
+            self.role,
+            self.coordinator,
+            self.token,
+            auth.CertifiedKey(cert, self.certified.private_key),
+            self.ca_pem,
+        )
+
+
+def join_swarm(code: str, directory: Path | None = None) -> Identity:
+    """Make a key pair, join with the invite code, keep everything; return the identity."""
+    directory = directory or default_identity_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    key: Ed25519PrivateKey = auth.new_private_key()
+    joined: Joined = join(code, key)
+    (directory / "ca.pem").write_bytes(joined.ca_certificate_pem)
+    (directory / "node.pem").write_bytes(joined.certificate_pem)
+    _store_secret(directory, "node-key", auth.private_key_pem(key).decode())
+    _store_secret(directory, "node-token", joined.token)
+    (directory / IDENTITY_FILE).write_text(
+        json.dumps(
+            {"node_id": joined.node_id, "role": joined.role, "coordinator": joined.coordinator},
+            indent=1,
+        )
+    )
+    return Identity.load(directory)

@@ -1,0 +1,78 @@
+"""Child `sangama` processes for the demo, tests and benchmarks: start one, wait for its
+READY line, keep its stderr in a log file, stop it with SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import AppError
+
+
+@dataclass
+class Child:
+    name: str
+    process: asyncio.subprocess.Process
+    log_path: Path
+    ready_line: str = ""
+    stderr_task: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout`; return the exit code."""
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.wait_for(self.process.wait(), timeout)
+        except TimeoutError:
+            self.process.kill()
+            code = await self.process.wait()
+        if self.stderr_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.stderr_task, 2)
+        return code
+
+
+async def _drain(stream: asyncio.StreamReader, log_path: Path) -> None:
+    with open(log_path, "ab") as f:
+        while line := await stream.readline():
+            f.write(line)
+            f.flush()
+
+
+async def spawn_sangama(name: str, args: list[str], log_path: Path, timeout: float) -> Child:
+    """Run `sangama ARGS...` and return once it prints its READY line."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    child = Child(name, proc, log_path)
+    child.stderr_task = asyncio.get_running_loop().create_task(_drain(proc.stderr, log_path))
+    try:
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+            if not line:
+                await child.stop()
+                raise AppError(f"{name} exited before it was ready; see {log_path}")
+            if line.startswith(b"READY"):
+                child.ready_line = line.decode().strip()
+                return child
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AppError(f"{name} not ready after {timeout:.0f} s; see {log_path}") from None

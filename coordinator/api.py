@@ -1,0 +1,415 @@
+"""HTTP routes: parse the request, call `Coordinator`, shape the answer. No logic here.
+
+The OpenAPI description is served at /openapi.json (FastAPI); the operator page and its
+static files come from coordinator/web.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from pydantic import BaseModel, Field
+
+from coordinator import invites as inv
+from coordinator.metrics import render_metrics
+from coordinator.service import (
+    AccessDenied,
+    Coordinator,
+    Heartbeat,
+    JoinRefused,
+    NotFound,
+    hash_token,
+)
+
+MAX_BODY_BYTES = 1 << 20
+SESSION_COOKIE = "sangama_session"
+ADMIN_TOKEN = "admin_token_hash"
+
+
+# ---------------------------------------------------------------- request/response shapes
+
+
+class CaOut(BaseModel):
+    certificate_pem: str
+    fingerprint: str
+
+
+class InviteIn(BaseModel):
+    role: str = Field(pattern="^(worker|client)$")
+    uses: int = Field(default=1, ge=1, le=10_000)
+    expires: str = Field(
+        default="7d", pattern=r"^[1-9][0-9]{0,5}[dhms]$", description="e.g. 7d, 12h"
+    )
+    note: str = Field(default="", max_length=200)
+
+
+class InviteOut(BaseModel):
+    id: int
+    role: str
+    uses_left: int
+    max_uses: int
+    expires_at: dt.datetime
+    revoked: bool
+    note: str
+    code: str | None = None
+
+
+class JoinIn(BaseModel):
+    secret: str = Field(min_length=1, max_length=200)
+    csr_pem: str = Field(min_length=1, max_length=8000)
+
+
+class JoinOut(BaseModel):
+    node_id: str
+    role: str
+    certificate_pem: str
+    ca_certificate_pem: str
+    token: str
+    expires_at: dt.datetime
+
+
+class RenewIn(BaseModel):
+    csr_pem: str = Field(min_length=1, max_length=8000)
+
+
+class HeartbeatIn(BaseModel):
+    address: str = Field(default="", max_length=200)
+    capacity_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    vram_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    rtt_ms: dict[str, float] = Field(default_factory=dict)
+    tokens: int = Field(default=0, ge=0, le=1 << 40)
+    compute_ms: float = Field(default=0.0, ge=0.0, le=1e9)
+    stats: dict[str, Any] = Field(default_factory=dict)
+
+
+class NextHopOut(BaseModel):
+    node_id: str
+    address: str
+
+
+class AssignmentOut(BaseModel):
+    model: str
+    layers: tuple[int, int]
+    next_hop: NextHopOut | None
+    manifest_url: str
+    pieces_url: str
+
+
+class HeartbeatOut(BaseModel):
+    assignment: AssignmentOut | None
+    revoked_serials: list[str]
+
+
+class RouteStageOut(BaseModel):
+    node_id: str
+    address: str
+    layers: tuple[int, int]
+
+
+class RouteOut(BaseModel):
+    model: str
+    stages: list[RouteStageOut]
+
+
+class NodeOut(BaseModel):
+    node_id: str
+    role: str
+    health: str
+    address: str
+    capacity_bytes: int
+    vram_cap_bytes: int
+    hardware: dict[str, Any]
+    stats: dict[str, Any]
+    path: str
+    layers: tuple[int, int] | None
+    last_seen: dt.datetime | None
+
+
+class SwarmOut(BaseModel):
+    model: str
+    n_layer: int
+    nodes: list[NodeOut]
+    plan: list[RouteStageOut]
+    spares: list[str]
+    plan_error: str | None
+    throughput: list[tuple[str, int]]
+
+
+class LoginIn(BaseModel):
+    password: str = Field(min_length=1, max_length=200)
+
+
+# ---------------------------------------------------------------- who is asking
+
+
+def _admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    """An operator: a logged-in browser session or the admin bearer token."""
+    if request.cookies.get(SESSION_COOKIE) in request.app.state.sessions:
+        return
+    stored = request.app.state.coord.store.get_setting(ADMIN_TOKEN)
+    bearer = authorization[7:] if authorization and authorization.startswith("Bearer ") else None
+    if bearer and stored is not None and hmac.compare_digest(hash_token(bearer), stored):
+        return
+    raise HTTPException(401, "operator login or admin token required")
+
+
+def _node(
+    request: Request,
+    x_sangama_node: Annotated[str | None, Header()] = None,
+    authorization: Annotated[str | None, Header()] = None,
+) -> str:
+    """A joined node (worker or client): its id and node token."""
+    if not x_sangama_node or not authorization or not authorization.startswith("Bearer "):
+        raise HTTPException(401, "node id and node token required")
+    request.app.state.coord.authenticate_node(x_sangama_node, authorization[7:])
+    return x_sangama_node
+
+
+Admin = Annotated[None, Depends(_admin)]
+NodeId = Annotated[str, Depends(_node)]
+
+
+# ---------------------------------------------------------------- the app
+
+
+def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
+    app = FastAPI(
+        title="Sangama coordinator",
+        version="1",
+        description="Invitations, certificates, registry, placement, pieces and routes.",
+    )
+    sessions: set[str] = set()
+    app.state.coord = coord
+    app.state.sessions = sessions
+
+    @app.middleware("http")
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return JSONResponse({"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}, 413)
+        return await call_next(request)
+
+    @app.exception_handler(inv.InviteError)
+    async def invite_error(_r: Request, exc: inv.InviteError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 403)
+
+    @app.exception_handler(AccessDenied)
+    async def denied(_r: Request, exc: AccessDenied) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 401)
+
+    @app.exception_handler(NotFound)
+    async def not_found(_r: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 404)
+
+    @app.exception_handler(JoinRefused)
+    async def refused(_r: Request, exc: JoinRefused) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 400)
+
+    @app.exception_handler(ValueError)
+    async def bad_value(_r: Request, exc: ValueError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 400)
+
+    # -- public
+    @app.get("/api/v1/ca", response_model=CaOut, tags=["public"])
+    def ca() -> CaOut:
+        return CaOut(certificate_pem=coord.ca_pem, fingerprint=coord.ca_fingerprint)
+
+    @app.post("/api/v1/join", response_model=JoinOut, tags=["public"])
+    def join(body: JoinIn) -> JoinOut:
+        r = coord.join(body.secret, body.csr_pem)
+        return JoinOut(**r.__dict__)
+
+    @app.get("/api/v1/health", tags=["public"])
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["public"])
+    def metrics() -> str:
+        return render_metrics(coord)
+
+    # -- nodes
+    @app.post("/api/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatOut, tags=["nodes"])
+    def heartbeat(node_id: str, body: HeartbeatIn, who: NodeId) -> HeartbeatOut:
+        if node_id != who:
+            raise HTTPException(403, "a node may only report for itself")
+        view = coord.heartbeat(who, Heartbeat(**body.model_dump()))
+        return HeartbeatOut(
+            assignment=_assignment_out(coord, view), revoked_serials=coord.revoked_serials()
+        )
+
+    @app.get(
+        "/api/v1/nodes/{node_id}/assignment", response_model=AssignmentOut | None, tags=["nodes"]
+    )
+    def assignment(node_id: str, who: NodeId) -> AssignmentOut | None:
+        if node_id != who:
+            raise HTTPException(403, "a node may only ask for its own assignment")
+        return _assignment_out(coord, coord.assignment(who))
+
+    @app.post("/api/v1/nodes/{node_id}/renew", response_model=JoinOut, tags=["nodes"])
+    def renew(node_id: str, body: RenewIn, authorization: Annotated[str, Header()]) -> JoinOut:
+        if not authorization.startswith("Bearer "):
+            raise HTTPException(401, "node token required")
+        r = coord.renew(node_id, authorization[7:], body.csr_pem)
+        return JoinOut(**r.__dict__)
+
+    @app.get("/api/v1/revoked", response_model=list[str], tags=["nodes"])
+    def revoked(_who: NodeId) -> list[str]:
+        return coord.revoked_serials()
+
+    @app.get("/api/v1/route", response_model=RouteOut, tags=["nodes"])
+    def route(_who: NodeId, model: str = "default") -> RouteOut:
+        stages = [
+            RouteStageOut(node_id=n, address=a, layers=lay) for n, a, lay in coord.route(model)
+        ]
+        return RouteOut(model=coord.model.name, stages=stages)
+
+    @app.get("/api/v1/models/{name}/manifest", tags=["nodes"])
+    def manifest(name: str, _who: NodeId) -> Response:
+        _check_model(coord, name)
+        return Response(coord.model.manifest.to_json(), media_type="application/json")
+
+    @app.get("/api/v1/models/{name}/pieces/{file}", tags=["nodes"])
+    def piece(name: str, file: str, _who: NodeId) -> FileResponse:
+        _check_model(coord, name)
+        known = {p.file for p in coord.model.manifest.pieces}
+        if file not in known:
+            raise HTTPException(404, f"no piece {file!r}")
+        return FileResponse(coord.model.directory / file, media_type="application/octet-stream")
+
+    # -- operator
+    @app.post("/api/v1/login", tags=["operator"])
+    def login(body: LoginIn, response: Response) -> dict[str, str]:
+        if not coord.check_admin_password(body.password):
+            raise HTTPException(401, "wrong operator password")
+        token = secrets.token_urlsafe(24)
+        sessions.add(token)
+        response.set_cookie(SESSION_COOKIE, token, httponly=True, secure=True, samesite="strict")
+        return {"status": "logged in"}
+
+    @app.post("/api/v1/logout", tags=["operator"])
+    def logout(request: Request, response: Response) -> dict[str, str]:
+        sessions.discard(request.cookies.get(SESSION_COOKIE, ""))
+        response.delete_cookie(SESSION_COOKIE)
+        return {"status": "logged out"}
+
+    @app.post("/api/v1/invites", response_model=InviteOut, tags=["operator"])
+    def create_invite(body: InviteIn, _a: Admin) -> InviteOut:
+        invite_id, code = coord.create_invite(
+            body.role, body.uses, inv.parse_duration(body.expires), body.note
+        )
+        row = next(i for i in coord.list_invites() if i.id == invite_id)
+        return _invite_out(row, code)
+
+    @app.get("/api/v1/invites", response_model=list[InviteOut], tags=["operator"])
+    def list_invites(_a: Admin) -> list[InviteOut]:
+        return [_invite_out(i) for i in coord.list_invites()]
+
+    @app.delete("/api/v1/invites/{invite_id}", tags=["operator"])
+    def revoke_invite(invite_id: int, _a: Admin) -> dict[str, str]:
+        coord.revoke_invite(invite_id)
+        return {"status": "revoked"}
+
+    @app.post("/api/v1/nodes/{node_id}/revoke", tags=["operator"])
+    def revoke_node(node_id: str, _a: Admin) -> dict[str, str]:
+        coord.revoke_node(node_id)
+        return {"status": "revoked"}
+
+    @app.get("/api/v1/swarm", response_model=SwarmOut, tags=["operator"])
+    def swarm(_a: Admin) -> SwarmOut:
+        return _swarm_out(coord)
+
+    if web_dir is not None:
+        from coordinator.web import mount_web
+
+        mount_web(app, web_dir, lambda request: request.cookies.get(SESSION_COOKIE) in sessions)
+    return app
+
+
+def _check_model(coord: Coordinator, name: str) -> None:
+    if name not in (coord.model.name, "default"):
+        raise HTTPException(404, f"this swarm serves {coord.model.name!r}, not {name!r}")
+
+
+def _assignment_out(coord: Coordinator, view: Any) -> AssignmentOut | None:
+    if view is None:
+        return None
+    base = f"/api/v1/models/{coord.model.name}"
+    hop = (
+        None
+        if view.next_hop is None
+        else NextHopOut(node_id=view.next_hop[0], address=view.next_hop[1])
+    )
+    return AssignmentOut(
+        model=view.model,
+        layers=view.layers,
+        next_hop=hop,
+        manifest_url=f"{base}/manifest",
+        pieces_url=f"{base}/pieces",
+    )
+
+
+def _invite_out(row: Any, code: str | None = None) -> InviteOut:
+    return InviteOut(
+        id=row.id,
+        role=row.role,
+        uses_left=row.uses_left,
+        max_uses=row.max_uses,
+        expires_at=row.expires_at,
+        revoked=row.revoked,
+        note=row.note,
+        code=code,
+    )
+
+
+def _swarm_out(coord: Coordinator) -> SwarmOut:
+    current = coord.current_plan
+    nodes = []
+    for n in coord.nodes():
+        stage = None if current is None else current.stage_of(n.node_id)
+        nodes.append(
+            NodeOut(
+                node_id=n.node_id,
+                role=n.role,
+                health=coord.health(n),
+                address=n.address,
+                capacity_bytes=n.capacity_bytes,
+                vram_cap_bytes=n.vram_cap_bytes,
+                hardware=n.hardware,
+                stats=n.stats,
+                path=n.path,
+                layers=None if stage is None else (stage.layers.start, stage.layers.stop),
+                last_seen=n.last_seen,
+            )
+        )
+    addresses = {n.node_id: n.address for n in nodes}
+    plan_stages = (
+        []
+        if current is None
+        else [
+            RouteStageOut(
+                node_id=s.node_id,
+                address=addresses.get(s.node_id, ""),
+                layers=(s.layers.start, s.layers.stop),
+            )
+            for s in current.stages
+        ]
+    )
+    return SwarmOut(
+        model=coord.model.name,
+        n_layer=coord.model.manifest.facts.n_layer,
+        nodes=nodes,
+        plan=plan_stages,
+        spares=[] if current is None else list(current.spares),
+        plan_error=coord.plan_error,
+        throughput=coord.throughput(),
+    )

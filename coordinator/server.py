@@ -1,0 +1,154 @@
+"""`sangama coordinator`: open the database, the CA and the model, then serve HTTPS."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import platformdirs
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from coordinator.service import ADMIN_PASSWORD, Coordinator, HostedModel, Settings, hash_token
+from coordinator.store import Store, migrate
+from core.models import resolve_model, sliced_model
+from net import auth
+
+log = logging.getLogger(__name__)
+
+ADMIN_TOKEN_FILE = "admin-token"
+ADMIN_PASSWORD_FILE = "admin-password"
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("sangama")) / "coordinator"
+
+
+def default_db_url(data_dir: Path) -> str:
+    return f"sqlite:///{data_dir / 'coordinator.db'}"
+
+
+@dataclass(frozen=True)
+class CoordinatorOptions:
+    host: str = "127.0.0.1"
+    port: int = 8443
+    data_dir: Path = field(default_factory=default_data_dir)
+    db_url: str | None = None
+    model: str = "default"
+    public_url: str | None = None
+    admin_password: str | None = None
+    settings: Settings = field(default_factory=Settings)
+
+
+def _write_secret(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+
+
+def load_or_create_ca(data_dir: Path) -> auth.CertifiedKey:
+    ca_dir = data_dir / "ca"
+    if (ca_dir / "ca.key").exists():
+        return auth.CertifiedKey.load(ca_dir, "ca")
+    ca = auth.create_ca("sangama-swarm")
+    ca.save(ca_dir, "ca")
+    log.info("created a new swarm CA in %s", ca_dir)
+    return ca
+
+
+def https_identity(ca: auth.CertifiedKey, data_dir: Path, host: str) -> tuple[Path, Path]:
+    """A certificate from the swarm CA for the coordinator's own HTTPS (renewed each start).
+
+    ECDSA P-256, not Ed25519 like the nodes: browsers refuse Ed25519 server keys."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    addresses = ["127.0.0.1"]
+    name = "coordinator"
+    try:
+        ipaddress.ip_address(host)
+        if host not in ("0.0.0.0", "::") and host not in addresses:
+            addresses.append(host)
+    except ValueError:
+        name = host.lower()  # a DNS name: the certificate must name it for TLS hostname checks
+    cert = auth.issue_node_certificate(
+        ca, name, key.public_key(), "coordinator", hours=24 * 30, addresses=tuple(addresses)
+    )
+    tls_dir = data_dir / "tls"
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    key_path, cert_path = tls_dir / "https.key", tls_dir / "https.pem"
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _write_secret(key_path, pem.decode())
+    cert_path.write_bytes(auth.certificate_chain_pem(cert, ca.certificate))
+    return cert_path, key_path
+
+
+def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
+    data_dir = options.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = options.db_url or default_db_url(data_dir)
+    migrate(url)
+    store = Store(url)
+    ca = load_or_create_ca(data_dir)
+    model_path = resolve_model(options.model)
+    pieces_dir, manifest = sliced_model(model_path, data_dir / "models")
+    name = "default" if options.model == "default" else model_path.stem
+    public = options.public_url or f"https://{options.host}:{options.port}"
+    coord = Coordinator(
+        store, ca, public, HostedModel(name, pieces_dir, manifest), options.settings
+    )
+    _ensure_operator_secrets(coord, data_dir, options.admin_password)
+    cert_path, key_path = https_identity(ca, data_dir, options.host)
+    return coord, cert_path, key_path
+
+
+def _ensure_operator_secrets(coord: Coordinator, data_dir: Path, password: str | None) -> None:
+    if password is not None:
+        coord.set_admin_password(password)
+    elif coord.store.get_setting(ADMIN_PASSWORD) is None:
+        generated = secrets.token_urlsafe(12)
+        coord.set_admin_password(generated)
+        _write_secret(data_dir / ADMIN_PASSWORD_FILE, generated)
+        print(f"operator password written to {data_dir / ADMIN_PASSWORD_FILE}", file=sys.stderr)
+    token_file = data_dir / ADMIN_TOKEN_FILE
+    if not token_file.exists() or coord.store.get_setting("admin_token_hash") is None:
+        token = secrets.token_urlsafe(24)
+        coord.store.set_setting("admin_token_hash", hash_token(token))
+        _write_secret(token_file, token)
+
+
+def serve(options: CoordinatorOptions) -> int:
+    import uvicorn
+
+    from coordinator.api import create_app
+
+    coord, cert_path, key_path = build(options)
+    app = create_app(coord, Path(__file__).parent / "web")
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        ssl_certfile=str(cert_path),
+        ssl_keyfile=str(key_path),
+        log_level="warning",
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+
+    # Scripts and the demo wait for this line.
+    original_startup = server.startup
+
+    async def startup(sockets: object = None) -> None:
+        await original_startup(sockets)  # type: ignore[arg-type]
+        print(f"READY {coord.public_url} ca={coord.ca_fingerprint}", flush=True)
+
+    server.startup = startup  # type: ignore[method-assign]
+    server.run()
+    coord.store.close()
+    return 0

@@ -1,0 +1,424 @@
+"""What the coordinator does, without HTTP: invites, joining, the registry, placement,
+routes. The API module parses requests and calls these methods; nothing here knows
+about requests or responses.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, select
+
+from coordinator import invites as inv
+from coordinator.errors import CoordinatorError, PlacementError
+from coordinator.placement import ModelSpec, NodeInfo, Plan, plan
+from coordinator.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
+from core.manifest import Manifest
+from net import auth
+
+log = logging.getLogger(__name__)
+
+NODE_CERT_HOURS = 24
+ADMIN_PASSWORD = "admin_password_hash"
+CA_CERT = "ca_certificate_pem"
+
+
+class AccessDenied(CoordinatorError):
+    """Missing or wrong credentials for this request."""
+
+
+class NotFound(CoordinatorError):
+    pass
+
+
+class JoinRefused(CoordinatorError):
+    pass
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(b"sangama-token/1\0" + token.encode()).hexdigest()
+
+
+def hash_password(password: str, salt: bytes | None = None) -> str:
+    salt = salt or secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1)
+    return f"scrypt${salt.hex()}${digest.hex()}"
+
+
+def check_password(password: str, stored: str) -> bool:
+    try:
+        _, salt_hex, _digest_hex = stored.split("$")
+    except ValueError:
+        return False
+    return hmac.compare_digest(hash_password(password, bytes.fromhex(salt_hex)), stored)
+
+
+def create_invite(
+    store: Store,
+    public_url: str,
+    ca_fingerprint: str,
+    role: str,
+    uses: int,
+    expires: dt.timedelta,
+    note: str = "",
+) -> tuple[int, str]:
+    """Store a new invite; return its id and the code to hand out (shown only once)."""
+    if role not in inv.ROLES:
+        raise ValueError(f"role must be one of {inv.ROLES}")
+    if not (1 <= uses <= 10_000):
+        raise ValueError("uses must be between 1 and 10000")
+    if expires <= dt.timedelta(0) or expires > dt.timedelta(days=366):
+        raise ValueError("an invite expires after a positive time of at most a year")
+    secret = inv.new_secret()
+    with store.session() as s:
+        row = Invite(
+            secret_hash=inv.hash_secret(secret),
+            role=role,
+            max_uses=uses,
+            uses_left=uses,
+            expires_at=utcnow() + expires,
+            revoked=False,
+            note=note[:200],
+        )
+        s.add(row)
+        s.flush()
+        invite_id = row.id
+    return invite_id, inv.InviteCode(public_url.rstrip("/"), ca_fingerprint, secret).encode()
+
+
+@dataclass(frozen=True)
+class HostedModel:
+    name: str
+    directory: Path
+    manifest: Manifest
+
+    @property
+    def spec(self) -> ModelSpec:
+        return ModelSpec.from_facts(self.manifest.facts)
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    node_id: str
+    role: str
+    certificate_pem: str
+    ca_certificate_pem: str
+    token: str
+    expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    address: str
+    capacity_bytes: int
+    vram_cap_bytes: int
+    hardware: dict[str, Any] = field(default_factory=dict)
+    rtt_ms: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    compute_ms: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageAssignmentView:
+    model: str
+    layers: tuple[int, int]
+    next_hop: tuple[str, str] | None
+    """(node_id, address) of the next stage, None on the last."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    stale_after_s: float = 15.0
+    """A node silent this long is shown as stale."""
+    dead_after_s: float = 45.0
+    """A node silent this long is dropped from the plan (its spare takes over)."""
+    min_stages: int = 1
+    spares: int = 0
+    sessions_per_stage: int = 8
+    context_tokens: int = 2048
+
+
+class Coordinator:
+    def __init__(
+        self,
+        store: Store,
+        ca: auth.CertifiedKey,
+        public_url: str,
+        model: HostedModel,
+        settings: Settings = Settings(),
+    ) -> None:
+        self.store = store
+        self.ca = ca
+        self.public_url = public_url.rstrip("/")
+        self.model = model
+        self.settings = settings
+        self.ca_pem = auth.certificate_pem(ca.certificate).decode()
+        self.ca_fingerprint = auth.fingerprint(ca.certificate)
+        self._lock = threading.Lock()
+        self._plan: Plan | None = None
+        self._plan_error: str | None = None
+        self._plan_inputs: tuple[Any, ...] = ()
+        store.set_setting(CA_CERT, self.ca_pem)
+
+    # ------------------------------------------------------------ invites
+
+    def create_invite(
+        self, role: str, uses: int, expires: dt.timedelta, note: str = ""
+    ) -> tuple[int, str]:
+        return create_invite(
+            self.store, self.public_url, self.ca_fingerprint, role, uses, expires, note
+        )
+
+    def list_invites(self) -> list[Invite]:
+        with self.store.session() as s:
+            return list(s.scalars(select(Invite).order_by(Invite.id.desc())))
+
+    def revoke_invite(self, invite_id: int) -> None:
+        with self.store.session() as s:
+            row = s.get(Invite, invite_id)
+            if row is None:
+                raise NotFound(f"no invite {invite_id}")
+            row.revoked = True
+
+    # ------------------------------------------------------------ joining
+
+    def join(self, secret: str, csr_pem: str) -> JoinResult:
+        now = utcnow()
+        try:
+            csr = auth.load_csr(csr_pem.encode())
+        except auth.AuthError as exc:
+            raise JoinRefused(f"bad signing request: {exc}") from exc
+        with self.store.session() as s:
+            row = s.scalars(
+                select(Invite).where(Invite.secret_hash == inv.hash_secret(secret))
+            ).first()
+            state = (
+                None
+                if row is None
+                else inv.InviteState(row.role, row.uses_left, as_utc(row.expires_at), row.revoked)
+            )
+            inv.check_usable(state, now)  # raises the InviteError a person should read
+            assert row is not None
+            row.uses_left -= 1
+            node_id = f"{row.role}-{secrets.token_hex(3)}"
+            cert = auth.issue_from_csr(self.ca, csr, node_id, row.role, hours=NODE_CERT_HOURS)
+            token = secrets.token_urlsafe(24)
+            s.add(
+                Node(
+                    node_id=node_id,
+                    role=row.role,
+                    token_hash=hash_token(token),
+                    invite_id=row.id,
+                    hardware={},
+                    stats={},
+                )
+            )
+            s.flush()  # the certificate row refers to the node row
+            s.add(
+                Certificate(
+                    serial=str(cert.serial_number),
+                    node_id=node_id,
+                    not_after=cert.not_valid_after_utc,
+                    revoked=False,
+                )
+            )
+        log.info("node %s joined as %s", node_id, state.role if state else "?")
+        return JoinResult(
+            node_id,
+            row.role,
+            auth.certificate_pem(cert).decode(),
+            self.ca_pem,
+            token,
+            cert.not_valid_after_utc,
+        )
+
+    def authenticate_node(self, node_id: str, token: str) -> Node:
+        with self.store.session() as s:
+            node = s.get(Node, node_id)
+            if node is None or not hmac.compare_digest(node.token_hash, hash_token(token)):
+                raise AccessDenied("unknown node or wrong node token")
+            if node.revoked:
+                raise AccessDenied(f"node {node_id} was revoked by the operator")
+            return node
+
+    def renew(self, node_id: str, token: str, csr_pem: str) -> JoinResult:
+        node = self.authenticate_node(node_id, token)
+        try:
+            csr = auth.load_csr(csr_pem.encode())
+        except auth.AuthError as exc:
+            raise JoinRefused(f"bad signing request: {exc}") from exc
+        cert = auth.issue_from_csr(self.ca, csr, node_id, node.role, hours=NODE_CERT_HOURS)
+        with self.store.session() as s:
+            s.add(
+                Certificate(
+                    serial=str(cert.serial_number),
+                    node_id=node_id,
+                    not_after=cert.not_valid_after_utc,
+                    revoked=False,
+                )
+            )
+        return JoinResult(
+            node_id,
+            node.role,
+            auth.certificate_pem(cert).decode(),
+            self.ca_pem,
+            token,
+            cert.not_valid_after_utc,
+        )
+
+    def revoke_node(self, node_id: str) -> None:
+        with self.store.session() as s:
+            node = s.get(Node, node_id)
+            if node is None:
+                raise NotFound(f"no node {node_id}")
+            node.revoked = True
+            for cert in s.scalars(select(Certificate).where(Certificate.node_id == node_id)):
+                cert.revoked = True
+        self.replan(force=True)
+
+    def revoked_serials(self) -> list[str]:
+        return self.store.revoked_serials()
+
+    # ------------------------------------------------------------ registry
+
+    def heartbeat(self, node_id: str, beat: Heartbeat) -> StageAssignmentView | None:
+        """Record what an (already authenticated) node reports; return its assignment."""
+        now = utcnow()
+        with self.store.session() as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            node.address = beat.address[:200]
+            node.capacity_bytes = max(0, beat.capacity_bytes)
+            node.vram_cap_bytes = max(0, beat.vram_cap_bytes)
+            node.hardware = beat.hardware
+            node.stats = beat.stats
+            node.last_seen = now
+            s.execute(delete(Rtt).where(Rtt.src == node_id))
+            for peer, ms in list(beat.rtt_ms.items())[:256]:
+                s.add(Rtt(src=node_id, dst=peer[:64], ms=float(ms), measured_at=now))
+            if beat.tokens or beat.compute_ms:
+                s.add(
+                    Sample(at=now, node_id=node_id, tokens=beat.tokens, compute_ms=beat.compute_ms)
+                )
+        self.replan()
+        return self.assignment(node_id)
+
+    def health(self, node: Node, now: dt.datetime | None = None) -> str:
+        if node.revoked:
+            return "revoked"
+        if node.last_seen is None:
+            return "joined"
+        age = ((now or utcnow()) - as_utc(node.last_seen)).total_seconds()
+        if age > self.settings.dead_after_s:
+            return "gone"
+        if age > self.settings.stale_after_s:
+            return "stale"
+        return "healthy"
+
+    def nodes(self) -> list[Node]:
+        with self.store.session() as s:
+            return self.store.nodes(s)
+
+    # ------------------------------------------------------------ placement
+
+    def replan(self, force: bool = False) -> Plan | None:
+        now = utcnow()
+        workers = [
+            n
+            for n in self.nodes()
+            if n.role == "worker" and n.address and self.health(n, now) in ("healthy", "stale")
+        ]
+        infos = tuple(
+            NodeInfo(n.node_id, int(n.capacity_bytes), healthy=True, address=n.address)
+            for n in workers
+        )
+        inputs = (infos, self.settings)
+        with self._lock:
+            if not force and inputs == self._plan_inputs:
+                return self._plan
+            self._plan_inputs = inputs
+            if len(infos) < self.settings.min_stages:
+                self._plan, self._plan_error = (
+                    None,
+                    (f"waiting for workers: {len(infos)} of {self.settings.min_stages} joined"),
+                )
+                return None
+            try:
+                self._plan = plan(
+                    self.model.spec,
+                    infos,
+                    rtt_ms=self.store.rtt_map(),
+                    previous=self._plan,
+                    sessions_per_stage=self.settings.sessions_per_stage,
+                    context_tokens=self.settings.context_tokens,
+                    spares=self.settings.spares,
+                    min_stages=self.settings.min_stages,
+                )
+                self._plan_error = None
+            except PlacementError as exc:
+                self._plan, self._plan_error = None, str(exc)
+            return self._plan
+
+    @property
+    def current_plan(self) -> Plan | None:
+        return self._plan
+
+    @property
+    def plan_error(self) -> str | None:
+        return self._plan_error
+
+    def assignment(self, node_id: str) -> StageAssignmentView | None:
+        current = self._plan
+        if current is None:
+            return None
+        stage = current.stage_of(node_id)
+        if stage is None:
+            return None
+        nxt = current.next_hop(node_id)
+        addresses = {n.node_id: n.address for n in self.nodes()}
+        return StageAssignmentView(
+            self.model.name,
+            (stage.layers.start, stage.layers.stop),
+            None if nxt is None else (nxt.node_id, addresses.get(nxt.node_id, "")),
+        )
+
+    def route(self, model: str) -> list[tuple[str, str, tuple[int, int]]]:
+        if model not in (self.model.name, "default"):
+            raise NotFound(f"this swarm serves {self.model.name!r}, not {model!r}")
+        current = self.replan()
+        if current is None:
+            raise NotFound(f"no route yet: {self._plan_error or 'no plan'}")
+        addresses = {n.node_id: n.address for n in self.nodes()}
+        return [
+            (st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
+            for st in current.stages
+        ]
+
+    # ------------------------------------------------------------ operator
+
+    def set_admin_password(self, password: str) -> None:
+        self.store.set_setting(ADMIN_PASSWORD, hash_password(password))
+
+    def check_admin_password(self, password: str) -> bool:
+        stored = self.store.get_setting(ADMIN_PASSWORD)
+        return stored is not None and check_password(password, stored)
+
+    def throughput(self, minutes: int = 30) -> list[tuple[str, int]]:
+        """Tokens reported per 10-second bucket over the last `minutes`."""
+        since = utcnow() - dt.timedelta(minutes=minutes)
+        buckets: dict[str, int] = {}
+        with self.store.session() as s:
+            for row in s.scalars(select(Sample).where(Sample.at >= since).order_by(Sample.at)):
+                at = as_utc(row.at)
+                key = at.replace(second=at.second - at.second % 10, microsecond=0).isoformat()
+                buckets[key] = buckets.get(key, 0) + row.tokens
+        return sorted(buckets.items())

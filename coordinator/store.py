@@ -1,0 +1,178 @@
+"""The coordinator's database: SQLAlchemy models and the queries the service needs.
+
+SQLite by default (a file, nothing to install); any SQLAlchemy URL (PostgreSQL) works.
+The schema is created and upgraded by Alembic migrations (coordinator/migrations).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """SQLite returns naive datetimes; everything here is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Invite(Base):
+    __tablename__ = "invites"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    max_uses: Mapped[int] = mapped_column(Integer)
+    uses_left: Mapped[int] = mapped_column(Integer)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    note: Mapped[str] = mapped_column(String(200), default="")
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    node_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64))
+    invite_id: Mapped[int | None] = mapped_column(ForeignKey("invites.id"), nullable=True)
+    address: Mapped[str] = mapped_column(String(200), default="")
+    capacity_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    vram_cap_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    hardware: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    stats: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    path: Mapped[str] = mapped_column(String(32), default="direct")
+    last_seen: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Certificate(Base):
+    __tablename__ = "certificates"
+    serial: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """Decimal string: X.509 serials are up to 159 bits, more than BIGINT holds."""
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    not_after: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Rtt(Base):
+    __tablename__ = "rtts"
+    src: Mapped[str] = mapped_column(String(64), primary_key=True)
+    dst: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ms: Mapped[float] = mapped_column(Float)
+    measured_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Sample(Base):
+    """Throughput and timing samples reported by nodes, for the operator's plot."""
+
+    __tablename__ = "samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    node_id: Mapped[str] = mapped_column(String(64))
+    tokens: Mapped[int] = mapped_column(Integer, default=0)
+    compute_ms: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Setting(Base):
+    __tablename__ = "settings"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(4000))
+
+
+# ---------------------------------------------------------------- engine and schema
+
+
+def make_engine(url: str) -> Engine:
+    engine = create_engine(url, future=True, pool_pre_ping=True)
+    if url.startswith("sqlite"):
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(conn: Any, _record: Any) -> None:
+            cur = conn.cursor()
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA journal_mode=WAL")  # readers don't block the writer
+            cur.close()
+
+    return engine
+
+
+def migrate(url: str) -> None:
+    """Create or upgrade the schema to the newest migration."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(cfg, "head")
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._sessions() as s, s.begin():
+            yield s
+
+    # -- settings
+    def get_setting(self, key: str) -> str | None:
+        with self.session() as s:
+            row = s.get(Setting, key)
+            return None if row is None else row.value
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self.session() as s:
+            s.merge(Setting(key=key, value=value))
+
+    # -- queries used by several routes
+    def nodes(self, s: Session) -> list[Node]:
+        return list(s.scalars(select(Node).order_by(Node.node_id)))
+
+    def revoked_serials(self) -> list[str]:
+        with self.session() as s:
+            return list(s.scalars(select(Certificate.serial).where(Certificate.revoked)))
+
+    def rtt_map(self) -> dict[tuple[str, str], float]:
+        with self.session() as s:
+            return {(r.src, r.dst): r.ms for r in s.scalars(select(Rtt))}
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)

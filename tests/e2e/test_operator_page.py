@@ -1,0 +1,246 @@
+"""The operator page in a real browser against a real `sangama coordinator` process.
+
+Sign in (a wrong password first), create a worker invite in the page, join a node with
+the code the page shows, heartbeat once, and watch the swarm table, the coverage bar and
+the stage timings follow; revoke the invite and the node from the page; log out.
+Screenshots go to artifacts/operator-page.png (and -narrow.png for a phone-sized view).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.coordinator_proc import REPO_ROOT, CoordinatorProcess
+from tests.support.tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.e2e
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package")
+expect = sync_api.expect
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PASSWORD = "correct horse battery staple"
+N_LAYER = 8
+ARTIFACTS = REPO_ROOT / "artifacts"
+TIMEOUT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    root = tmp_path_factory.mktemp("operator-page")
+    model = write_tiny_model(root / "tiny-llama.gguf", n_layer=N_LAYER)
+    with CoordinatorProcess.start(root / "data", model, password=PASSWORD, min_stages=1) as coord:
+        yield coord
+        print(f"coordinator output:\n{coord.output()}")  # shown by pytest when a test failed
+
+
+@pytest.fixture
+def browser_page(coordinator: CoordinatorProcess) -> Iterator[Any]:
+    chromium = shutil.which("chromium") or (str(CHROMIUM) if CHROMIUM.exists() else None)
+    if chromium is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            # The page is served with a certificate from the swarm CA, unknown to the browser.
+            context = browser.new_context(
+                ignore_https_errors=True, viewport={"width": 1360, "height": 900}
+            )
+            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=coordinator.url)
+            context.set_default_timeout(TIMEOUT_MS)
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            yield page
+            assert not errors, f"JavaScript errors on the page: {errors}"
+        finally:
+            browser.close()
+
+
+def _node_heartbeat(identity: Any, **extra: Any) -> dict[str, Any]:
+    result: dict[str, Any] = identity.client().heartbeat(
+        address="127.0.0.1:9", capacity_bytes=8 << 30, vram_cap_bytes=0, **extra
+    )
+    return result
+
+
+def test_operator_page_flow(
+    coordinator: CoordinatorProcess,
+    browser_page: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from app.identity import join_swarm
+
+    # requests lets these override a Session's `verify` (the node client pins the swarm CA
+    # that way); unset so the node below talks TLS with its own CA whatever the machine sets.
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+
+    page = browser_page
+    tid = page.get_by_test_id
+    page.goto(coordinator.url)
+
+    # -- sign in: the server's message on a wrong password, then the dashboard
+    expect(tid("login-form")).to_be_visible()
+    tid("login-password").fill("not the password")
+    tid("login-submit").click()
+    expect(tid("login-error")).to_have_text("wrong operator password")
+    tid("login-password").fill(PASSWORD)
+    tid("login-submit").click()
+    expect(tid("swarm-table")).to_be_visible()
+    expect(tid("model-name")).to_have_text("tiny-llama")
+    expect(tid("plan-error")).to_be_visible()  # no worker yet, so no plan
+    expect(tid("coverage-gap")).to_have_count(1)
+    summary = tid("coverage-summary")
+    expect(summary).to_have_text(f"0 of {N_LAYER} layers covered, {N_LAYER} missing")
+
+    # -- create a worker invite in the page and read its code from the page
+    form = tid("invite-form")
+    tid("invite-role").select_option("worker")
+    tid("invite-uses").fill("2")
+    tid("invite-expires").fill("2h")
+    tid("invite-note").fill("<b>rack 3</b>")
+    tid("invite-create").click()
+    code_box = tid("invite-code")
+    expect(code_box).to_have_value(re.compile(r"^sangama1-[A-Za-z0-9_-]+$"))
+    code = code_box.input_value()
+    tid("invite-copy").click()
+    expect(tid("copied")).to_be_visible()
+    assert page.evaluate("navigator.clipboard.readText()") == code
+
+    invite_row = tid("invite-row").filter(has_text="rack 3")
+    expect(invite_row).to_have_count(1)
+    expect(invite_row.get_by_test_id("invite-status")).to_have_text("active")
+    expect(invite_row.get_by_test_id("invite-uses-left")).to_have_text("2 / 2")
+    # The note is shown as text, never parsed as markup.
+    expect(invite_row.locator("td.invite-note")).to_have_text("<b>rack 3</b>")
+    expect(invite_row.locator("b")).to_have_count(0)
+    expect(form.get_by_test_id("invite-error")).to_be_hidden()
+
+    # -- a node joins with that code and reports once
+    identity = join_swarm(code, tmp_path / "node")
+    assert identity.role == "worker"
+    beat = _node_heartbeat(
+        identity,
+        tokens=48,
+        compute_ms=12.5,
+        stats={"compute_ms": 12.5, "steps": 48, "sessions": 1, "errors": 0},
+    )
+    assert beat["assignment"]["layers"] == [0, N_LAYER]
+
+    row = page.locator(f'[data-testid="node-row"][data-node-id="{identity.node_id}"]')
+    expect(row).to_be_visible()
+    expect(row.get_by_test_id("node-role")).to_have_text("worker")
+    expect(row.get_by_test_id("node-health")).to_have_text("healthy")
+    expect(row.get_by_test_id("node-layers")).to_have_text(f"0–{N_LAYER - 1} ({N_LAYER})")
+    expect(row.get_by_test_id("node-capacity")).to_have_text("8.0 GiB")
+    expect(row.get_by_test_id("node-address")).to_have_text("127.0.0.1:9")
+    expect(row.get_by_test_id("node-path")).to_have_text("direct")
+
+    segment = tid("coverage-segment")
+    expect(segment).to_have_count(1)
+    expect(segment).to_have_attribute("data-node-id", identity.node_id)
+    expect(segment).to_have_attribute("data-start", "0")
+    expect(segment).to_have_attribute("data-stop", str(N_LAYER))
+    expect(tid("coverage-gap")).to_have_count(0)
+    expect(summary).to_have_text(f"all {N_LAYER} layers covered by 1 stage")
+    expect(tid("plan-error")).to_be_hidden()
+
+    timing = page.locator(f'[data-testid="stage-timing"][data-node-id="{identity.node_id}"]')
+    expect(timing.get_by_test_id("stage-ms")).to_have_text("12.5 ms")
+    expect(tid("throughput-total")).to_have_text("48 tokens in 30 min")
+    expect(invite_row.get_by_test_id("invite-uses-left")).to_have_text("1 / 2")
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(ARTIFACTS / "operator-page.png"), full_page=True)
+    page.set_viewport_size({"width": 420, "height": 900})
+    expect(row).to_be_attached()
+    page.screenshot(path=str(ARTIFACTS / "operator-page-narrow.png"), full_page=True)
+    page.set_viewport_size({"width": 1360, "height": 900})
+
+    # -- revoke the invite from the page
+    page.once("dialog", lambda dialog: dialog.accept())
+    invite_row.get_by_test_id("invite-revoke").click()
+    expect(invite_row.get_by_test_id("invite-status")).to_have_text("revoked")
+    expect(invite_row.get_by_test_id("invite-revoke")).to_be_hidden()
+    listed = {i["id"]: i for i in coordinator.admin.get("/api/v1/invites")}
+    assert any(i["revoked"] and i["note"] == "<b>rack 3</b>" for i in listed.values())
+
+    # -- revoking a node asks first; dismissing keeps it
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    row.get_by_test_id("node-revoke").click()
+    expect(row.get_by_test_id("node-health")).not_to_have_text("revoked")
+    expect(row.get_by_test_id("node-revoke")).to_be_visible()
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_test_id("node-revoke").click()
+    expect(row.get_by_test_id("node-health")).to_have_text("revoked")
+    expect(row.get_by_test_id("node-revoke")).to_be_hidden()
+    expect(tid("plan-error")).to_be_visible()
+    expect(tid("coverage-gap")).to_have_count(1)
+
+    # -- log out: back to the sign-in form, and the API no longer answers this browser
+    tid("logout").click()
+    expect(tid("login-form")).to_be_visible()
+    status = page.evaluate("fetch('/api/v1/swarm').then(r => r.status)")
+    assert status == 401
+
+
+def test_three_stage_swarm_renders(
+    tmp_path_factory: pytest.TempPathFactory, browser_page: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three workers, --min-stages 3: three coloured segments meet end to end over all layers."""
+    from app.identity import join_swarm
+
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    root = tmp_path_factory.mktemp("three-stages")
+    model = write_tiny_model(root / "tiny-llama.gguf", n_layer=N_LAYER)
+    with CoordinatorProcess.start(root / "data", model, password=PASSWORD, min_stages=3) as coord:
+        code = coord.admin.create_invite("worker", uses=3)["code"]
+        nodes = [join_swarm(code, root / f"node{i}") for i in range(3)]
+        for i, identity in enumerate(nodes):
+            stats = {"compute_ms": 4.0 + 3 * i, "steps": 10} if i != 1 else {}
+            _node_heartbeat(identity, tokens=10 * (i + 1), stats=stats)
+
+        page = browser_page
+        tid = page.get_by_test_id
+        page.goto(coord.url)
+        tid("login-password").fill(PASSWORD)
+        tid("login-submit").click()
+
+        segments = tid("coverage-segment")
+        expect(segments).to_have_count(3)
+        expect(tid("coverage-gap")).to_have_count(0)
+        expect(tid("stat-stages")).to_have_text("3")
+        bounds = [
+            (int(s.get_attribute("data-start") or -1), int(s.get_attribute("data-stop") or -1))
+            for s in segments.all()
+        ]
+        assert bounds[0][0] == 0 and bounds[-1][1] == N_LAYER
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+        holders = {s.get_attribute("data-node-id") for s in segments.all()}
+        assert holders == {n.node_id for n in nodes}
+        expect(tid("stage-timing")).to_have_count(3)
+        expect(tid("stage-ms").filter(has_text="no data")).to_have_count(1)
+        expect(tid("node-health").filter(has_text="healthy")).to_have_count(3)
+
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "operator-page-3-stages.png"), full_page=True)

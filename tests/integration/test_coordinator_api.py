@@ -1,0 +1,216 @@
+"""The coordinator's HTTP API, in process (FastAPI TestClient), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from fastapi.testclient import TestClient
+
+from coordinator import invites as inv
+from coordinator.api import ADMIN_TOKEN, create_app
+from coordinator.service import Coordinator, HostedModel, Settings, hash_token
+from coordinator.store import Invite, Store, migrate
+from core.gguf_slices import slice_model
+from net import auth
+from tests.support.postgres import postgres_bin, temporary_postgres
+
+pytestmark = pytest.mark.integration
+
+ADMIN = "admin-token-for-tests"
+
+
+@pytest.fixture(scope="module")
+def pieces(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    out = tmp_path_factory.mktemp("pieces")
+    return out, slice_model(tiny_llama, out)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'c.db'}"
+        return
+    if postgres_bin() is None:  # .ci/run installs it; only a bare dev machine lacks it
+        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql)")
+    with temporary_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+def coord(db_url: str, pieces: tuple[Path, object]) -> Iterator[Coordinator]:
+    migrate(db_url)
+    store = Store(db_url)
+    ca = auth.create_ca("test-swarm")
+    directory, manifest = pieces
+    c = Coordinator(
+        store,
+        ca,
+        "https://127.0.0.1:8443",
+        HostedModel("tiny", directory, manifest),  # type: ignore[arg-type]
+        Settings(min_stages=2, stale_after_s=30, dead_after_s=60),
+    )
+    c.set_admin_password("operator-pw")
+    store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
+    yield c
+    store.close()
+
+
+@pytest.fixture
+def http(coord: Coordinator) -> TestClient:
+    return TestClient(create_app(coord), base_url="https://testserver")
+
+
+def _admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN}"}
+
+
+def _invite(http: TestClient, role: str = "worker", uses: int = 1) -> str:
+    r = http.post(
+        "/api/v1/invites", json={"role": role, "uses": uses, "expires": "1d"}, headers=_admin()
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["code"])
+
+
+def _csr() -> str:
+    key = auth.new_private_key()
+    return auth.make_csr(key, "me").public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _join(http: TestClient, code: str) -> dict[str, str]:
+    secret = inv.InviteCode.decode(code).secret
+    r = http.post("/api/v1/join", json={"secret": secret, "csr_pem": _csr()})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _node_headers(joined: dict[str, str]) -> dict[str, str]:
+    return {"X-Sangama-Node": joined["node_id"], "Authorization": f"Bearer {joined['token']}"}
+
+
+def test_invite_join_heartbeat_placement_route_and_pieces(
+    http: TestClient, coord: Coordinator
+) -> None:
+    code = _invite(http, uses=2)
+    parsed = inv.InviteCode.decode(code)
+    assert parsed.ca_fingerprint == coord.ca_fingerprint
+    a, b = _join(http, code), _join(http, code)
+    cert = auth.load_certificate(a["certificate_pem"].encode())
+    ident = auth.verify_node_certificate(cert, coord.ca.certificate, expected_node_id=a["node_id"])
+    assert ident.role == "worker"
+
+    # One worker is not enough for min_stages=2: no assignment yet.
+    r = http.post(
+        f"/api/v1/nodes/{a['node_id']}/heartbeat",
+        headers=_node_headers(a),
+        json={"address": "127.0.0.1:7001", "capacity_bytes": 8 << 30},
+    )
+    assert r.status_code == 200 and r.json()["assignment"] is None
+    r = http.post(
+        f"/api/v1/nodes/{b['node_id']}/heartbeat",
+        headers=_node_headers(b),
+        json={"address": "127.0.0.1:7002", "capacity_bytes": 8 << 30},
+    )
+    got_b = r.json()["assignment"]
+    got_a = http.get(f"/api/v1/nodes/{a['node_id']}/assignment", headers=_node_headers(a)).json()
+    layers = sorted([tuple(got_a["layers"]), tuple(got_b["layers"])])
+    assert layers[0][0] == 0 and layers[-1][1] == 8 and layers[0][1] == layers[1][0]
+    first = got_a if got_a["layers"][0] == 0 else got_b
+    assert first["next_hop"] is not None
+
+    client = _join(http, _invite(http, role="client"))
+    route = http.get("/api/v1/route", headers=_node_headers(client)).json()
+    assert [tuple(s["layers"]) for s in route["stages"]] == layers
+
+    manifest = http.get(first["manifest_url"], headers=_node_headers(client))
+    assert manifest.status_code == 200 and manifest.json()["facts"]["n_layer"] == 8
+    piece = http.get(
+        f"{first['pieces_url']}/blk.003.gguf", headers={**_node_headers(a), "Range": "bytes=0-9"}
+    )
+    assert piece.status_code == 206 and len(piece.content) == 10
+    assert (
+        http.get(f"{first['pieces_url']}/../manifest.json", headers=_node_headers(a)).status_code
+        == 404
+    )
+    assert http.get(f"{first['pieces_url']}/blk.003.gguf").status_code == 401
+
+    metrics = http.get("/metrics").text
+    assert 'sangama_nodes{health="healthy",role="worker"} 2' in metrics
+    assert "sangama_plan_stages 2" in metrics
+
+
+def test_each_bad_invite_gets_its_own_clear_message(http: TestClient, coord: Coordinator) -> None:
+    def join_with(secret: str) -> tuple[int, str]:
+        r = http.post("/api/v1/join", json={"secret": secret, "csr_pem": _csr()})
+        return r.status_code, str(r.json().get("detail", ""))
+
+    assert join_with("forged-secret") == (403, join_with("forged-secret")[1])
+    assert "not known" in join_with("forged-secret")[1]
+
+    used = inv.InviteCode.decode(_invite(http)).secret
+    assert join_with(used)[0] == 200
+    status, msg = join_with(used)
+    assert status == 403 and "already been used" in msg
+
+    revoked_code = _invite(http)
+    invite_id = max(i.id for i in coord.list_invites())
+    assert http.delete(f"/api/v1/invites/{invite_id}", headers=_admin()).status_code == 200
+    status, msg = join_with(inv.InviteCode.decode(revoked_code).secret)
+    assert status == 403 and "revoked" in msg
+
+    expired = inv.InviteCode.decode(_invite(http)).secret
+    with coord.store.session() as s:
+        row = s.query(Invite).filter(Invite.secret_hash == inv.hash_secret(expired)).one()
+        row.expires_at = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    status, msg = join_with(expired)
+    assert status == 403 and "expired" in msg
+
+
+def test_operator_endpoints_need_credentials(http: TestClient) -> None:
+    assert http.get("/api/v1/swarm").status_code == 401
+    assert http.post("/api/v1/invites", json={"role": "worker"}).status_code == 401
+    assert http.post("/api/v1/login", json={"password": "wrong"}).status_code == 401
+    assert http.post("/api/v1/login", json={"password": "operator-pw"}).status_code == 200
+    assert http.get("/api/v1/swarm").status_code == 200  # the session cookie now works
+
+
+def test_a_revoked_node_is_locked_out_and_published(http: TestClient) -> None:
+    a = _join(http, _invite(http))
+    serial = str(auth.load_certificate(a["certificate_pem"].encode()).serial_number)
+    assert http.post(f"/api/v1/nodes/{a['node_id']}/revoke", headers=_admin()).status_code == 200
+    r = http.post(f"/api/v1/nodes/{a['node_id']}/heartbeat", headers=_node_headers(a), json={})
+    assert r.status_code == 401 and "revoked" in r.json()["detail"]
+    b = _join(http, _invite(http))
+    assert serial in http.get("/api/v1/revoked", headers=_node_headers(b)).json()
+
+
+def test_bad_input_gets_4xx_with_a_message(http: TestClient) -> None:
+    big = "x" * (2 << 20)
+    r = http.post("/api/v1/join", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "larger" in r.json()["detail"]
+    r = http.post(
+        "/api/v1/join", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    r = http.post("/api/v1/join", json={"secret": "x", "csr_pem": "not a csr"})
+    assert r.status_code in (400, 403) and r.json()["detail"]
+    r = http.post("/api/v1/invites", json={"role": "admin", "uses": 0}, headers=_admin())
+    assert r.status_code == 422
+
+
+def test_schema_matches_the_migrations(db_url: str) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from coordinator.store import Base, make_engine
+
+    migrate(db_url)
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    engine.dispose()
+    assert diff == []
