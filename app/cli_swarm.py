@@ -25,6 +25,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "--min-stages", type=int, default=1, help="spread the model over at least N workers"
     )
     p.add_argument("--spares", type=int, default=0, help="healthy workers kept out of the chain")
+    p.add_argument("--stale-after", type=float, default=15.0, help="seconds of silence: stale")
+    p.add_argument(
+        "--dead-after", type=float, default=45.0, help="seconds of silence: replaced in the plan"
+    )
 
     p = sub.add_parser("invite", help="create, list or revoke invitations")
     isub = p.add_subparsers(dest="invite_command", required=True)
@@ -64,7 +68,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         model=args.model,
         public_url=args.public_url,
         admin_password=args.admin_password,
-        settings=Settings(min_stages=args.min_stages, spares=args.spares),
+        settings=Settings(
+            min_stages=args.min_stages,
+            spares=args.spares,
+            stale_after_s=args.stale_after,
+            dead_after_s=args.dead_after,
+        ),
     )
     return serve(options)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 from app.config import Hop, Route, WorkerConfig, format_address, parse_address
 from app.identity import Identity, default_identity_dir, join_swarm
 from app.serve import report_stopped, start_worker, stop_event
+from app.worker import StageWorker
 from coordinator.client import CoordinatorClient
 from coordinator.downloads import DownloadProgress, download_pieces, format_progress
 from coordinator.errors import CoordinatorError
@@ -66,6 +68,31 @@ def _print_progress() -> Callable[[DownloadProgress], None]:
             print(format_progress(p), file=sys.stderr, flush=True)
 
     return show
+
+
+RENEW_WHEN_LEFT = dt.timedelta(hours=8)
+
+
+async def _renew_if_due(
+    identity: Identity, client: CoordinatorClient, worker: StageWorker
+) -> Identity:
+    """Renew the node certificate by itself when a third of its life is left."""
+    left = identity.certified.certificate.not_valid_after_utc - dt.datetime.now(dt.UTC)
+    if left > RENEW_WHEN_LEFT:
+        return identity
+    loop = asyncio.get_running_loop()
+    try:
+        pem = await loop.run_in_executor(None, client.renew, identity.certified.private_key)
+    except CoordinatorError as exc:
+        log.warning("certificate renewal failed (will retry): %s", exc)
+        return identity
+    renewed = identity.save_certificate(pem)
+    worker.update_credentials(renewed.credentials())
+    log.info(
+        "renewed the node certificate, valid until %s",
+        renewed.certified.certificate.not_valid_after_utc,
+    )
+    return renewed
 
 
 def _beat(client: CoordinatorClient, report: dict[str, Any]) -> dict[str, Any]:
@@ -181,8 +208,10 @@ async def run(options: CoordinatedOptions) -> int:
                 except TimeoutError:
                     pass
                 stats = worker.stats
+                identity = await _renew_if_due(identity, client, worker)
                 beat_report = {
                     **report,
+                    "rtt_ms": await worker.next_hop_rtt(),
                     "tokens": stats.tokens - last_tokens,
                     "compute_ms": stats.last_compute_ms,
                     "stats": {

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
+import time
 from collections.abc import Callable
 
 from app.config import Hop
@@ -39,6 +41,7 @@ class Downstream:
         self._channel: Channel | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._backlog: list[wire.Frame] = []
+        self._pings: dict[int, asyncio.Future[float]] = {}
 
     @property
     def connected(self) -> bool:
@@ -62,12 +65,39 @@ class Downstream:
             log.warning("next hop %s unreachable: %s", self.hop.node_id, exc)
             self._on_lost(f"next stage {self.hop.node_id} unreachable: {exc}")
             return
-        channel.on_frame = self._on_frame
+        channel.on_frame = self._frame
         channel.on_close = lambda _ch, reason: self._lost(channel, reason)
         self._channel = channel
         backlog, self._backlog = self._backlog, []
         for frame in backlog:
             channel.send(frame)
+
+    def _frame(self, channel: Channel, frame: wire.Frame) -> None:
+        if isinstance(frame, wire.Pong):
+            waiter = self._pings.pop(frame.nonce, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(time.perf_counter())
+            return
+        self._on_frame(channel, frame)
+
+    async def measure_rtt(self, timeout: float = 2.0) -> float | None:
+        """Round trip to the next hop in ms (PING/PONG through the whole stack), if connected."""
+        if not self.connected or self._channel is None:
+            return None
+        nonce = secrets.randbits(63)
+        waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._pings[nonce] = waiter
+        sent = time.perf_counter()
+        self._channel.send(wire.Ping(nonce))
+        try:
+            return (await asyncio.wait_for(waiter, timeout) - sent) * 1e3
+        except TimeoutError:
+            return None
+        finally:
+            self._pings.pop(nonce, None)
+
+    def update_credentials(self, creds: NodeCredentials) -> None:
+        self._creds = creds  # used from the next connection on
 
     def _lost(self, channel: Channel, reason: str) -> None:
         if self._channel is channel:

@@ -49,8 +49,10 @@ async def _drain(stream: asyncio.StreamReader, log_path: Path) -> None:
             f.flush()
 
 
-async def spawn_sangama(name: str, args: list[str], log_path: Path, timeout: float) -> Child:
-    """Run `sangama ARGS...` and return once it prints its READY line."""
+async def spawn_sangama(
+    name: str, args: list[str], log_path: Path, timeout: float, wait_ready: bool = True
+) -> Child:
+    """Run `sangama ARGS...` and return once it prints its READY line (or at once)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -63,6 +65,8 @@ async def spawn_sangama(name: str, args: list[str], log_path: Path, timeout: flo
     assert proc.stdout is not None and proc.stderr is not None
     child = Child(name, proc, log_path)
     child.stderr_task = asyncio.get_running_loop().create_task(_drain(proc.stderr, log_path))
+    if not wait_ready:
+        return child
     try:
         while True:
             line = await asyncio.wait_for(proc.stdout.readline(), timeout)

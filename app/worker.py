@@ -99,6 +99,20 @@ class StageWorker:
         self._engine_task = asyncio.get_running_loop().create_task(self._engine_loop())
         return self.address
 
+    async def next_hop_rtt(self) -> dict[str, float]:
+        """Measured round trip to the next stage, for the coordinator's placement."""
+        if self._downstream is None:
+            return {}
+        ms = await self._downstream.measure_rtt()
+        return {} if ms is None else {self._downstream.hop.node_id: ms}
+
+    def update_credentials(self, creds: NodeCredentials) -> None:
+        """Serve and dial with a renewed certificate from now on."""
+        self.creds = creds
+        self._server.update_credentials(creds)
+        if self._downstream is not None:
+            self._downstream.update_credentials(creds)
+
     def set_revoked(self, serials: frozenset[int]) -> None:
         """Refuse nodes the coordinator has revoked, from their next connection on."""
         self._server.revoked_serials = serials

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import datetime as dt
 import hmac
+import math
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import Path as PathParam
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+from pydantic_core import to_json
 
 from coordinator import invites as inv
 from coordinator.metrics import render_metrics
@@ -27,6 +32,7 @@ from coordinator.service import (
     NotFound,
     hash_token,
 )
+from coordinator.store import as_utc
 
 MAX_BODY_BYTES = 1 << 20
 SESSION_COOKIE = "sangama_session"
@@ -36,12 +42,39 @@ ADMIN_TOKEN = "admin_token_hash"
 # ---------------------------------------------------------------- request/response shapes
 
 
+def _storable(value: Any) -> Any:
+    """Refuse what a database column cannot hold: NUL in text (PostgreSQL), NaN or
+    infinity in JSON or float columns. Walks nested dicts and lists without recursion."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str) and "\x00" in v:
+            raise ValueError("text must not contain NUL characters")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("numbers must be finite (no NaN or Infinity)")
+        if isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list | tuple):
+            todo.extend(v)
+    return value
+
+
+class _In(BaseModel):
+    """A request body: every field must be storable (see `_storable`); else 422."""
+
+    @field_validator("*")
+    @classmethod
+    def _storable_fields(cls, value: Any) -> Any:
+        return _storable(value)
+
+
 class CaOut(BaseModel):
     certificate_pem: str
     fingerprint: str
 
 
-class InviteIn(BaseModel):
+class InviteIn(_In):
     role: str = Field(pattern="^(worker|client)$")
     uses: int = Field(default=1, ge=1, le=10_000)
     expires: str = Field(
@@ -61,7 +94,7 @@ class InviteOut(BaseModel):
     code: str | None = None
 
 
-class JoinIn(BaseModel):
+class JoinIn(_In):
     secret: str = Field(min_length=1, max_length=200)
     csr_pem: str = Field(min_length=1, max_length=8000)
 
@@ -75,11 +108,11 @@ class JoinOut(BaseModel):
     expires_at: dt.datetime
 
 
-class RenewIn(BaseModel):
+class RenewIn(_In):
     csr_pem: str = Field(min_length=1, max_length=8000)
 
 
-class HeartbeatIn(BaseModel):
+class HeartbeatIn(_In):
     address: str = Field(default="", max_length=200)
     capacity_bytes: int = Field(default=0, ge=0, le=1 << 50)
     vram_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
@@ -143,8 +176,26 @@ class SwarmOut(BaseModel):
     throughput: list[tuple[str, int]]
 
 
-class LoginIn(BaseModel):
+class LoginIn(_In):
     password: str = Field(min_length=1, max_length=200)
+
+
+class ErrorOut(BaseModel):
+    detail: str
+
+
+_WHY = {
+    400: "A body that cannot be parsed, or a request that cannot be done (a bad value)",
+    401: "Missing or wrong credentials",
+    403: "Not allowed (an unusable invite, another node's resource)",
+    404: "No such thing",
+    413: f"Request body larger than {MAX_BODY_BYTES} bytes",
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route documents: each a JSON object with a `detail` message."""
+    return {code: {"model": ErrorOut, "description": _WHY[code]} for code in codes}
 
 
 # ---------------------------------------------------------------- who is asking
@@ -175,6 +226,9 @@ def _node(
 
 Admin = Annotated[None, Depends(_admin)]
 NodeId = Annotated[str, Depends(_node)]
+InviteId = Annotated[int, PathParam(ge=1, le=2**31 - 1)]  # an INTEGER key fits 32 bits (PostgreSQL)
+NodePath = Annotated[str, PathParam(pattern=r"^[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?$")]
+"""A node id as net.auth issues them (and so, no NUL for PostgreSQL to choke on)."""
 
 
 # ---------------------------------------------------------------- the app
@@ -198,6 +252,12 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             return JSONResponse({"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}, 413)
         return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_r: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes the input, and a NaN there would break the answer.
+        body = to_json({"detail": jsonable_encoder(exc.errors())}, inf_nan_mode="null")
+        return Response(body, 422, media_type="application/json")
 
     @app.exception_handler(inv.InviteError)
     async def invite_error(_r: Request, exc: inv.InviteError) -> JSONResponse:
@@ -224,7 +284,9 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     def ca() -> CaOut:
         return CaOut(certificate_pem=coord.ca_pem, fingerprint=coord.ca_fingerprint)
 
-    @app.post("/api/v1/join", response_model=JoinOut, tags=["public"])
+    @app.post(
+        "/api/v1/join", response_model=JoinOut, tags=["public"], responses=_errors(400, 403, 413)
+    )
     def join(body: JoinIn) -> JoinOut:
         r = coord.join(body.secret, body.csr_pem)
         return JoinOut(**r.__dict__)
@@ -238,8 +300,13 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return render_metrics(coord)
 
     # -- nodes
-    @app.post("/api/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatOut, tags=["nodes"])
-    def heartbeat(node_id: str, body: HeartbeatIn, who: NodeId) -> HeartbeatOut:
+    @app.post(
+        "/api/v1/nodes/{node_id}/heartbeat",
+        response_model=HeartbeatOut,
+        tags=["nodes"],
+        responses=_errors(400, 401, 403, 413),
+    )
+    def heartbeat(node_id: NodePath, body: HeartbeatIn, who: NodeId) -> HeartbeatOut:
         if node_id != who:
             raise HTTPException(403, "a node may only report for itself")
         view = coord.heartbeat(who, Heartbeat(**body.model_dump()))
@@ -248,37 +315,45 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         )
 
     @app.get(
-        "/api/v1/nodes/{node_id}/assignment", response_model=AssignmentOut | None, tags=["nodes"]
+        "/api/v1/nodes/{node_id}/assignment",
+        response_model=AssignmentOut | None,
+        tags=["nodes"],
+        responses=_errors(401, 403),
     )
-    def assignment(node_id: str, who: NodeId) -> AssignmentOut | None:
+    def assignment(node_id: NodePath, who: NodeId) -> AssignmentOut | None:
         if node_id != who:
             raise HTTPException(403, "a node may only ask for its own assignment")
         return _assignment_out(coord, coord.assignment(who))
 
-    @app.post("/api/v1/nodes/{node_id}/renew", response_model=JoinOut, tags=["nodes"])
-    def renew(node_id: str, body: RenewIn, authorization: Annotated[str, Header()]) -> JoinOut:
+    @app.post(
+        "/api/v1/nodes/{node_id}/renew",
+        response_model=JoinOut,
+        tags=["nodes"],
+        responses=_errors(400, 401, 413),
+    )
+    def renew(node_id: NodePath, body: RenewIn, authorization: Annotated[str, Header()]) -> JoinOut:
         if not authorization.startswith("Bearer "):
             raise HTTPException(401, "node token required")
         r = coord.renew(node_id, authorization[7:], body.csr_pem)
         return JoinOut(**r.__dict__)
 
-    @app.get("/api/v1/revoked", response_model=list[str], tags=["nodes"])
+    @app.get("/api/v1/revoked", response_model=list[str], tags=["nodes"], responses=_errors(401))
     def revoked(_who: NodeId) -> list[str]:
         return coord.revoked_serials()
 
-    @app.get("/api/v1/route", response_model=RouteOut, tags=["nodes"])
+    @app.get("/api/v1/route", response_model=RouteOut, tags=["nodes"], responses=_errors(401, 404))
     def route(_who: NodeId, model: str = "default") -> RouteOut:
         stages = [
             RouteStageOut(node_id=n, address=a, layers=lay) for n, a, lay in coord.route(model)
         ]
         return RouteOut(model=coord.model.name, stages=stages)
 
-    @app.get("/api/v1/models/{name}/manifest", tags=["nodes"])
+    @app.get("/api/v1/models/{name}/manifest", tags=["nodes"], responses=_errors(401, 404))
     def manifest(name: str, _who: NodeId) -> Response:
         _check_model(coord, name)
         return Response(coord.model.manifest.to_json(), media_type="application/json")
 
-    @app.get("/api/v1/models/{name}/pieces/{file}", tags=["nodes"])
+    @app.get("/api/v1/models/{name}/pieces/{file}", tags=["nodes"], responses=_errors(401, 404))
     def piece(name: str, file: str, _who: NodeId) -> FileResponse:
         _check_model(coord, name)
         known = {p.file for p in coord.model.manifest.pieces}
@@ -287,7 +362,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return FileResponse(coord.model.directory / file, media_type="application/octet-stream")
 
     # -- operator
-    @app.post("/api/v1/login", tags=["operator"])
+    @app.post("/api/v1/login", tags=["operator"], responses=_errors(400, 401, 413))
     def login(body: LoginIn, response: Response) -> dict[str, str]:
         if not coord.check_admin_password(body.password):
             raise HTTPException(401, "wrong operator password")
@@ -302,7 +377,12 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         response.delete_cookie(SESSION_COOKIE)
         return {"status": "logged out"}
 
-    @app.post("/api/v1/invites", response_model=InviteOut, tags=["operator"])
+    @app.post(
+        "/api/v1/invites",
+        response_model=InviteOut,
+        tags=["operator"],
+        responses=_errors(400, 401, 413),
+    )
     def create_invite(body: InviteIn, _a: Admin) -> InviteOut:
         invite_id, code = coord.create_invite(
             body.role, body.uses, inv.parse_duration(body.expires), body.note
@@ -310,21 +390,26 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         row = next(i for i in coord.list_invites() if i.id == invite_id)
         return _invite_out(row, code)
 
-    @app.get("/api/v1/invites", response_model=list[InviteOut], tags=["operator"])
+    @app.get(
+        "/api/v1/invites",
+        response_model=list[InviteOut],
+        tags=["operator"],
+        responses=_errors(401),
+    )
     def list_invites(_a: Admin) -> list[InviteOut]:
         return [_invite_out(i) for i in coord.list_invites()]
 
-    @app.delete("/api/v1/invites/{invite_id}", tags=["operator"])
-    def revoke_invite(invite_id: int, _a: Admin) -> dict[str, str]:
+    @app.delete("/api/v1/invites/{invite_id}", tags=["operator"], responses=_errors(401, 404))
+    def revoke_invite(invite_id: InviteId, _a: Admin) -> dict[str, str]:
         coord.revoke_invite(invite_id)
         return {"status": "revoked"}
 
-    @app.post("/api/v1/nodes/{node_id}/revoke", tags=["operator"])
-    def revoke_node(node_id: str, _a: Admin) -> dict[str, str]:
+    @app.post("/api/v1/nodes/{node_id}/revoke", tags=["operator"], responses=_errors(401, 404))
+    def revoke_node(node_id: NodePath, _a: Admin) -> dict[str, str]:
         coord.revoke_node(node_id)
         return {"status": "revoked"}
 
-    @app.get("/api/v1/swarm", response_model=SwarmOut, tags=["operator"])
+    @app.get("/api/v1/swarm", response_model=SwarmOut, tags=["operator"], responses=_errors(401))
     def swarm(_a: Admin) -> SwarmOut:
         return _swarm_out(coord)
 
@@ -364,7 +449,7 @@ def _invite_out(row: Any, code: str | None = None) -> InviteOut:
         role=row.role,
         uses_left=row.uses_left,
         max_uses=row.max_uses,
-        expires_at=row.expires_at,
+        expires_at=as_utc(row.expires_at),
         revoked=row.revoked,
         note=row.note,
         code=code,
@@ -388,7 +473,7 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
                 stats=n.stats,
                 path=n.path,
                 layers=None if stage is None else (stage.layers.start, stage.layers.stop),
-                last_seen=n.last_seen,
+                last_seen=None if n.last_seen is None else as_utc(n.last_seen),
             )
         )
     addresses = {n.node_id: n.address for n in nodes}

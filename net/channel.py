@@ -207,6 +207,12 @@ class ChannelServer:
     async def listen(self, host: str, port: int) -> Addr:
         return await self._server.listen(host, port)
 
+    def update_credentials(self, creds: NodeCredentials) -> None:
+        """A renewed certificate: new connections are served and checked with it."""
+        self._creds = creds
+        self._check = proof_checker(creds, lambda: self.revoked_serials)
+        self._server.update_identity(creds.tls())
+
     def _check_role(self, data: bytes, nonce: bytes) -> PeerIdentity:
         peer = self._check(data, nonce)
         if peer.role not in self._allowed_roles:

@@ -463,6 +463,11 @@ class QuicServer:
         self._links: dict[Addr, QuicLink] = {}
         self._path: UdpPath | None = None
 
+    def update_identity(self, identity: TlsIdentity) -> None:
+        """Use a renewed certificate for new connections; open ones keep theirs."""
+        self._identity = identity
+        self._config = self._backend.configuration(identity, False, self._tuning, None)
+
     async def listen(self, host: str, port: int) -> Addr:
         self._path = await UdpPath.bind(host, port, self._datagram_received)
         return self._path.local_address
