@@ -6,21 +6,23 @@ static files come from coordinator/web.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hmac
 import math
 import secrets
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field, field_validator
 from pydantic_core import to_json
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator import invites as inv
 from coordinator.metrics import render_metrics
@@ -35,6 +37,7 @@ from coordinator.service import (
 from coordinator.store import as_utc
 
 MAX_BODY_BYTES = 1 << 20
+_TOO_BIG = f"request body larger than {MAX_BODY_BYTES} bytes"
 SESSION_COOKIE = "sangama_session"
 ADMIN_TOKEN = "admin_token_hash"
 
@@ -118,9 +121,10 @@ class HeartbeatIn(_In):
     vram_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
     hardware: dict[str, Any] = Field(default_factory=dict)
     rtt_ms: dict[str, float] = Field(default_factory=dict)
-    tokens: int = Field(default=0, ge=0, le=1 << 40)
+    tokens: int = Field(default=0, ge=0, le=2**31 - 1)  # samples.tokens is 32-bit
     compute_ms: float = Field(default=0.0, ge=0.0, le=1e9)
     stats: dict[str, Any] = Field(default_factory=dict)
+    path: str = Field(default="direct", pattern="^(direct|punched|relayed)$")
 
 
 class NextHopOut(BaseModel):
@@ -174,6 +178,19 @@ class SwarmOut(BaseModel):
     spares: list[str]
     plan_error: str | None
     throughput: list[tuple[str, int]]
+
+
+class SignalIn(_In):
+    kind: str = Field(pattern="^(offer|answer)$")
+    link: str = Field(min_length=1, max_length=64, description="id both ends use for this link")
+    payload: dict[str, Any] = Field(description="ICE ufrag, pwd and candidates")
+
+
+class SignalOut(BaseModel):
+    sender: str
+    kind: str
+    link: str
+    payload: dict[str, Any]
 
 
 class LoginIn(_In):
@@ -234,6 +251,32 @@ NodePath = Annotated[str, PathParam(pattern=r"^[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-
 # ---------------------------------------------------------------- the app
 
 
+class _LimitBody:
+    """413 for a body over MAX_BODY_BYTES: announced (Content-Length) or streamed (chunked)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = Headers(scope=scope).get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            too_big = JSONResponse({"detail": _TOO_BIG}, 413)
+            return await too_big(scope, receive, send)
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY_BYTES:  # raised where the route reads its body: a 413 answer
+                raise HTTPException(413, _TOO_BIG)
+            return message
+
+        await self.app(scope, counted, send)
+
+
 def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     app = FastAPI(
         title="Sangama coordinator",
@@ -244,14 +287,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     app.state.coord = coord
     app.state.sessions = sessions
 
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse({"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}, 413)
-        return await call_next(request)
+    app.add_middleware(_LimitBody)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_r: Request, exc: RequestValidationError) -> Response:
@@ -336,6 +372,26 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
             raise HTTPException(401, "node token required")
         r = coord.renew(node_id, authorization[7:], body.csr_pem)
         return JoinOut(**r.__dict__)
+
+    @app.post("/api/v1/signal/{peer_id}", tags=["nodes"], responses=_errors(400, 401, 404, 413))
+    def signal(peer_id: NodePath, body: SignalIn, who: NodeId) -> dict[str, str]:
+        coord.post_signal(who, peer_id, body.model_dump())
+        return {"status": "queued"}
+
+    @app.get(
+        "/api/v1/signal", response_model=list[SignalOut], tags=["nodes"], responses=_errors(401)
+    )
+    async def signals(
+        who: NodeId, wait: float = Query(default=0.0, ge=0.0, le=25.0)
+    ) -> list[SignalOut]:
+        """Messages for this node; waits up to `wait` seconds for the first (long poll)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            taken = coord.take_signals(who)
+            if taken or loop.time() >= deadline:
+                return [SignalOut(sender=m.pop("from"), **m) for m in taken]
+            await asyncio.sleep(0.1)
 
     @app.get("/api/v1/revoked", response_model=list[str], tags=["nodes"], responses=_errors(401))
     def revoked(_who: NodeId) -> list[str]:

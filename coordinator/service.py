@@ -27,6 +27,7 @@ from net import auth
 log = logging.getLogger(__name__)
 
 NODE_CERT_HOURS = 24
+MAX_PENDING_SIGNALS = 64
 ADMIN_PASSWORD = "admin_password_hash"
 CA_CERT = "ca_certificate_pem"
 
@@ -125,6 +126,8 @@ class Heartbeat:
     tokens: int = 0
     compute_ms: float = 0.0
     stats: dict[str, Any] = field(default_factory=dict)
+    path: str = "direct"
+    """How this node reaches its next hop: direct, punched or relayed."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,7 @@ class Coordinator:
         self._plan: Plan | None = None
         self._plan_error: str | None = None
         self._plan_inputs: tuple[Any, ...] = ()
+        self._signals: dict[str, list[dict[str, Any]]] = {}
         store.set_setting(CA_CERT, self.ca_pem)
 
     # ------------------------------------------------------------ invites
@@ -301,6 +305,7 @@ class Coordinator:
             node.vram_cap_bytes = max(0, beat.vram_cap_bytes)
             node.hardware = beat.hardware
             node.stats = beat.stats
+            node.path = beat.path[:32]
             node.last_seen = now
             s.execute(delete(Rtt).where(Rtt.src == node_id))
             for peer, ms in list(beat.rtt_ms.items())[:256]:
@@ -402,6 +407,24 @@ class Coordinator:
             (st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
             for st in current.stages
         ]
+
+    # ------------------------------------------------------------ signalling
+
+    def post_signal(self, src: str, dst: str, message: dict[str, Any]) -> None:
+        """Carry an ICE offer/answer from one joined node to another (WebRTC-style)."""
+        with self.store.session() as s:
+            peer = s.get(Node, dst)
+            if peer is None or peer.revoked:
+                raise NotFound(f"no node {dst!r} to signal")
+        with self._lock:
+            box = self._signals.setdefault(dst, [])
+            if len(box) >= MAX_PENDING_SIGNALS:
+                raise ValueError(f"{dst} has too many unread signals")
+            box.append({"from": src, **message})
+
+    def take_signals(self, node_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return self._signals.pop(node_id, [])
 
     # ------------------------------------------------------------ operator
 

@@ -214,3 +214,40 @@ def test_schema_matches_the_migrations(db_url: str) -> None:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def test_signalling_carries_ice_offers_between_joined_nodes(http: TestClient) -> None:
+    a, b = _join(http, _invite(http)), _join(http, _invite(http))
+    offer = {
+        "kind": "offer",
+        "link": "a-b",
+        "payload": {"ufrag": "u", "pwd": "p", "candidates": ["c1"]},
+    }
+    r = http.post(f"/api/v1/signal/{b['node_id']}", json=offer, headers=_node_headers(a))
+    assert r.status_code == 200, r.text
+    got = http.get("/api/v1/signal", headers=_node_headers(b)).json()
+    assert got == [{"sender": a["node_id"], **offer}]
+    assert http.get("/api/v1/signal", params={"wait": 0.2}, headers=_node_headers(b)).json() == []
+    assert (
+        http.post("/api/v1/signal/nobody", json=offer, headers=_node_headers(a)).status_code == 404
+    )
+    assert http.post(f"/api/v1/signal/{b['node_id']}", json=offer).status_code == 401
+
+
+def test_heartbeat_reports_the_path_type(http: TestClient, coord: Coordinator) -> None:
+    a = _join(http, _invite(http))
+    body = {"address": "127.0.0.1:7001", "capacity_bytes": 1 << 30, "path": "relayed"}
+    assert (
+        http.post(
+            f"/api/v1/nodes/{a['node_id']}/heartbeat", headers=_node_headers(a), json=body
+        ).status_code
+        == 200
+    )
+    assert {n.node_id: n.path for n in coord.nodes()}[a["node_id"]] == "relayed"
+    body["path"] = "teleported"
+    assert (
+        http.post(
+            f"/api/v1/nodes/{a['node_id']}/heartbeat", headers=_node_headers(a), json=body
+        ).status_code
+        == 422
+    )
