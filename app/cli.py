@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vram-cap", default="0", help="memory to offer, e.g. 12G (default: all free)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quic", choices=["aioquic", "qh3"], default="aioquic")
+    p.add_argument("--relay-only", action="store_true", help="reach peers only via the relay")
 
     p = sub.add_parser("chat", help="ask the swarm; stream the answer")
     p.add_argument("--prompt", required=True)
@@ -262,6 +263,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             vram_cap_bytes=parse_bytes(args.vram_cap),
             threads=args.threads,
             quic_library=args.quic,
+            relay_only=args.relay_only,
         )
     )
 

@@ -25,6 +25,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "--min-stages", type=int, default=1, help="spread the model over at least N workers"
     )
     p.add_argument("--spares", type=int, default=0, help="healthy workers kept out of the chain")
+    p.add_argument("--turn", default=None, help="the swarm relay's HOST:PORT (sangama relay)")
+    p.add_argument("--turn-secret-file", type=Path, default=None, help="the relay's shared secret")
     p.add_argument("--stale-after", type=float, default=15.0, help="seconds of silence: stale")
     p.add_argument(
         "--dead-after", type=float, default=45.0, help="seconds of silence: replaced in the plan"
@@ -44,10 +46,26 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     q.add_argument("id", type=int)
     _db_args(q)
 
+    p = sub.add_parser("relay", help="run the swarm's TURN/STUN relay (configures coturn)")
+    from app.relay import add_relay_arguments
+
+    add_relay_arguments(p)
+
     p = sub.add_parser("join", help="join a swarm with an invite code")
     p.add_argument("code")
     p.add_argument("--identity", type=Path, default=None, help="where to keep this node's identity")
-    return {"coordinator": cmd_coordinator, "invite": cmd_invite, "join": cmd_join}
+    return {
+        "coordinator": cmd_coordinator,
+        "invite": cmd_invite,
+        "join": cmd_join,
+        "relay": cmd_relay,
+    }
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    from app.relay import run_relay_cli
+
+    return run_relay_cli(args)
 
 
 def _db_args(q: argparse.ArgumentParser) -> None:
@@ -57,6 +75,7 @@ def _db_args(q: argparse.ArgumentParser) -> None:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
+    from app.config import parse_address
     from coordinator.server import CoordinatorOptions, default_data_dir, serve
     from coordinator.service import Settings
 
@@ -73,6 +92,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             spares=args.spares,
             stale_after_s=args.stale_after,
             dead_after_s=args.dead_after,
+            turn_server=parse_address(args.turn) if args.turn else None,
+            turn_secret=args.turn_secret_file.read_text().strip() if args.turn_secret_file else "",
         ),
     )
     return serve(options)

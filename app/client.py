@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +55,7 @@ class SwarmClient:
         tuning: QuicTuning = QuicTuning(),
         first_token_timeout: float = 60.0,
         step_timeout: float = 15.0,
+        dialer: Callable[[str, tuple[str, int]], Awaitable[Channel]] | None = None,
     ) -> None:
         self.creds = creds
         self.route = route
@@ -64,6 +65,8 @@ class SwarmClient:
         self._first: Channel | None = None
         self._last: Channel | None = None
         self._queues: dict[str, asyncio.Queue[wire.Frame | _Failure]] = {}
+        self._dialer = dialer
+        """Opens channels (direct, then ICE through the coordinator); default: direct only."""
 
     async def connect(self) -> None:
         try:
@@ -77,7 +80,10 @@ class SwarmClient:
             raise RouteUnavailable(str(exc)) from exc
 
     async def _dial(self, node_id: str, address: tuple[str, int]) -> Channel:
-        channel = await connect_channel(address, self.creds, node_id, self.tuning)
+        if self._dialer is not None:
+            channel = await self._dialer(node_id, address)
+        else:
+            channel = await connect_channel(address, self.creds, node_id, self.tuning)
         channel.on_frame = self._frame
         channel.on_close = self._channel_closed
         return channel

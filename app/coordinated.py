@@ -20,6 +20,7 @@ from typing import Any
 
 from app.config import Hop, Route, WorkerConfig, format_address, parse_address
 from app.identity import Identity, default_identity_dir, join_swarm
+from app.links import LinkDialer, SignalRouter, ice_config, serve_ice_offers
 from app.serve import report_stopped, start_worker, stop_event
 from app.worker import StageWorker
 from coordinator.client import CoordinatorClient
@@ -28,6 +29,7 @@ from coordinator.errors import CoordinatorError
 from core.hardware import detect_hardware
 from core.manifest import EMBEDDING
 from core.types import LayerRange
+from net.quic import QuicTuning
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class CoordinatedOptions:
     threads: int = 1
     max_sessions: int = 8
     quic_library: str = "aioquic"
+    relay_only: bool = False
+    """Reach peers only through the swarm's relay (as the seeds ran): tests, odd networks."""
 
 
 def _capacity(cap: int) -> tuple[int, dict[str, Any]]:
@@ -197,7 +201,16 @@ async def run(options: CoordinatedOptions) -> int:
             max_sessions=options.max_sessions,
             quic_library=options.quic_library,
         )
-        worker = await start_worker(config, identity.credentials())
+        creds = identity.credentials()
+        tuning = QuicTuning(library=options.quic_library)
+        ice = await loop.run_in_executor(None, ice_config, client)
+        if options.relay_only:
+            ice = ice.with_relay_only()
+        router = SignalRouter(client)
+        link_dialer = LinkDialer(creds, router, ice, tuning, direct=not options.relay_only)
+        worker = await start_worker(config, creds, link_dialer.dial_with_path)
+        serve_ice_offers(router, worker.server, ice)
+        router.start()
         print(f"READY {identity.node_id} {address} {config.layers}", flush=True)
         last_tokens = 0
         try:
@@ -212,6 +225,7 @@ async def run(options: CoordinatedOptions) -> int:
                 beat_report = {
                     **report,
                     "rtt_ms": await worker.next_hop_rtt(),
+                    "path": worker.next_hop_path,
                     "tokens": stats.tokens - last_tokens,
                     "compute_ms": stats.last_compute_ms,
                     "stats": {
@@ -235,6 +249,7 @@ async def run(options: CoordinatedOptions) -> int:
                     )
                     break
         finally:
+            await router.stop()
             await worker.stop()
             report_stopped(worker)
     return 0

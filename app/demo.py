@@ -14,10 +14,12 @@ from app.credentials import load_credentials
 from app.demo_swarm import DEMO_SAMPLING
 from app.errors import ConfigError
 from app.local_swarm import LocalSwarm
+from coordinator.client import CoordinatorClient
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.channel import NodeCredentials
+from net.quic import QuicTuning
 from net.tensors import WireDtype
 
 
@@ -84,10 +86,18 @@ async def _chat(
     chat_format: bool,
     sampling: SamplingParams,
     dtype: WireDtype,
+    coordinator: CoordinatorClient | None = None,
 ) -> int:
     tokenizer = Tokenizer.from_gguf(tokenizer_path)
+    router = None
+    dial = None
+    if coordinator is not None:  # a joined client: peers behind NAT are reached through ICE
+        from app.links import channel_dialer, start_links
+
+        link_dialer, router = await start_links(coordinator, creds, QuicTuning())
+        dial = channel_dialer(link_dialer)
     try:
-        async with SwarmClient(creds, route) as client:
+        async with SwarmClient(creds, route, dialer=dial) as client:
             report = await chat_once(
                 client,
                 tokenizer,
@@ -100,6 +110,8 @@ async def _chat(
             )
     finally:
         tokenizer.close()
+        if router is not None:
+            await router.stop()
     _print_report(report, len(route.stages))
     return 0
 
@@ -125,13 +137,25 @@ def run_chat_cli(
         me = Identity.load(identity)
         route, tokenizer_path = fetch_route(me)
         creds = me.credentials()
+        coordinator: CoordinatorClient | None = me.client()
     else:
         if route_path is None or credentials is None:
             raise ConfigError("give --identity (a joined client) or --route with --credentials")
         route = Route.load(route_path)
         creds = load_credentials(credentials, node_id)
         tokenizer_path = resolve_model(model or route.model)
+        coordinator = None
     dtype = WireDtype[wire_dtype.upper()]
     return asyncio.run(
-        _chat(route, creds, tokenizer_path, prompt, max_tokens, chat_format, sampling, dtype)
+        _chat(
+            route,
+            creds,
+            tokenizer_path,
+            prompt,
+            max_tokens,
+            chat_format,
+            sampling,
+            dtype,
+            coordinator,
+        )
     )

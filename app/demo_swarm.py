@@ -23,10 +23,12 @@ from app.client import SwarmClient
 from app.coordinated import fetch_route
 from app.errors import AppError
 from app.identity import join_swarm
+from app.links import channel_dialer, start_links
 from app.processes import Child, spawn_sangama
 from coordinator.server import ADMIN_TOKEN_FILE
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
+from net.quic import QuicTuning
 from net.tensors import WireDtype
 
 DEMO_SAMPLING = SamplingParams(repetition_penalty=1.2)
@@ -64,6 +66,11 @@ class OperatorApi:
                 json={"role": role, "uses": 1, "expires": "1h", "note": note},
             )["code"]
         )
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _say(text: str) -> None:
@@ -160,8 +167,13 @@ async def run_demo_swarm(
             _say(f"   ready after {time.perf_counter() - t0:.1f} s\n")
             sys.stdout.write(prompt)
             tokenizer = Tokenizer.from_gguf(tokenizer_path)
+            link_dialer, router = await start_links(
+                identity.client(), identity.credentials(), QuicTuning()
+            )
             try:
-                async with SwarmClient(identity.credentials(), route) as client:
+                async with SwarmClient(
+                    identity.credentials(), route, dialer=channel_dialer(link_dialer)
+                ) as client:
                     report = await chat_once(
                         client,
                         tokenizer,
@@ -170,10 +182,11 @@ async def run_demo_swarm(
                         max_tokens=max_tokens,
                         sampling=DEMO_SAMPLING,
                         wire_dtype=dtype,
-                        stream=lambda text: None,
+                        stream=_write,
                     )
             finally:
                 tokenizer.close()
+                await router.stop()
             _say(
                 f"\n\n{len(report.tokens)} tokens: first after {report.first_token_ms:.0f} ms "
                 f"({report.prompt_tokens} prompt tokens), "

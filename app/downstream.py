@@ -11,7 +11,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from app.config import Hop
 from net import wire
@@ -31,6 +31,7 @@ class Downstream:
         on_frame: Callable[[Channel, wire.Frame], None],
         on_lost: Callable[[str], None],
         connect_timeout: float = 5.0,
+        dialer: Callable[[str, tuple[str, int]], Awaitable[tuple[Channel, str]]] | None = None,
     ) -> None:
         self.hop = hop
         self._creds = creds
@@ -42,6 +43,9 @@ class Downstream:
         self._connecting: asyncio.Task[None] | None = None
         self._backlog: list[wire.Frame] = []
         self._pings: dict[int, asyncio.Future[float]] = {}
+        self._dialer = dialer
+        self.path = "direct"
+        """How the link reaches the next hop: direct, punched or relayed."""
 
     @property
     def connected(self) -> bool:
@@ -57,9 +61,16 @@ class Downstream:
 
     async def _connect(self) -> None:
         try:
-            channel = await connect_channel(
-                self.hop.address, self._creds, self.hop.node_id, self._tuning, timeout=self._timeout
-            )
+            if self._dialer is not None:
+                channel, self.path = await self._dialer(self.hop.node_id, self.hop.address)
+            else:
+                channel = await connect_channel(
+                    self.hop.address,
+                    self._creds,
+                    self.hop.node_id,
+                    self._tuning,
+                    timeout=self._timeout,
+                )
         except (NetError, OSError) as exc:
             self._backlog.clear()
             log.warning("next hop %s unreachable: %s", self.hop.node_id, exc)

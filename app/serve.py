@@ -19,7 +19,7 @@ from core.types import StageSpec
 from net.channel import NodeCredentials
 
 if TYPE_CHECKING:
-    from app.worker import StageWorker
+    from app.worker import Dialer, StageWorker
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,9 @@ def prepare_stage_file(config: WorkerConfig) -> tuple[Path, int]:
     return paths[0], manifest.facts.n_layer
 
 
-async def start_worker(config: WorkerConfig, creds: NodeCredentials) -> StageWorker:
+async def start_worker(
+    config: WorkerConfig, creds: NodeCredentials, dialer: Dialer | None = None
+) -> StageWorker:
     """Build the stage (in a thread: loading takes a while) and start serving it."""
     from app.worker import StageWorker  # heavy imports after the environment is set
     from core.stage import Stage
@@ -57,7 +59,7 @@ async def start_worker(config: WorkerConfig, creds: NodeCredentials) -> StageWor
         n_threads=config.threads,
     )
     stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
-    worker = StageWorker(config, stage, creds)
+    worker = StageWorker(config, stage, creds, dialer)
     await worker.start()
     return worker
 

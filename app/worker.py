@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -33,6 +34,10 @@ from net.quic import QuicTuning
 from net.tensors import WireDtype, decode_rows, encode_rows
 
 log = logging.getLogger(__name__)
+
+
+Dialer = Callable[[str, tuple[str, int]], Awaitable[tuple[Channel, str]]]
+"""(node id, address) -> an authenticated channel and its path kind (direct/punched/relayed)."""
 
 
 @dataclass
@@ -67,7 +72,13 @@ class WorkerStats:
 
 
 class StageWorker:
-    def __init__(self, config: WorkerConfig, stage: Stage, creds: NodeCredentials) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        stage: Stage,
+        creds: NodeCredentials,
+        dialer: Dialer | None = None,
+    ) -> None:
         self.config = config
         self.stage = stage
         self.creds = creds
@@ -79,7 +90,12 @@ class StageWorker:
         self._server = ChannelServer(creds, self._channel_ready, tuning)
         self._downstream = (
             Downstream(
-                config.next_hop, creds, tuning, self._downstream_frame, self._downstream_lost
+                config.next_hop,
+                creds,
+                tuning,
+                self._downstream_frame,
+                self._downstream_lost,
+                dialer=dialer,
             )
             if config.next_hop is not None
             else None
@@ -98,6 +114,14 @@ class StageWorker:
         self.address = await self._server.listen(*self.config.listen)
         self._engine_task = asyncio.get_running_loop().create_task(self._engine_loop())
         return self.address
+
+    @property
+    def server(self) -> ChannelServer:
+        return self._server
+
+    @property
+    def next_hop_path(self) -> str:
+        return "direct" if self._downstream is None else self._downstream.path
 
     async def next_hop_rtt(self) -> dict[str, float]:
         """Measured round trip to the next stage, for the coordinator's placement."""

@@ -186,6 +186,15 @@ class SignalIn(_In):
     payload: dict[str, Any] = Field(description="ICE ufrag, pwd and candidates")
 
 
+class TurnOut(BaseModel):
+    host: str
+    port: int
+    username: str
+    password: str
+    ttl_s: int
+    uris: list[str]
+
+
 class SignalOut(BaseModel):
     sender: str
     kind: str
@@ -372,6 +381,13 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
             raise HTTPException(401, "node token required")
         r = coord.renew(node_id, authorization[7:], body.csr_pem)
         return JoinOut(**r.__dict__)
+
+    @app.get("/api/v1/turn", response_model=TurnOut, tags=["nodes"], responses=_errors(401, 404))
+    def turn(who: NodeId) -> TurnOut:
+        doc = coord.turn_credentials(who)
+        if doc is None:
+            raise HTTPException(404, "this swarm has no relay")
+        return TurnOut(**doc)
 
     @app.post("/api/v1/signal/{peer_id}", tags=["nodes"], responses=_errors(400, 401, 404, 413))
     def signal(peer_id: NodePath, body: SignalIn, who: NodeId) -> dict[str, str]:

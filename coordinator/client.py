@@ -117,8 +117,9 @@ def _call(session: requests.Session, method: str, url: str, **kw: Any) -> Any:
     # Pass verify explicitly: requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override
     # session.verify, which would silently swap our pinned swarm CA for system roots.
     kw.setdefault("verify", session.verify)
+    kw.setdefault("timeout", TIMEOUT)
     try:
-        r = session.request(method, url, timeout=TIMEOUT, **kw)
+        r = session.request(method, url, **kw)
     except requests.exceptions.SSLError as exc:
         raise CoordinatorUnreachable(f"TLS with {url} failed: {exc}") from exc
     except requests.RequestException as exc:
@@ -180,6 +181,36 @@ class CoordinatorClient:
             json={"csr_pem": _csr_pem(private_key, self.node_id)},
         )
         return str(doc["certificate_pem"]).encode()
+
+    def post_signal(self, peer: str, kind: str, link: str, payload: dict[str, Any]) -> None:
+        """Send an ICE offer or answer to `peer` through the coordinator."""
+        _call(
+            self.session,
+            "POST",
+            f"{self.base_url}/api/v1/signal/{peer}",
+            json={"kind": kind, "link": link, "payload": payload},
+        )
+
+    def signals(self, wait: float) -> list[dict[str, Any]]:
+        """Messages for this node; the coordinator holds the request up to `wait` s."""
+        result = _call(
+            self.session,
+            "GET",
+            f"{self.base_url}/api/v1/signal",
+            params={"wait": wait},
+            timeout=wait + TIMEOUT,
+        )
+        return list(result) if isinstance(result, list) else []
+
+    def turn(self) -> dict[str, Any] | None:
+        """TURN credentials for this node, or None where the swarm has no relay."""
+        try:
+            result = _call(self.session, "GET", f"{self.base_url}/api/v1/turn")
+        except CoordinatorRefused as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(result) if isinstance(result, dict) else None
 
     def pieces_url(self, assignment: dict[str, Any]) -> str:
         return f"{self.base_url}{assignment['pieces_url']}"

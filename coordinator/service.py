@@ -11,6 +11,7 @@ import hmac
 import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from coordinator.placement import ModelSpec, NodeInfo, Plan, plan
 from coordinator.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from core.manifest import Manifest
 from net import auth
+from net.turn import make_credentials, stun_uri, turn_uri
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,10 @@ class Settings:
     spares: int = 0
     sessions_per_stage: int = 8
     context_tokens: int = 2048
+    turn_server: tuple[str, int] | None = None
+    """The swarm's relay (coturn), if any: nodes get short-lived credentials for it."""
+    turn_secret: str = field(default="", repr=False)
+    turn_ttl_s: int = 6 * 3600
 
 
 class Coordinator:
@@ -407,6 +413,29 @@ class Coordinator:
             (st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
             for st in current.stages
         ]
+
+    # ------------------------------------------------------------ relay
+
+    def turn_credentials(self, node_id: str) -> dict[str, Any] | None:
+        """coturn REST credentials for a joined node, or None where there is no relay."""
+        if self.settings.turn_server is None or not self.settings.turn_secret:
+            return None
+        host, port = self.settings.turn_server
+        creds = make_credentials(
+            self.settings.turn_secret,
+            node_id,
+            self.settings.turn_ttl_s,
+            time.time(),
+            (turn_uri(host, port), stun_uri(host, port)),
+        )
+        return {
+            "host": host,
+            "port": port,
+            "username": creds.username,
+            "password": creds.password,
+            "ttl_s": creds.ttl_s,
+            "uris": list(creds.uris),
+        }
 
     # ------------------------------------------------------------ signalling
 

@@ -12,7 +12,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from cryptography.hazmat.primitives import serialization
 
@@ -27,7 +27,7 @@ from net.protocol import (
     Role,
     SessionRejected,
 )
-from net.quic import Addr, QuicServer, QuicTuning, TlsIdentity, connect
+from net.quic import Addr, QuicServer, QuicTuning, Receiver, TlsIdentity, connect
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +163,18 @@ async def connect_channel(
     expected_node_id: str,
     tuning: QuicTuning = QuicTuning(),
     timeout: float = 10.0,
+    path_factory: Callable[[Receiver, Callable[[Exception], None]], Any] | None = None,
 ) -> Channel:
-    """Dial a node over QUIC and authenticate both ways; raise NetError on failure."""
-    link = await connect(address, creds.tls(), expected_node_id, tuning=tuning, timeout=timeout)
+    """Dial a node over QUIC and authenticate both ways; raise NetError on failure.
+    `path_factory` (e.g. `net.ice.IceSession.path_factory`) replaces the UDP socket."""
+    link = await connect(
+        address,
+        creds.tls(),
+        expected_node_id,
+        tuning=tuning,
+        timeout=timeout,
+        path_factory=path_factory,
+    )
     server_hash = link.peer_certificate_sha256()
     assert server_hash is not None  # TLS completed, so the server presented a certificate
     conn = PeerConnection(
@@ -206,6 +215,25 @@ class ChannelServer:
 
     async def listen(self, host: str, port: int) -> Addr:
         return await self._server.listen(host, port)
+
+    async def accept_path(
+        self,
+        path_factory: Callable[[Receiver, Callable[[Exception], None]], Any],
+        peer: Addr,
+        timeout: float = 10.0,
+    ) -> Channel:
+        """Serve one peer over a path of its own (an ICE connection): the channel, once the
+        peer is authenticated (`on_channel` runs too, as for any channel)."""
+        link = await self._server.accept(path_factory, peer, timeout)
+        channel = next((ch for ch in self.channels if ch.link is link), None)
+        if channel is None:  # the link closed right after its handshake
+            raise AuthenticationFailed(f"link from {peer} closed before authentication")
+        try:
+            await asyncio.wait_for(asyncio.shield(channel.authenticated), timeout)
+        except TimeoutError:
+            link.close("authentication timed out")
+            raise AuthenticationFailed(f"{peer} did not prove itself in {timeout:.0f} s") from None
+        return channel
 
     def update_credentials(self, creds: NodeCredentials) -> None:
         """A renewed certificate: new connections are served and checked with it."""

@@ -462,6 +462,8 @@ class QuicServer:
         self._on_link = on_link
         self._links: dict[Addr, QuicLink] = {}
         self._path: UdpPath | None = None
+        self._path_links: set[QuicLink] = set()
+        """Links accepted over paths of their own (`accept`), not the listening socket."""
 
     def update_identity(self, identity: TlsIdentity) -> None:
         """Use a renewed certificate for new connections; open ones keep theirs."""
@@ -474,7 +476,53 @@ class QuicServer:
 
     @property
     def links(self) -> list[QuicLink]:
-        return list(self._links.values())
+        return [*self._links.values(), *self._path_links]
+
+    async def accept(
+        self,
+        path_factory: Callable[[Receiver, Callable[[Exception], None]], Any],
+        peer: Addr,
+        timeout: float = 10.0,
+    ) -> QuicLink:
+        """Serve one link over a path of its own (an ICE connection) instead of the listening
+        socket; `on_link` runs as for any link. Returns once the handshake is done."""
+        loop = asyncio.get_running_loop()
+        created: asyncio.Future[QuicLink] = loop.create_future()
+        paths: list[DatagramPath] = []
+
+        def receive(data: bytes, addr: Addr) -> None:
+            if created.done():
+                if not created.cancelled() and created.exception() is None:
+                    created.result().datagram_received(data, addr)
+                return
+            odcid = self._backend.initial_dcid(data)
+            if odcid is None or not paths:
+                return  # not a client's Initial (yet): it is retransmitted
+            quic = self._backend.new_connection(self._config, self._tuning, odcid)
+            link = QuicLink(quic, paths[0], peer, self._tuning)
+            link.owns_path = True
+            self._path_links.add(link)
+            link.closed.add_done_callback(lambda _f: self._path_links.discard(link))
+            created.set_result(link)
+            self._on_link(link)
+            link.datagram_received(data, addr)
+
+        def error(exc: Exception) -> None:
+            if not created.done():
+                created.set_exception(LinkError(f"path to {peer} failed: {exc}"))
+            elif not created.cancelled() and created.exception() is None:
+                created.result().path_error(exc)
+
+        path = await path_factory(receive, error)
+        paths.append(path)
+        try:
+            link = await asyncio.wait_for(asyncio.shield(created), timeout)
+        except BaseException:
+            created.cancel()  # no link yet: later datagrams and errors go nowhere
+            path.close()
+            raise
+        await link.wait_connected(timeout)
+        return link
 
     def _datagram_received(self, data: bytes, addr: Addr) -> None:
         link = self._links.get(addr)
@@ -498,7 +546,7 @@ class QuicServer:
         link.datagram_received(data, addr)
 
     def close(self) -> None:
-        for link in list(self._links.values()):
+        for link in [*self._links.values(), *self._path_links]:
             link.close("server shutting down")
         if self._path is not None:
             self._path.close()

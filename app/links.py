@@ -1,0 +1,217 @@
+"""How a node reaches a peer: the address as it is first, then ICE through the
+coordinator (hole punching, or the TURN relay where punching cannot work).
+
+`SignalRouter` carries ICE offers and answers through the coordinator's signalling
+endpoints (a long-poll loop, as a WebRTC signalling server would); `LinkDialer` opens
+channels to peers; offers from peers that dial us are answered and served through the
+node's `ChannelServer.accept_path`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from coordinator.client import CoordinatorClient
+from coordinator.errors import CoordinatorError
+from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
+from net.errors import NetError
+from net.ice import IceConfig, IceError, IceOffer, IceSession, establish
+from net.quic import Addr, QuicTuning
+
+log = logging.getLogger(__name__)
+
+DIRECT_TIMEOUT_S = 3.0
+"""A direct dial that has not completed its handshake by then is not going to."""
+POLL_WAIT_S = 10.0
+
+
+def path_kind(session: IceSession | None) -> str:
+    """What the operator page shows: direct, punched (srflx/prflx pair) or relayed."""
+    if session is None:
+        return "direct"
+    kind = session.selected_path_type()
+    return {"relay": "relayed", "host": "direct"}.get(kind, "punched")
+
+
+def ice_config(client: CoordinatorClient, advertise: tuple[Addr, ...] = ()) -> IceConfig:
+    """STUN/TURN servers and short-lived credentials from the coordinator."""
+    doc = client.turn()
+    if not doc:
+        return IceConfig(extra_host_candidates=advertise)
+    host, port = str(doc["host"]), int(doc["port"])
+    return IceConfig(
+        stun_server=(host, port),
+        turn_server=(host, port),
+        turn_username=str(doc["username"]),
+        turn_password=str(doc["password"]),
+        extra_host_candidates=advertise,
+    )
+
+
+class SignalRouter:
+    """Delivers signalling messages to whoever waits for them, by (kind, link, round)."""
+
+    def __init__(self, client: CoordinatorClient) -> None:
+        self.client = client
+        self._queues: dict[tuple[str, str], asyncio.Queue[tuple[str, IceOffer]]] = {}
+        self.on_new_offer: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    def _queue(self, kind: str, link: str) -> asyncio.Queue[tuple[str, IceOffer]]:
+        return self._queues.setdefault((kind, link), asyncio.Queue())
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                messages = await loop.run_in_executor(None, self.client.signals, POLL_WAIT_S)
+            except CoordinatorError as exc:
+                log.warning("signalling: %s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            for m in messages:
+                try:
+                    offer = IceOffer.from_dict(m["payload"])
+                except (IceError, KeyError, TypeError, ValueError) as exc:
+                    log.warning("ignoring a malformed signal from %s: %s", m.get("sender"), exc)
+                    continue
+                kind, link = str(m["kind"]), str(m["link"])
+                base, _, round_ = link.rpartition(".")
+                fresh = (kind, link) not in self._queues
+                self._queue(kind, link).put_nowait((str(m["sender"]), offer))
+                if kind == "offer" and round_ == "1" and fresh and self.on_new_offer is not None:
+                    task = loop.create_task(self.on_new_offer(str(m["sender"]), base))
+                    self._handlers.add(task)  # keep a reference until it finishes
+                    task.add_done_callback(self._handlers.discard)
+
+    async def receive(self, kind: str, link: str) -> tuple[str, IceOffer]:
+        return await self._queue(kind, link).get()
+
+    async def send(self, peer: str, kind: str, link: str, offer: IceOffer) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.client.post_signal, peer, kind, link, offer.to_dict()
+        )
+
+
+def _exchange(
+    router: SignalRouter, peer: str, link: str, dialing: bool
+) -> Callable[[IceOffer], Awaitable[IceOffer]]:
+    """The `exchange` ICE calls once per attempt (round 1, then 2 for the relay-only retry)."""
+    rounds = 0
+
+    async def exchange(ours: IceOffer) -> IceOffer:
+        nonlocal rounds
+        rounds += 1
+        key = f"{link}.{rounds}"
+        if dialing:
+            await router.send(peer, "offer", key, ours)
+            return (await router.receive("answer", key))[1]
+        _, theirs = await router.receive("offer", key)
+        await router.send(peer, "answer", key, ours)
+        return theirs
+
+    return exchange
+
+
+class LinkDialer:
+    """Opens authenticated channels to peers: direct first, then ICE."""
+
+    def __init__(
+        self,
+        creds: NodeCredentials,
+        router: SignalRouter | None,
+        config: IceConfig,
+        tuning: QuicTuning,
+        direct: bool = True,
+    ) -> None:
+        self.creds = creds
+        self.direct = direct
+        self.router = router
+        self.config = config
+        self.tuning = tuning
+        self.sessions: dict[str, IceSession] = {}
+
+    async def dial(self, node_id: str, address: Addr) -> tuple[Channel, IceSession | None]:
+        if self.direct or self.router is None:
+            try:
+                channel = await connect_channel(
+                    address, self.creds, node_id, self.tuning, timeout=DIRECT_TIMEOUT_S
+                )
+                return channel, None
+            except (NetError, OSError) as exc:
+                if self.router is None:
+                    raise
+                log.info("direct link to %s failed (%s); trying ICE", node_id, exc)
+        link = uuid.uuid4().hex[:16]
+        session = await establish(True, self.config, _exchange(self.router, node_id, link, True))
+        channel = await connect_channel(
+            session.peer_address,
+            self.creds,
+            node_id,
+            self.tuning,
+            path_factory=session.path_factory,
+        )
+        self.sessions[node_id] = session
+        log.info("link to %s over ICE (%s, %s policy)", node_id, path_kind(session), session.policy)
+        return channel, session
+
+    async def dial_with_path(self, node_id: str, address: Addr) -> tuple[Channel, str]:
+        channel, session = await self.dial(node_id, address)
+        return channel, path_kind(session)
+
+
+def serve_ice_offers(router: SignalRouter, server: ChannelServer, config: IceConfig) -> None:
+    """Answer peers that dial us over ICE and serve them on the node's channel server."""
+
+    async def on_offer(peer: str, link: str) -> None:
+        try:
+            session = await establish(False, config, _exchange(router, peer, link, False))
+            await server.accept_path(session.path_factory, session.peer_address)
+            log.info("accepted %s over ICE (%s)", peer, path_kind(session))
+        except (NetError, OSError) as exc:
+            log.warning("ICE link from %s failed: %s", peer, exc)
+
+    router.on_new_offer = on_offer
+
+
+async def start_links(
+    client: CoordinatorClient, creds: NodeCredentials, tuning: QuicTuning
+) -> tuple[LinkDialer, SignalRouter]:
+    """A running signalling router and a dialer using it (stop the router when done)."""
+    config = await asyncio.get_running_loop().run_in_executor(None, ice_config, client)
+    router = SignalRouter(client)
+    router.start()
+    return LinkDialer(creds, router, config, tuning), router
+
+
+def channel_dialer(dialer: LinkDialer) -> Callable[[str, Addr], Awaitable[Channel]]:
+    async def dial(node_id: str, address: Addr) -> Channel:
+        channel, _ = await dialer.dial(node_id, address)
+        return channel
+
+    return dial
+
+
+__all__ = [
+    "LinkDialer",
+    "SignalRouter",
+    "channel_dialer",
+    "ice_config",
+    "path_kind",
+    "serve_ice_offers",
+]
