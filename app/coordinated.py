@@ -222,9 +222,10 @@ async def run(options: CoordinatedOptions) -> int:
                     pass
                 stats = worker.stats
                 identity = await _renew_if_due(identity, client, worker)
+                rtt = await worker.next_hop_rtt()
                 beat_report = {
                     **report,
-                    "rtt_ms": await worker.next_hop_rtt(),
+                    "rtt_ms": rtt,
                     "path": worker.next_hop_path,
                     "tokens": stats.tokens - last_tokens,
                     "compute_ms": stats.last_compute_ms,
@@ -233,6 +234,7 @@ async def run(options: CoordinatedOptions) -> int:
                         "steps": stats.steps,
                         "sessions": stats.sessions_opened,
                         "errors": stats.errors,
+                        "rtt_ms": next(iter(rtt.values()), None),
                     },
                 }
                 last_tokens = stats.tokens

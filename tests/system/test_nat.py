@@ -67,9 +67,12 @@ def model(gemma_path: Path) -> Path:
     return gemma_path
 
 
-def _swarm(topo: Topology, wd: Path, model: Path, relay_only: bool) -> tuple[str, dict[str, str]]:
+def run_swarm(
+    topo: Topology, wd: Path, model: Path, relay_only: bool, max_tokens: int = 8
+) -> tuple[str, dict[str, str], str]:
     """Run relay, coordinator, 3 workers (homes 1-3) and a client (home 4); return the
-    client's answer and the path each worker reported for its link to the next stage."""
+    client's answer, the path each worker reported for its link to the next stage, and
+    the client's whole output (with its tokens/s and timing table)."""
     procs: list[subprocess.Popen[str]] = []
     secret = wd / "turn-secret"
     secret.write_text("system-test-secret\n")
@@ -189,7 +192,7 @@ def _swarm(topo: Topology, wd: Path, model: Path, relay_only: bool) -> tuple[str
                 PROMPT,
                 "--raw",
                 "--max-tokens",
-                "8",
+                str(max_tokens),
             ),
             capture_output=True,
             text=True,
@@ -203,7 +206,7 @@ def _swarm(topo: Topology, wd: Path, model: Path, relay_only: bool) -> tuple[str
         with store.session() as s:
             paths = {n.node_id: n.path for n in s.query(Node).filter(Node.role == "worker")}
         store.close()
-        return answer, paths
+        return answer, paths, chat.stdout
     finally:
         _stop(procs)
 
@@ -213,7 +216,7 @@ def direct_cone(
     model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, dict[str, str]]]:
     with home_routers(["cone"] * 4) as topo:
-        yield _swarm(topo, tmp_path_factory.mktemp("cone"), model, relay_only=False)
+        yield run_swarm(topo, tmp_path_factory.mktemp("cone"), model, relay_only=False)[:2]
 
 
 def test_cone_nat_links_are_punched_not_relayed(direct_cone: tuple[str, dict[str, str]]) -> None:
@@ -229,7 +232,7 @@ def test_symmetric_nat_falls_back_to_the_relay(
     model: Path, tmp_path: Path, direct_cone: tuple[str, dict[str, str]]
 ) -> None:
     with home_routers(["symmetric"] * 4) as topo:
-        answer, paths = _swarm(topo, tmp_path, model, relay_only=False)
+        answer, paths, _ = run_swarm(topo, tmp_path, model, relay_only=False)
     assert sorted(paths.values()).count("relayed") >= 2, paths
     assert answer == direct_cone[0]
 
@@ -238,7 +241,7 @@ def test_every_hop_through_the_relay_gives_the_same_tokens(
     model: Path, tmp_path: Path, direct_cone: tuple[str, dict[str, str]]
 ) -> None:
     with home_routers(["cone"] * 4) as topo:
-        answer, paths = _swarm(topo, tmp_path, model, relay_only=True)
+        answer, paths, _ = run_swarm(topo, tmp_path, model, relay_only=True)
     assert sorted(paths.values()).count("relayed") >= 2, paths
     assert answer == direct_cone[0]
 

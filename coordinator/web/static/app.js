@@ -359,7 +359,8 @@
       setText(c.address, node.address || "—");
       const path = c.path.firstChild;
       path.className = `pill ${node.path}`;
-      setText(path, node.path || "—");
+      const rtt = node.stats && typeof node.stats.rtt_ms === "number" ? ` · ${node.stats.rtt_ms.toFixed(1)} ms` : "";
+      setText(path, (node.path || "—") + rtt);
       const seen = parseTime(node.last_seen);
       setText(c.seen, ago(seen));
       c.seen.title = fullTime(seen);

@@ -1,0 +1,92 @@
+"""Direct (punched) vs relayed links, side by side in one run (needs root: namespaces).
+
+Four homes behind cone NAT, the coordinator and coturn on the "public" side (the system
+tests' topology). For each policy, the whole swarm (3 workers + client, default model)
+answers one prompt; the client's report gives tokens/s, the trip and the network share,
+from which the per-hop cost follows (4 links: client, 2 stage hops, back to the client).
+
+    .venv/bin/python bench/links.py [--tokens 32] [--json]
+
+No delay is added between namespaces (this kernel has no netem, and the userspace delay
+proxy cannot sit inside an ICE path); bench/swarm.py measures distance separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.models import default_model_path
+from tests.system.test_nat import run_swarm
+from tests.system.topology import home_routers, missing_requirements
+
+LINKS = 4  # client -> stage0 -> stage1 -> stage2 -> client
+
+
+def _parse(report: str) -> dict[str, float]:
+    tps = re.search(r"then ([0-9.]+) tok/s", report)
+    trip = re.search(r"total trip\s+([0-9.]+)", report)
+    rest = re.search(r"network and handling \(rest\)\s+([0-9.]+)", report)
+    if not (tps and trip and rest):
+        raise RuntimeError(f"unexpected chat report:\n{report}")
+    return {
+        "tokens_per_s": float(tps.group(1)),
+        "trip_ms": float(trip.group(1)),
+        "network_and_handling_ms": float(rest.group(1)),
+        "per_hop_ms": float(rest.group(1)) / LINKS,
+    }
+
+
+def measure(relay_only: bool, tokens: int) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(prefix="sangama-links-") as tmp,
+        home_routers(["cone"] * 4) as topo,
+    ):
+        _, paths, report = run_swarm(topo, Path(tmp), default_model_path(), relay_only, tokens)
+    return {"paths": sorted(paths.values()), **_parse(report)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    why = missing_requirements()
+    if why:
+        print(f"bench/links.py: {why}", file=sys.stderr)
+        return 2
+    rows = {"punched": measure(False, args.tokens), "relayed": measure(True, args.tokens)}
+    out = {
+        "tokens": args.tokens,
+        "rows": rows,
+        "relayed_vs_punched_tokens_per_s": rows["relayed"]["tokens_per_s"]
+        / rows["punched"]["tokens_per_s"],
+        "relay_extra_ms_per_hop": rows["relayed"]["per_hop_ms"] - rows["punched"]["per_hop_ms"],
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(
+        f"links benchmark: 3 workers + client behind cone NAT, {args.tokens} tokens, default model"
+    )
+    print(f"{'policy':10} {'tok/s':>7} {'trip ms':>8} {'net+handling':>13} {'per hop':>8}  paths")
+    for name, r in rows.items():
+        print(
+            f"{name:10} {r['tokens_per_s']:7.1f} {r['trip_ms']:8.2f} "
+            f"{r['network_and_handling_ms']:13.2f} {r['per_hop_ms']:8.2f}  {', '.join(r['paths'])}"
+        )
+    print(f"relay costs {out['relay_extra_ms_per_hop']:.2f} ms per hop more than a punched link")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
