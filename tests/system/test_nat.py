@@ -50,6 +50,33 @@ def _wait_ready(proc: subprocess.Popen[str], what: str, timeout: float = 120.0) 
     raise AssertionError(f"{what} not ready after {timeout:.0f} s")
 
 
+def _relay(topo: Topology, run_dir: Path, secret: str) -> subprocess.Popen[str]:
+    """`sangama relay` (coturn) on the public side, wait for READY."""
+    args = [
+        "relay",
+        "--dir",
+        str(run_dir),
+        "--listen",
+        PUBLIC_IP,
+        "--relay-ip",
+        PUBLIC_IP,
+        "--port",
+        str(TURN_PORT),
+        "--secret",
+        secret,
+        "--no-tcp",
+    ]
+    proc = subprocess.Popen(
+        _ns(topo.public, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+    )
+    _wait_ready(proc, "relay")
+    return proc
+
+
 def _stop(procs: list[subprocess.Popen[str]]) -> None:
     for p in reversed(procs):
         if p.poll() is None:
@@ -77,29 +104,8 @@ def run_swarm(
     secret = wd / "turn-secret"
     secret.write_text("system-test-secret\n")
     try:
-        relay = subprocess.Popen(
-            _ns(
-                topo.public,
-                "relay",
-                "--dir",
-                str(wd / "relay"),
-                "--listen",
-                PUBLIC_IP,
-                "--relay-ip",
-                PUBLIC_IP,
-                "--port",
-                str(TURN_PORT),
-                "--secret",
-                "system-test-secret",
-                "--no-tcp",
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=_env(),
-        )
+        relay = _relay(topo, wd / "relay", "system-test-secret")
         procs.append(relay)
-        _wait_ready(relay, "relay")
         data = wd / "coordinator"
         coord = subprocess.Popen(
             _ns(
@@ -289,29 +295,8 @@ def test_turn_refuses_wrong_and_expired_credentials(tmp_path: Path) -> None:
     from net.turn import make_credentials
 
     with home_routers(["cone"]) as topo:
-        relay = subprocess.Popen(
-            _ns(
-                topo.public,
-                "relay",
-                "--dir",
-                str(tmp_path / "relay"),
-                "--listen",
-                PUBLIC_IP,
-                "--relay-ip",
-                PUBLIC_IP,
-                "--port",
-                str(TURN_PORT),
-                "--secret",
-                "s3cret",
-                "--no-tcp",
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=_env(),
-        )
+        relay = _relay(topo, tmp_path / "relay", "s3cret")
         try:
-            _wait_ready(relay, "relay")
             good = make_credentials("s3cret", "w1", 600, time.time(), ())
             expired = make_credentials("s3cret", "w1", 60, time.time() - 3600, ())
             probe = (
