@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cuts", type=_parse_cuts, default=[0, 6, 12, 18], help="with --static")
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
+    p.add_argument(
+        "--api-port",
+        type=int,
+        default=None,
+        help="keep the swarm running with an OpenAI-compatible API on 127.0.0.1:PORT until Ctrl+C",
+    )
 
     p = sub.add_parser("worker", help="serve one stage (headless)")
     how = p.add_mutually_exclusive_group(required=True)
@@ -138,6 +144,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
     _add_sampling(p)
+
+    p = sub.add_parser(
+        "api", help="serve an OpenAI-compatible API (/v1) on localhost, answered by the swarm"
+    )
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="listen address (the API has no auth: keep it local)"
+    )
+    p.add_argument(
+        "--identity", type=Path, default=None, help="a joined client's identity dir (default)"
+    )
+    p.add_argument("--route", type=Path, default=None, help="route JSON file (static swarm)")
+    p.add_argument("--credentials", type=Path, default=None, help="dir with ca.pem, NODE.pem/.key")
+    p.add_argument("--node-id", default="client", help="certificate name with --credentials")
+    p.add_argument("--model", default=None, help="GGUF with the tokenizer (static swarm)")
+    p.add_argument("--max-concurrent", type=int, default=4, help="requests answered at once")
 
     p = sub.add_parser("ca", help="the swarm certificate authority")
     ca_sub = p.add_subparsers(dest="ca_command", required=True)
@@ -232,17 +254,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import asyncio
+
     if args.static:
+        if args.api_port is not None:
+            from app.openai_api import serve_local_swarm
+
+            return asyncio.run(serve_local_swarm(args.model, args.cuts, port=args.api_port))
         from app.demo import run_demo
 
         return run_demo(args.model, args.cuts, args.prompt, args.max_tokens, args.wire_dtype)
-    import asyncio
-
     from app.demo_swarm import run_demo_swarm
     from net.tensors import WireDtype
 
     dtype = WireDtype[args.wire_dtype.upper()]
-    return asyncio.run(run_demo_swarm(args.model, args.stages, args.prompt, args.max_tokens, dtype))
+    return asyncio.run(
+        run_demo_swarm(
+            args.model, args.stages, args.prompt, args.max_tokens, dtype, api_port=args.api_port
+        )
+    )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -297,6 +327,26 @@ def cmd_chat(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_api(args: argparse.Namespace) -> int:
+    from app.openai_api import run_api_cli
+
+    identity = args.identity
+    if identity is None and args.route is None:
+        from app.identity import default_identity_dir
+
+        identity = default_identity_dir()
+    return run_api_cli(
+        identity=identity,
+        route_path=args.route,
+        credentials=args.credentials,
+        node_id=args.node_id,
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        max_concurrent=args.max_concurrent,
+    )
+
+
 def cmd_ca(args: argparse.Namespace) -> int:
     from app.credentials import init_ca, issue_node
     from net.auth import fingerprint
@@ -346,6 +396,7 @@ _COMMANDS = {
     "demo": cmd_demo,
     "worker": cmd_worker,
     "chat": cmd_chat,
+    "api": cmd_api,
     "ca": cmd_ca,
     "hardware": cmd_hardware,
 }

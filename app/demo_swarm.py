@@ -93,7 +93,12 @@ async def _wait_for_route(identity: Any, stages: int, timeout: float = 60.0) -> 
 
 
 async def run_demo_swarm(
-    model: str, stages: int, prompt: str, max_tokens: int, dtype: WireDtype
+    model: str,
+    stages: int,
+    prompt: str,
+    max_tokens: int,
+    dtype: WireDtype,
+    api_port: int | None = None,
 ) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sangama-demo-") as tmp:
@@ -198,6 +203,11 @@ async def run_demo_swarm(
                 f"\noperator view: {len(swarm['nodes'])} nodes, plan "
                 + ", ".join(f"{s['node_id']}{tuple(s['layers'])}" for s in swarm["plan"])
             )
+            if api_port is not None:  # keep the swarm up behind the API until Ctrl+C
+                from app.openai_api import serve_identity
+
+                _say("")
+                await serve_identity(identity, route, tokenizer_path, port=api_port)
         finally:
             for child in reversed(children):
                 await child.stop()
