@@ -6,13 +6,10 @@ import sys
 
 
 def main() -> int:
-    # The tray app is the desktop-app issue's work; say so plainly rather than pretend.
-    print(
-        "sangama-app: the desktop tray app is not built yet; use the `sangama` command "
-        "(sangama demo, sangama generate, sangama hardware).",
-        file=sys.stderr,
-    )
-    return 2
+    # Qt lives in app.ui only (DESIGN §3); importing it here keeps `sangama` headless.
+    from app.ui.tray import run_app
+
+    return run_app(sys.argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,140 @@
+"""What this PC does for the swarm: stage and layers, sessions, timings, the path to the
+next hop and a small live throughput plot."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from PySide6.QtCore import QPointF, QRectF, Qt, Slot
+from PySide6.QtGui import QCloseEvent, QColor, QPainter, QPaintEvent, QPen, QPolygonF
+from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
+
+from app.controllers import NodeController, NodeStatus, ServeState
+from app.ui.icons import state_pixmap
+
+
+class ThroughputPlot(QWidget):
+    """The last few minutes of tokens/s through this stage, drawn as a line."""
+
+    def __init__(self, points: int = 90, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.samples: deque[float] = deque(maxlen=points)
+        self.setMinimumSize(320, 110)
+
+    def add(self, value: float) -> None:
+        self.samples.append(max(0.0, value))
+        self.update()
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        r = QRectF(self.rect()).adjusted(40, 8, -8, -18)
+        p.fillRect(self.rect(), QColor("#fbfbfd"))
+        p.setPen(QPen(QColor("#d0d4dc"), 1))
+        p.drawRect(r)
+        top = max([1.0, *self.samples]) * 1.15
+        p.setPen(QColor("#6b7280"))
+        p.drawText(QRectF(0, r.top() - 6, 36, 14), Qt.AlignmentFlag.AlignRight, f"{top:.0f}")
+        p.drawText(QRectF(0, r.bottom() - 8, 36, 14), Qt.AlignmentFlag.AlignRight, "0")
+        p.drawText(
+            QRectF(r.left(), r.bottom() + 2, r.width(), 14),
+            Qt.AlignmentFlag.AlignCenter,
+            "tokens/s through this stage",
+        )
+        n = self.samples.maxlen or 1
+        if len(self.samples) >= 2:
+            step = r.width() / (n - 1)
+            x0 = r.right() - step * (len(self.samples) - 1)
+            poly = QPolygonF(
+                [
+                    QPointF(x0 + i * step, r.bottom() - r.height() * v / top)
+                    for i, v in enumerate(self.samples)
+                ]
+            )
+            p.setPen(QPen(QColor("#2e9e5b"), 2))
+            p.drawPolyline(poly)
+        p.end()
+
+
+class StatusWindow(QWidget):
+    def __init__(self, node: NodeController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.node = node
+        self.setWindowTitle("Sangama status")
+        self.resize(520, 460)
+        self.icon = QLabel()
+        self.headline = QLabel()
+        font = self.headline.font()
+        font.setPointSizeF(font.pointSizeF() * 1.3)
+        font.setBold(True)
+        self.headline.setFont(font)
+        self.reason = QLabel()
+        self.reason.setWordWrap(True)
+        self.reason.setStyleSheet("color: #c62828;")
+        self.reason.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        self.fields: dict[str, QLabel] = {}
+        box = QGroupBox("This PC in the swarm")
+        form = QFormLayout(box)
+        for key, label in (
+            ("node", "Node"),
+            ("coordinator", "Coordinator"),
+            ("stage", "Stage"),
+            ("address", "Listening on"),
+            ("next", "Next hop"),
+            ("sessions", "Sessions"),
+            ("timings", "Timings"),
+        ):
+            value = QLabel("—")
+            value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            value.setWordWrap(True)
+            self.fields[key] = value
+            form.addRow(f"{label}:", value)
+        self.plot = ThroughputPlot()
+
+        head = QVBoxLayout()
+        head.addWidget(self.headline)
+        head.addWidget(self.reason)
+        top = QWidget()
+        from PySide6.QtWidgets import QHBoxLayout
+
+        hl = QHBoxLayout(top)
+        hl.setContentsMargins(0, 0, 0, 0)
+        hl.addWidget(self.icon)
+        hl.addLayout(head, 1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(top)
+        layout.addWidget(box)
+        layout.addWidget(self.plot, 1)
+        node.status_changed.connect(self.show_status)
+        self.show_status(node.status)
+
+    @Slot(object)
+    def show_status(self, s: NodeStatus) -> None:
+        self.icon.setPixmap(state_pixmap(s, 40))
+        head = s.summary.removeprefix("Sangama: ")
+        self.headline.setText(head[0].upper() + head[1:])
+        self.reason.setText(s.error)
+        self.reason.setVisible(bool(s.error))
+        f = self.fields
+        f["node"].setText(s.node_id or "not joined")
+        f["coordinator"].setText(s.coordinator or "—")
+        if s.layers is not None:
+            a, b = s.layers
+            f["stage"].setText(f"layers {a}–{b - 1} ({b - a} layers) of {s.model or 'the model'}")
+        else:
+            f["stage"].setText("none assigned yet")
+        f["address"].setText(s.address or "—")
+        if s.state is ServeState.SERVING:
+            f["next"].setText(s.next_hop or "last stage: tokens go straight back to the client")
+        else:
+            f["next"].setText("—")
+        f["sessions"].setText(f"{s.sessions} opened, {s.steps} steps, {s.errors} errors")
+        rtt = f", {s.rtt_ms:.1f} ms round trip to the next hop" if s.rtt_ms is not None else ""
+        f["timings"].setText(f"{s.compute_ms:.1f} ms last compute{rtt}")
+        if s.state is ServeState.SERVING:
+            self.plot.add(s.throughput)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        event.ignore()
+        self.hide()

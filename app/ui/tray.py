@@ -1,0 +1,304 @@
+"""The tray app: icon and tooltip show the node's state, the menu is rebuilt from that
+state each time it opens, and closing windows never quits (only Quit does)."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication
+from PySide6.QtWidgets import (
+    QApplication,
+    QLabel,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QSystemTrayIcon,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controllers import (
+    AsyncThread,
+    ChatConnector,
+    ChatController,
+    NodeController,
+    NodeStatus,
+    ServeOptions,
+    ServeState,
+    identity_connector,
+)
+from app.history import History
+from app.identity import default_identity_dir
+from app.settings import Settings
+from app.ui.chat_window import ChatWindow
+from app.ui.icons import state_icon
+from app.ui.join_dialog import JoinDialog
+from app.ui.settings_dialog import SettingsDialog
+from app.ui.status_window import StatusWindow
+from core.hardware import detect_hardware
+
+log = logging.getLogger(__name__)
+
+NO_TRAY_TEXT = (
+    "No system tray was found on this desktop, so Sangama shows this window instead. "
+    "Closing it does not stop Sangama; use Quit."
+)
+
+
+class NoTrayWindow(QWidget):
+    """Stands in for the tray icon where the desktop has no tray."""
+
+    def __init__(self, app: DesktopApp) -> None:
+        super().__init__()
+        self.setWindowTitle("Sangama")
+        self.state_label = QLabel()
+        note = QLabel(NO_TRAY_TEXT)
+        note.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.addWidget(note)
+        layout.addWidget(self.state_label)
+        self.buttons: dict[str, QPushButton] = {}
+        for name in ("Open chat", "Status", "Pause", "Join a swarm...", "Settings...", "Quit"):
+            b = QPushButton(name)
+            self.buttons[name] = b
+            layout.addWidget(b)
+        self.buttons["Open chat"].clicked.connect(app.open_chat)
+        self.buttons["Status"].clicked.connect(app.open_status)
+        self.buttons["Pause"].clicked.connect(app.toggle_pause)
+        self.buttons["Join a swarm..."].clicked.connect(app.open_join)
+        self.buttons["Settings..."].clicked.connect(app.open_settings)
+        self.buttons["Quit"].clicked.connect(app.quit)
+
+    def show_status(self, status: NodeStatus, pause_text: str) -> None:
+        self.state_label.setText(status.summary)
+        self.buttons["Pause"].setText(pause_text)
+        self.setWindowIcon(state_icon(status))
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        event.ignore()
+        self.hide()
+
+
+class DesktopApp(QObject):
+    """Owns the background loop, the controllers, the windows and the tray icon."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        settings_dir: Path | None = None,
+        identity_dir: Path | None = None,
+        history: History | None = None,
+        chat_connector: ChatConnector | None = None,
+        tray_available: bool | None = None,
+        autostart_serving: bool = True,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.settings_dir = settings_dir
+        identity_dir = identity_dir or (
+            Path(settings.identity_dir) if settings.identity_dir else default_identity_dir()
+        )
+        self.runner = AsyncThread()
+        self.node = NodeController(
+            self.runner,
+            ServeOptions(identity_dir=identity_dir, vram_cap_bytes=settings.vram_cap_bytes),
+        )
+        self._fixed_connector = chat_connector
+        self.chat = ChatController(self.runner, chat_connector or self._joined_connector())
+        self.history = history or History()
+        self.chat_window: ChatWindow | None = None
+        self.status_window: StatusWindow | None = None
+        self.join_dialog: JoinDialog | None = None
+        self.quitting = False
+
+        has_tray = (
+            QSystemTrayIcon.isSystemTrayAvailable() if tray_available is None else tray_available
+        )
+        self.menu = QMenu()
+        self.menu.aboutToShow.connect(self.rebuild_menu)
+        self.tray: QSystemTrayIcon | None = None
+        self.fallback: NoTrayWindow | None = None
+        if has_tray:
+            self.tray = QSystemTrayIcon(state_icon(self.node.status))
+            self.tray.setContextMenu(self.menu)
+            self.tray.activated.connect(self._activated)
+            self.tray.show()
+        else:
+            self.fallback = NoTrayWindow(self)
+            self.fallback.show()
+        self.rebuild_menu()
+        self.node.status_changed.connect(self._status_changed)
+        self.node.join_finished.connect(self._joined)
+        self._status_changed(self.node.status)
+        if autostart_serving and self.node.joined and not settings.paused:
+            self.node.resume()
+
+    def _joined_connector(self) -> ChatConnector | None:
+        return identity_connector(self.node.options.identity_dir) if self.node.joined else None
+
+    # --- state shown ----------------------------------------------------------------------
+
+    @property
+    def pause_text(self) -> str:
+        return "Resume contributing" if self._paused_like() else "Pause contributing"
+
+    def _paused_like(self) -> bool:
+        return self.node.status.state in (ServeState.PAUSED, ServeState.ERROR)
+
+    @Slot(object)
+    def _status_changed(self, status: NodeStatus) -> None:
+        if self.tray is not None:
+            self.tray.setIcon(state_icon(status))
+            self.tray.setToolTip(status.summary)
+        if self.fallback is not None:
+            self.fallback.show_status(status, self.pause_text)
+
+    @Slot()
+    def rebuild_menu(self) -> None:
+        """Build the menu from the current state (called each time it opens)."""
+        m = self.menu
+        m.clear()
+        status = self.node.status
+        head = QAction(status.summary.removeprefix("Sangama: ").capitalize(), m)
+        head.setIcon(state_icon(status))
+        head.setEnabled(False)
+        m.addAction(head)
+        if status.state is ServeState.ERROR:
+            why = m.addAction("Why? Show the error…")
+            why.triggered.connect(self.show_error)
+        m.addSeparator()
+        m.addAction("Open chat").triggered.connect(self.open_chat)
+        m.addAction("Status").triggered.connect(self.open_status)
+        pause = m.addAction(self.pause_text)
+        pause.setEnabled(self.node.joined)
+        pause.triggered.connect(self.toggle_pause)
+        m.addSeparator()
+        m.addAction("Join a swarm...").triggered.connect(self.open_join)
+        m.addAction("Settings...").triggered.connect(self.open_settings)
+        m.addSeparator()
+        m.addAction("Quit").triggered.connect(self.quit)
+
+    @Slot(QSystemTrayIcon.ActivationReason)
+    def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        if reason is QSystemTrayIcon.ActivationReason.Trigger:
+            if self.node.status.state is ServeState.ERROR:
+                self.show_error()
+            else:
+                self.open_status()
+
+    # --- commands ------------------------------------------------------------------------
+
+    @Slot()
+    def show_error(self) -> None:
+        QMessageBox.warning(None, "Sangama: error", self.node.status.error or "Unknown error")
+
+    @Slot()
+    def open_chat(self) -> ChatWindow:
+        if self.chat_window is None:
+            self.chat_window = ChatWindow(self.chat, self.history)
+        _raise(self.chat_window)
+        return self.chat_window
+
+    @Slot()
+    def open_status(self) -> StatusWindow:
+        if self.status_window is None:
+            self.status_window = StatusWindow(self.node)
+        _raise(self.status_window)
+        return self.status_window
+
+    @Slot()
+    def open_join(self) -> JoinDialog:
+        if self.join_dialog is None:
+            self.join_dialog = JoinDialog(self.node)
+        _raise(self.join_dialog)
+        return self.join_dialog
+
+    @Slot()
+    def open_settings(self) -> SettingsDialog:
+        dialog = SettingsDialog(self.settings, self.settings_dir, detect_hardware().usable_bytes)
+        dialog.accepted.connect(self._settings_saved)
+        _raise(dialog)
+        return dialog
+
+    @Slot()
+    def _settings_saved(self) -> None:
+        _configure_logging(self.settings)
+        self.node.options = replace(self.node.options, vram_cap_bytes=self.settings.vram_cap_bytes)
+
+    @Slot()
+    def toggle_pause(self) -> None:
+        if self._paused_like():
+            self.settings.paused = False
+            self.node.resume()
+        else:
+            self.settings.paused = True
+            self.node.pause()
+        self.settings.save(self.settings_dir)
+
+    @Slot(bool, str)
+    def _joined(self, ok: bool, _message: str) -> None:
+        if not ok:
+            return
+        self.settings.vram_cap_bytes = self.node.options.vram_cap_bytes
+        self.settings.paused = False
+        self.settings.save(self.settings_dir)
+        if self._fixed_connector is None:
+            self.chat.set_connector(self._joined_connector())
+
+    @Slot()
+    def quit(self) -> None:
+        """Stop serving (frees the stage), close links, end the loop thread, leave Qt."""
+        if self.quitting:
+            return
+        self.quitting = True
+        self.chat.shutdown()
+        self.node.shutdown()
+        self.runner.stop()
+        if self.tray is not None:
+            self.tray.hide()
+        for w in (self.chat_window, self.status_window, self.join_dialog, self.fallback):
+            if w is not None:
+                w.hide()
+        app = QApplication.instance()
+        if app is not None:
+            app.quit()
+
+
+def _raise(widget: QWidget) -> None:
+    widget.show()
+    widget.raise_()
+    widget.activateWindow()
+
+
+def _configure_logging(settings: Settings) -> None:
+    root = logging.getLogger()
+    root.setLevel(settings.log_level)
+    logs = settings.logs_path
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    target = str(logs / "sangama-app.log")
+    if not any(getattr(h, "baseFilename", None) == target for h in root.handlers):
+        handler = logging.handlers.RotatingFileHandler(target, maxBytes=2_000_000, backupCount=3)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+
+
+def run_app(argv: Sequence[str] | None = None) -> int:
+    """Start the tray app; returns the exit status when Quit is chosen."""
+    app = QApplication(list(argv if argv is not None else sys.argv))
+    app.setApplicationName("Sangama")
+    app.setQuitOnLastWindowClosed(False)
+    settings = Settings.load()
+    _configure_logging(settings)
+    desktop = DesktopApp(settings)
+    app.aboutToQuit.connect(desktop.quit)
+    log.info("sangama-app started on %s", QGuiApplication.platformName())
+    return app.exec()

@@ -1,0 +1,104 @@
+"""The join dialog against a real coordinator (subprocess, HTTPS): a refused code shows
+the coordinator's reason; a good one joins, serves, pauses, resumes and quits. (The tiny
+model has no tokenizer, so chatting is tested against Gemma in test_chat.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from app.controllers import ServeState
+from app.history import History
+from app.settings import Settings
+from app.ui.tray import DesktopApp
+from coordinator import invites as inv
+from tests.support.coordinator_proc import CoordinatorProcess
+from tests.support.tiny_models import write_tiny_model
+
+pytestmark = [pytest.mark.ui, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    model = write_tiny_model(tmp_path_factory.mktemp("m") / "tiny4.gguf", n_layer=4)
+    c = CoordinatorProcess.start(tmp_path_factory.mktemp("coordinator"), model, min_stages=1)
+    yield c
+    c.stop()
+
+
+def test_join_serve_pause_resume_quit(
+    qapp: QApplication,
+    qtbot: QtBot,
+    coord: CoordinatorProcess,
+    tmp_path: Path,
+    isolated_dirs: Path,
+    artifacts: Path,
+) -> None:
+    qapp.setQuitOnLastWindowClosed(False)
+    desk = DesktopApp(
+        Settings(),
+        settings_dir=tmp_path / "settings",
+        identity_dir=tmp_path / "identity",
+        history=History(tmp_path / "chats"),
+        tray_available=True,
+    )
+    try:
+        dialog = desk.open_join()
+        # a malformed code: said at once, Join stays off
+        dialog.code.setText("sangama1-not-a-real-code")
+        assert not dialog.join_button.isEnabled()
+        assert "damaged" in dialog.code_hint.text()
+
+        good = coord.admin.create_invite("worker")["code"]
+        d = inv.InviteCode.decode(good)
+        forged = inv.InviteCode(d.coordinator, d.ca_fingerprint, "made-up").encode()
+        dialog.code.setText(forged)
+        assert dialog.join_button.isEnabled()
+        with qtbot.waitSignal(desk.node.join_finished, timeout=20000) as refused:
+            dialog.join_button.click()
+        assert refused.args is not None and refused.args[0] is False
+        assert "not known to the coordinator" in dialog.result_label.text()
+        assert desk.node.status.state is ServeState.NOT_JOINED
+        assert dialog.grab().save(str(artifacts / "offscreen_join_refused.png"))
+
+        dialog.code.setText(good)
+        assert dialog.cap_bytes > 0
+        with qtbot.waitSignal(desk.node.join_finished, timeout=20000) as joined:
+            dialog.join_button.click()
+        assert joined.args is not None and joined.args[0] is True, joined.args
+        assert not dialog.isVisible()  # accepted
+        qtbot.waitUntil(lambda: desk.node.status.state is ServeState.SERVING, timeout=60000)
+        status = desk.node.status
+        assert status.layers == (0, 4)
+        assert desk.tray is not None and "serving layers 0-3" in desk.tray.toolTip()
+        assert Settings.load(tmp_path / "settings").vram_cap_bytes == dialog.cap_bytes
+
+        # a used code: the coordinator's reason, in words
+        dialog.hide()
+        dialog2 = desk.open_join()
+        dialog2.code.setText(good)
+        with qtbot.waitSignal(desk.node.join_finished, timeout=20000):
+            dialog2.join_button.click()
+        assert "already been used" in dialog2.result_label.text()
+        dialog2.hide()
+        qtbot.waitUntil(lambda: desk.node.status.state is ServeState.SERVING, timeout=60000)
+
+        # pause stops and frees the stage; resume rejoins and serves again
+        desk.rebuild_menu()
+        menu = [a.text() for a in desk.menu.actions()]
+        assert "Pause contributing" in menu
+        desk.toggle_pause()
+        assert not desk.node.serving
+        assert desk.node.status.state.value == "paused"
+        assert Settings.load(tmp_path / "settings").paused
+        desk.rebuild_menu()
+        assert "Resume contributing" in [a.text() for a in desk.menu.actions()]
+        desk.toggle_pause()
+        qtbot.waitUntil(lambda: desk.node.status.state is ServeState.SERVING, timeout=60000)
+    finally:
+        desk.quit()
+    assert not desk.runner.running  # the loop thread ended: clean shutdown

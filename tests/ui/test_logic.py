@@ -1,0 +1,87 @@
+"""Plain logic behind the desktop app: settings, autostart, history, invite-code form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.controllers import NodeStatus, ServeState, validate_code
+from app.history import Conversation, History
+from app.settings import (
+    Settings,
+    default_cap_bytes,
+    set_start_on_login,
+    starts_on_login,
+    xdg_autostart_path,
+)
+from coordinator.invites import InviteCode
+
+pytestmark = [pytest.mark.unit, pytest.mark.ui]
+GIB = 1024**3
+
+
+def test_settings_round_trip_and_bad_files(tmp_path: Path) -> None:
+    s = Settings(vram_cap_bytes=6 * GIB, coordinator="https://x:1", log_level="DEBUG")
+    path = s.save(tmp_path)
+    assert Settings.load(tmp_path) == s
+    assert "token" not in path.read_text()  # secrets stay in the keyring
+    path.write_text("{not json")
+    assert Settings.load(tmp_path) == Settings()
+    path.write_text('{"vram_cap_bytes": "lots", "log_level": "LOUD", "unknown": 1}')
+    assert Settings.load(tmp_path) == Settings()
+
+
+def test_default_cap_leaves_headroom() -> None:
+    assert default_cap_bytes(24 * GIB) < 24 * GIB - GIB
+    assert default_cap_bytes(2 * GIB) == GIB
+    assert default_cap_bytes(100 * GIB) == int(85 * GIB)
+
+
+def test_start_on_login_writes_and_removes_an_xdg_desktop_file(isolated_dirs: Path) -> None:
+    assert not starts_on_login()
+    where = set_start_on_login(True, "/opt/sangama/sangama-app")
+    path = xdg_autostart_path()
+    assert where == str(path) and path.is_relative_to(isolated_dirs)
+    text = path.read_text()
+    assert "[Desktop Entry]" in text and "Exec=/opt/sangama/sangama-app" in text
+    assert starts_on_login()
+    set_start_on_login(False)
+    assert not path.exists() and not starts_on_login()
+
+
+def test_history_keeps_conversations_newest_first(tmp_path: Path) -> None:
+    h = History(tmp_path / "chats")
+    old = Conversation(created=1.0)
+    old.add("user", "first question")
+    new = Conversation(created=2.0)
+    new.add("user", "second " * 20)
+    new.add("assistant", "an answer")
+    h.save(old)
+    h.save(new)
+    (tmp_path / "chats" / "junk.json").write_text("[")
+    listed = h.list()
+    assert [c.id for c in listed] == [new.id, old.id]
+    assert h.load(new.id).messages == new.messages
+    assert listed[0].title.endswith("…") and len(listed[0].title) == 41
+    with pytest.raises(ValueError):
+        h.load("../etc")
+
+
+def test_invite_code_form_is_checked_offline() -> None:
+    good = InviteCode("https://127.0.0.1:8443", "a" * 64, "s3cret").encode()
+    assert validate_code(good) is None
+    assert validate_code("  " + good[:20] + "\n" + good[20:]) is None  # pasted with breaks
+    assert "sangama1-" in (validate_code("hello") or "")
+    assert "damaged" in (validate_code(good[:-2] + "xx") or "")
+    assert validate_code("") is not None
+
+
+def test_status_summary_words() -> None:
+    assert NodeStatus().summary == "Sangama: not joined"
+    s = NodeStatus(state=ServeState.DOWNLOADING, progress=0.42)
+    assert s.summary == "Sangama: downloading (42%)"
+    s = NodeStatus(state=ServeState.SERVING, layers=(4, 9), sessions=1)
+    assert s.summary == "Sangama: serving layers 4-8 (1 session)"
+    s = NodeStatus(state=ServeState.ERROR, error="Disk full")
+    assert s.summary == "Sangama: error: Disk full"
