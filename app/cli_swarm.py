@@ -51,6 +51,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
     add_relay_arguments(p)
 
+    p = sub.add_parser("status", help="this node: identity, certificate, assignment, route")
+    p.add_argument("--identity", type=Path, default=None, help="identity directory")
+
     p = sub.add_parser("join", help="join a swarm with an invite code")
     p.add_argument("code")
     p.add_argument("--identity", type=Path, default=None, help="where to keep this node's identity")
@@ -59,7 +62,38 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "invite": cmd_invite,
         "join": cmd_join,
         "relay": cmd_relay,
+        "status": cmd_status,
     }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """What the tray's status window shows, for servers and scripts."""
+    from app.identity import Identity, default_identity_dir
+    from coordinator.errors import CoordinatorError
+
+    me = Identity.load(args.identity or default_identity_dir())
+    cert = me.certified.certificate
+    print(f"node        {me.node_id} ({me.role})")
+    print(f"coordinator {me.coordinator}")
+    print(f"certificate valid until {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    client = me.client()
+    try:
+        assignment = client.assignment()
+        if assignment:
+            hop = assignment.get("next_hop")
+            nxt = f"next hop {hop['node_id']} at {hop['address']}" if hop else "last stage"
+            print(f"stage       layers {assignment['layers'][0]}-{assignment['layers'][1]} ({nxt})")
+        elif me.role == "worker":
+            print("stage       none assigned (waiting, or kept as a spare)")
+        route = client.route()
+        chain = " -> ".join(
+            f"{s['node_id']}[{s['layers'][0]},{s['layers'][1]})" for s in route["stages"]
+        )
+        print(f"route       {chain}")
+    except CoordinatorError as exc:
+        print(f"coordinator: {exc}")
+        return 1
+    return 0
 
 
 def cmd_relay(args: argparse.Namespace) -> int:

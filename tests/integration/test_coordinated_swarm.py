@@ -126,7 +126,7 @@ def test_workers_join_get_stages_and_a_spare_takes_over(
     expected = list(whole.generate(PROMPT, 6).tokens)
     whole.shutdown()
 
-    async def scenario() -> tuple[list[int], list[int], list[str], list[str]]:
+    async def scenario() -> tuple[list[int], list[int], list[str], list[str], str]:
         # Two workers are needed before placement assigns anyone (min_stages=2): start them
         # together; the third joins as the spare and gets no stage yet.
         workers = list(
@@ -159,12 +159,21 @@ def test_workers_join_get_stages_and_a_spare_takes_over(
                         break
                 except Exception:
                     continue  # the chain is being rebuilt
-            return before, after, chain, new_chain
+            # `sangama status` as the spare that took over sees its stage and the route.
+            loop = asyncio.get_running_loop()
+            status = await loop.run_in_executor(
+                None, sangama, "status", "--identity", str(tmp_path / "w2")
+            )
+            return before, after, chain, new_chain, status.stdout
         finally:
             for w in workers:
                 await w.stop()
 
-    before, after, chain, new_chain = asyncio.run(scenario())
+    before, after, chain, new_chain, status = asyncio.run(scenario())
+    me = Identity.load(tmp_path / "w2")
+    assert f"node        {me.node_id} (worker)" in status, status
+    assert "certificate valid until" in status
+    assert "stage       layers" in status and "route" in status and "->" in status
     assert before == expected  # the swarm equals the whole model
     assert len(chain) == 2 and len(new_chain) == 2 and set(new_chain) != set(chain)
     assert after == expected
