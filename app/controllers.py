@@ -28,12 +28,12 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from app.client import SwarmClient
 from app.config import Hop, Route, WorkerConfig, format_address, parse_address
-from app.coordinated import _beat, _capacity, _renew_if_due, fetch_route
+from app.coordinated import _beat, _capacity, _renew_if_due, fetch_route, prepare_pieces
 from app.identity import IDENTITY_FILE, Identity, default_identity_dir, join_swarm
 from app.links import LinkDialer, SignalRouter, channel_dialer, ice_config, serve_ice_offers
 from app.serve import start_worker
 from coordinator.client import CoordinatorClient
-from coordinator.downloads import DownloadProgress, download_pieces
+from coordinator.downloads import DownloadProgress
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteCode, InviteError
 from core.tokenizer import Tokenizer
@@ -210,29 +210,6 @@ class ServeOptions:
     relay_only: bool = False
 
 
-async def _prepare_with_progress(
-    identity: Identity,
-    client: CoordinatorClient,
-    assignment: dict[str, Any],
-    progress: Callable[[DownloadProgress], None],
-) -> Path:
-    """As `app.coordinated._prepare`, reporting download progress."""
-    loop = asyncio.get_running_loop()
-    manifest = await loop.run_in_executor(None, client.manifest, assignment["manifest_url"])
-    layers = LayerRange(*assignment["layers"])
-    pieces_dir: Path = identity.directory / "pieces" / str(assignment["model"])
-    pieces_dir.mkdir(parents=True, exist_ok=True)
-    needed = manifest.pieces_for(layers)
-    await loop.run_in_executor(
-        None,
-        lambda: download_pieces(
-            client.session, client.pieces_url(assignment), needed, pieces_dir, progress=progress
-        ),
-    )
-    manifest.save(pieces_dir)
-    return pieces_dir
-
-
 async def contribute(
     options: ServeOptions, report: Callable[[NodeStatus], None], stop: asyncio.Event
 ) -> None:
@@ -274,7 +251,7 @@ async def contribute(
             fraction = p.all_done_bytes / p.all_total_bytes if p.all_total_bytes else 1.0
             report(replace(status, progress=min(1.0, fraction)))
 
-        pieces_dir = await _prepare_with_progress(identity, client, assignment, on_progress)
+        pieces_dir = await prepare_pieces(identity, client, assignment, on_progress)
         report(replace(status, state=ServeState.LOADING, progress=1.0))
         hop = assignment.get("next_hop")
         config = WorkerConfig(

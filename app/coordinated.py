@@ -119,24 +119,25 @@ async def _wait_for_assignment(
     return None
 
 
-async def _prepare(
-    identity: Identity, client: CoordinatorClient, assignment: dict[str, Any]
+async def prepare_pieces(
+    identity: Identity,
+    client: CoordinatorClient,
+    assignment: dict[str, Any],
+    progress: Callable[[DownloadProgress], None] | None = None,
 ) -> Path:
-    """Download the assigned stage's pieces (verified) into the identity's cache."""
+    """Download the assigned stage's pieces (verified) into the identity's cache; progress
+    goes to `progress` (default: a line per finished piece on stderr)."""
     loop = asyncio.get_running_loop()
     manifest = await loop.run_in_executor(None, client.manifest, assignment["manifest_url"])
     layers = LayerRange(*assignment["layers"])
     pieces_dir: Path = identity.directory / "pieces" / str(assignment["model"])
     pieces_dir.mkdir(parents=True, exist_ok=True)
     needed = manifest.pieces_for(layers)
+    report = progress or _print_progress()
     await loop.run_in_executor(
         None,
         lambda: download_pieces(
-            client.session,
-            client.pieces_url(assignment),
-            needed,
-            pieces_dir,
-            progress=_print_progress(),
+            client.session, client.pieces_url(assignment), needed, pieces_dir, progress=report
         ),
     )
     manifest.save(pieces_dir)
@@ -188,7 +189,7 @@ async def run(options: CoordinatedOptions) -> int:
         assignment = await _wait_for_assignment(client, report, stop)
         if assignment is None:
             break
-        pieces_dir = await _prepare(identity, client, assignment)
+        pieces_dir = await prepare_pieces(identity, client, assignment)
         hop = assignment.get("next_hop")
         config = WorkerConfig(
             node_id=identity.node_id,
