@@ -30,7 +30,14 @@ from app.client import SwarmClient
 from app.config import Hop, Route, WorkerConfig, format_address, parse_address
 from app.coordinated import _beat, _capacity, _renew_if_due, fetch_route, prepare_pieces
 from app.identity import IDENTITY_FILE, Identity, default_identity_dir, join_swarm
-from app.links import LinkDialer, SignalRouter, channel_dialer, ice_config, serve_ice_offers
+from app.links import (
+    LinkDialer,
+    SignalRouter,
+    advertised_candidates,
+    channel_dialer,
+    ice_config,
+    serve_ice_offers,
+)
 from app.serve import start_worker
 from coordinator.client import CoordinatorClient
 from coordinator.downloads import DownloadProgress
@@ -265,7 +272,9 @@ async def contribute(
             max_sessions=options.max_sessions,
         )
         creds = identity.credentials()
-        ice = await loop.run_in_executor(None, ice_config, client)
+        ice = await loop.run_in_executor(
+            None, ice_config, client, advertised_candidates(options.advertise)
+        )
         if options.relay_only:
             ice = ice.with_relay_only()
         router = SignalRouter(client)

@@ -20,7 +20,13 @@ from typing import Any
 
 from app.config import Hop, Route, WorkerConfig, format_address, parse_address
 from app.identity import Identity, default_identity_dir, join_swarm
-from app.links import LinkDialer, SignalRouter, ice_config, serve_ice_offers
+from app.links import (
+    LinkDialer,
+    SignalRouter,
+    advertised_candidates,
+    ice_config,
+    serve_ice_offers,
+)
 from app.serve import report_stopped, start_worker, stop_event
 from app.worker import StageWorker
 from coordinator.client import CoordinatorClient
@@ -204,7 +210,9 @@ async def run(options: CoordinatedOptions) -> int:
         )
         creds = identity.credentials()
         tuning = QuicTuning(library=options.quic_library)
-        ice = await loop.run_in_executor(None, ice_config, client)
+        ice = await loop.run_in_executor(
+            None, ice_config, client, advertised_candidates(options.advertise)
+        )
         if options.relay_only:
             ice = ice.with_relay_only()
         router = SignalRouter(client)

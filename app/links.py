@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -36,6 +37,25 @@ def path_kind(session: IceSession | None) -> str:
         return "direct"
     kind = session.selected_path_type()
     return {"relay": "relayed", "host": "direct"}.get(kind, "punched")
+
+
+def advertised_candidates(advertise: str | None) -> tuple[Addr, ...]:
+    """The public IP of `--advertise HOST:PORT` as an extra ICE host candidate.
+
+    Port 0: the ICE socket binds any port and is offered at the public IP with that port,
+    which reaches it through a 1:1 NAT (a datacenter VM, a DMZ host). A host name, or an
+    address no peer can use (loopback, unspecified), adds nothing: the direct dial still
+    tries the advertised address as it is."""
+    if not advertise:
+        return ()
+    host = advertise.rsplit(":", 1)[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return ()
+    if ip.is_loopback or ip.is_unspecified or ip.is_multicast or ip.is_link_local:
+        return ()
+    return ((str(ip), 0),)
 
 
 def ice_config(client: CoordinatorClient, advertise: tuple[Addr, ...] = ()) -> IceConfig:
