@@ -106,6 +106,9 @@ class StageWorker:
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
         self._engine_task: asyncio.Task[None] | None = None
+        self._draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.address: tuple[str, int] | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -140,6 +143,20 @@ class StageWorker:
     def set_revoked(self, serials: frozenset[int]) -> None:
         """Refuse nodes the coordinator has revoked, from their next connection on."""
         self._server.revoked_serials = serials
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    async def drain(self, timeout: float) -> int:
+        """Take no new sessions and wait up to `timeout` s for the running ones to end.
+
+        Pausing a volunteer's PC this way lets conversations finish instead of breaking
+        them. Returns how many sessions were still open (`stop` ends those)."""
+        self._draining = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        return len(self._sessions)
 
     async def stop(self) -> None:
         if self._engine_task is not None:
@@ -203,6 +220,8 @@ class StageWorker:
     def _on_open(self, channel: Channel, frame: wire.Open) -> None:
         if frame.session in self._sessions:
             raise FrameError(ErrorCode.BAD_VALUE, "session already open")
+        if self._draining:
+            raise FrameError(ErrorCode.OVERLOADED, "this stage is pausing; try another route")
         session = _Session(frame, owner=channel)
         if self.is_last:
             session.reply = self._peers.get(frame.reply_to)
@@ -212,6 +231,7 @@ class StageWorker:
                 )
             session.rng = make_rng(sampling_from_wire(frame.sampling))
         self._sessions[frame.session] = session
+        self._idle.clear()
         future = asyncio.get_running_loop().run_in_executor(
             self._executor, self.stage.open, frame.session
         )
@@ -399,6 +419,8 @@ class StageWorker:
         session = self._sessions.pop(name, None)
         if session is None:
             return
+        if not self._sessions:
+            self._idle.set()
         session.owner.conn.release(name)
         self._pending = [p for p in self._pending if p.step.session != name]
         self._executor.submit(self._close_on_stage, name)
