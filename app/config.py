@@ -50,12 +50,23 @@ class WorkerConfig:
     """"aioquic" or "qh3" (see net.quic)."""
     return_logits: bool = False
     """Diagnostics: the last stage sends the logits each token was chosen from."""
+    idle_timeout: float = 8.0
+    """Seconds of silence after which a link's path counts as dead (QUIC idle timeout)."""
+    relink_timeout: float = 15.0
+    """How long a worker tries to re-establish a lost link to its next stage (direct,
+    then ICE, then the relay) before failing the sessions that crossed it."""
+    resume_grace: float = 30.0
+    """How long sessions of a lost upstream worker link wait here to be resumed."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
             raise ConfigError(f"quic_library must be aioquic or qh3, not {self.quic_library!r}")
         if self.threads < 1 or self.max_sessions < 1 or self.row_budget < 1:
             raise ConfigError("threads, max_sessions and row_budget must be >= 1")
+        for name in ("idle_timeout", "relink_timeout", "resume_grace"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0 < value < 86400):
+                raise ConfigError(f"{name} must be a positive number of seconds, not {value!r}")
 
     @staticmethod
     def from_dict(doc: dict[str, Any], base: Path = Path(".")) -> WorkerConfig:
@@ -79,6 +90,9 @@ class WorkerConfig:
                 max_datagram_size=int(doc.get("max_datagram_size", 1200)),
                 return_logits=bool(doc.get("return_logits", False)),
                 quic_library=str(doc.get("quic_library", "aioquic")),
+                idle_timeout=float(doc.get("idle_timeout", 8.0)),
+                relink_timeout=float(doc.get("relink_timeout", 15.0)),
+                resume_grace=float(doc.get("resume_grace", 30.0)),
             )
         except ConfigError:
             raise
@@ -103,6 +117,9 @@ class WorkerConfig:
             f"max_datagram_size = {self.max_datagram_size}",
             f"return_logits = {'true' if self.return_logits else 'false'}",
             f'quic_library = "{self.quic_library}"',
+            f"idle_timeout = {self.idle_timeout!r}",
+            f"relink_timeout = {self.relink_timeout!r}",
+            f"resume_grace = {self.resume_grace!r}",
         ]
         if self.next_hop is not None:
             lines += [

@@ -1,7 +1,10 @@
-"""The link from a worker to its next hop: connects lazily, buffers while connecting.
+"""The link from a worker to its next hop: connects lazily, re-establishes lost paths.
 
-Frames sent while the link is being (re)established wait in order, so an OPEN always
-reaches the next stage before the STEPs of its session.
+Every OPEN and STEP sent is recorded in a `net.replay.ReplayLog`. When the path dies
+(a NAT mapping expires, a route changes, a relay restarts) the link is dialled again
+within `relink_timeout` (the dialer falls back from direct to ICE to the relay) and the
+log is replayed, so the next stage resumes the running sessions instead of losing them.
+Only when no new path is found in time are the sessions failed, with a typed error.
 """
 
 from __future__ import annotations
@@ -17,9 +20,16 @@ from app.config import Hop
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
-from net.quic import QuicTuning
+from net.quic import PeerUnreachable, QuicTuning
+from net.replay import ReplayLog
 
 log = logging.getLogger(__name__)
+
+Dialer = Callable[[str, tuple[str, int]], Awaitable[tuple[Channel, str]]]
+"""(node id, address) -> an authenticated channel and its path kind (direct/punched/relayed)."""
+
+RETRY_DELAYS_S = (0.25, 0.5, 1.0, 2.0)
+"""Pauses between dial attempts while re-establishing; the last one repeats."""
 
 
 class Downstream:
@@ -31,7 +41,8 @@ class Downstream:
         on_frame: Callable[[Channel, wire.Frame], None],
         on_lost: Callable[[str], None],
         connect_timeout: float = 5.0,
-        dialer: Callable[[str, tuple[str, int]], Awaitable[tuple[Channel, str]]] | None = None,
+        dialer: Dialer | None = None,
+        relink_timeout: float = 15.0,
     ) -> None:
         self.hop = hop
         self._creds = creds
@@ -39,49 +50,113 @@ class Downstream:
         self._on_frame = on_frame
         self._on_lost = on_lost
         self._timeout = connect_timeout
+        self._relink_timeout = relink_timeout
         self._channel: Channel | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._backlog: list[wire.Frame] = []
+        """Frames other than OPEN/STEP sent while unconnected (those are in the replay log)."""
+        self._replay = ReplayLog()
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._dialer = dialer
+        self._closing = False
         self.path = "direct"
         """How the link reaches the next hop: direct, punched or relayed."""
+        self.relinks = 0
+        """Paths replaced while sessions were running (each one resumed them)."""
+        self.relinks_pending = False
+        """Set when a path carrying sessions died; the next connection resumes them."""
 
     @property
     def connected(self) -> bool:
         return self._channel is not None and not self._channel.closed.done()
 
+    @property
+    def replay_log(self) -> ReplayLog:
+        return self._replay
+
     def send(self, frame: wire.Frame) -> None:
-        if self._channel is not None and not self._channel.closed.done() and not self._backlog:
+        self._replay.record(frame)
+        if self.connected and self._channel is not None:
             self._channel.send(frame)
             return
-        self._backlog.append(frame)
-        if self._connecting is None or self._connecting.done():
-            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+        if not isinstance(frame, wire.Open | wire.Step):
+            self._backlog.append(frame)
+        self._ensure_connecting()
+
+    def end_session(self, session: str, reason: str) -> None:
+        """Tell the next stage a session ended here (now, or once the link is back)."""
+        dialling = self._connecting is not None and not self._connecting.done()
+        if session in self._replay and (self.connected or dialling):
+            self.send(wire.Close(session, wire.truncate_utf8(reason, 900)))
+        else:
+            self.forget(session)
+
+    def forget(self, session: str) -> None:
+        """A session ended here and the next stage learns it otherwise: do not resend it."""
+        self._replay.forget(session)
+
+    def _ensure_connecting(self) -> None:
+        if self._closing or (self._connecting is not None and not self._connecting.done()):
+            return
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _dial_once(self, timeout: float) -> tuple[Channel, str]:
+        if self._dialer is not None:
+            return await asyncio.wait_for(self._dialer(self.hop.node_id, self.hop.address), timeout)
+        channel = await connect_channel(
+            self.hop.address, self._creds, self.hop.node_id, self._tuning, timeout=timeout
+        )
+        return channel, "direct"
 
     async def _connect(self) -> None:
-        try:
-            if self._dialer is not None:
-                channel, self.path = await self._dialer(self.hop.node_id, self.hop.address)
-            else:
-                channel = await connect_channel(
-                    self.hop.address,
-                    self._creds,
-                    self.hop.node_id,
-                    self._tuning,
-                    timeout=self._timeout,
-                )
-        except (NetError, OSError) as exc:
-            self._backlog.clear()
-            log.warning("next hop %s unreachable: %s", self.hop.node_id, exc)
-            self._on_lost(f"next stage {self.hop.node_id} unreachable: {exc}")
-            return
+        loop = asyncio.get_running_loop()
+        relinking = len(self._replay) > 0 and self.relinks_pending
+        deadline = loop.time() + (self._relink_timeout if relinking else self._timeout)
+        attempt = 0
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                channel, path = await self._dial_once(max(min(self._timeout, remaining), 0.5))
+                break
+            except (NetError, OSError, TimeoutError) as exc:
+                error: Exception = exc
+            # Nothing listens at the address any more: the stage is gone, not the path.
+            gone = isinstance(error, PeerUnreachable) and self._dialer is None
+            pause = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
+            if gone or loop.time() + pause >= deadline:
+                self._give_up(error)
+                return
+            log.info("next hop %s: %s; dialling again", self.hop.node_id, error)
+            attempt += 1
+            await asyncio.sleep(pause)
         channel.on_frame = self._frame
         channel.on_close = lambda _ch, reason: self._lost(channel, reason)
-        self._channel = channel
+        self._channel, self.path = channel, path
+        if relinking:
+            self.relinks += 1
+            log.warning(
+                "link to %s re-established (%s); resuming %d session(s)",
+                self.hop.node_id,
+                path,
+                len(self._replay),
+            )
+        self.relinks_pending = False
+        # Replay first: a CLOSE in the backlog belongs to a session no longer in the log.
         backlog, self._backlog = self._backlog, []
-        for frame in backlog:
+        for frame in [*self._replay.replay(), *backlog]:
             channel.send(frame)
+
+    def _give_up(self, error: Exception) -> None:
+        self._backlog.clear()
+        sessions = self._replay.sessions
+        for name in sessions:
+            self._replay.forget(name)
+        self.relinks_pending = False
+        log.warning(
+            "next hop %s unreachable (%d session(s)): %s", self.hop.node_id, len(sessions), error
+        )
+        if not self._closing:
+            self._on_lost(f"next stage {self.hop.node_id} unreachable: {error}")
 
     def _frame(self, channel: Channel, frame: wire.Frame) -> None:
         if isinstance(frame, wire.Pong):
@@ -111,11 +186,22 @@ class Downstream:
         self._creds = creds  # used from the next connection on
 
     def _lost(self, channel: Channel, reason: str) -> None:
-        if self._channel is channel:
-            self._channel = None
-            self._on_lost(f"next stage {self.hop.node_id} lost: {reason}")
+        if self._channel is not channel or self._closing:
+            return
+        self._channel = None
+        if not len(self._replay):
+            return  # nothing running: the next frame dials again
+        log.warning(
+            "link to %s lost (%s); re-establishing for %d session(s)",
+            self.hop.node_id,
+            reason,
+            len(self._replay),
+        )
+        self.relinks_pending = True
+        self._ensure_connecting()
 
     async def close(self) -> None:
+        self._closing = True
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -55,6 +55,8 @@ class LocalSwarm:
     max_datagram_size: int = 1200
     return_logits: bool = False
     quic_library: str = "aioquic"
+    idle_timeout: float = 8.0
+    """Seconds of silence before a link counts as dead (tests shorten it)."""
     link_delays_ms: list[float] | None = None
     """One-way delay per link, WAN emulation through net.delay_proxy: client->stage0,
     each stage->next, last stage->client (len = stages + 1)."""
@@ -110,6 +112,7 @@ class LocalSwarm:
                     max_datagram_size=self.max_datagram_size,
                     return_logits=self.return_logits,
                     quic_library=self.quic_library,
+                    idle_timeout=self.idle_timeout,
                 )
             )
         client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)
@@ -153,7 +156,12 @@ class LocalSwarm:
     @property
     def tuning(self) -> QuicTuning:
         """QUIC settings a client of this swarm should use."""
-        return QuicTuning(max_datagram_size=self.max_datagram_size, library=self.quic_library)
+        return QuicTuning(
+            max_datagram_size=self.max_datagram_size,
+            library=self.quic_library,
+            idle_timeout=self.idle_timeout,
+            keepalive=self.idle_timeout / 4,
+        )
 
     def cleanup(self) -> None:
         if self._tmp is not None:

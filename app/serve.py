@@ -19,7 +19,8 @@ from core.types import StageSpec
 from net.channel import NodeCredentials
 
 if TYPE_CHECKING:
-    from app.worker import Dialer, StageWorker
+    from app.downstream import Dialer
+    from app.worker import StageWorker
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ def report_stopped(worker: StageWorker) -> None:
     s = worker.stats
     print(
         f"STOPPED {worker.config.node_id}: {s.sessions_opened} sessions, {s.steps} steps in "
-        f"{s.batches} batches, {s.errors} errors",
+        f"{s.batches} batches, {s.errors} errors, {s.sessions_resumed} resumed, "
+        f"{worker.next_hop_relinks} relinks",
         file=sys.stderr,
         flush=True,
     )

@@ -14,19 +14,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from app.config import WorkerConfig
-from app.downstream import Downstream
+from app.downstream import Dialer, Downstream
 from app.wire_convert import sampling_from_wire
 from core.errors import CoreError
 from core.sampling import make_rng, sample
 from core.scheduling import Queued, select_batch
 from core.stage import Stage, StepFailure, StepRequest, StepResult
+from core.types import SamplingParams
 from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials
 from net.errors import ErrorCode, FrameError
@@ -36,20 +36,25 @@ from net.tensors import WireDtype, decode_rows, encode_rows
 log = logging.getLogger(__name__)
 
 
-Dialer = Callable[[str, tuple[str, int]], Awaitable[tuple[Channel, str]]]
-"""(node id, address) -> an authenticated channel and its path kind (direct/punched/relayed)."""
-
-
 @dataclass
 class _Session:
     open: wire.Open
-    owner: Channel
-    """Where this session's frames come from; errors go back this way."""
+    owner: Channel | None
+    """Where this session's frames come from; errors go back this way. None while the
+    upstream worker re-establishes a lost link (the session waits to be resumed)."""
+    owner_id: str
+    """The upstream node: only it may resume the session over a new link."""
     reply: Channel | None = None
     """Last stage: the client's own channel, for TOKENS."""
     history: list[int] = field(default_factory=list)
     generated: int = 0
     rng: np.random.Generator | None = None
+    params: SamplingParams | None = None
+    """Last stage: the session's sampling settings, decoded once at OPEN."""
+    last_step_id: int = -1
+    """Highest step taken; a replayed step at or below it was already handled."""
+    expiry: asyncio.TimerHandle | None = None
+    """While orphaned: drops the session if no resume arrives in time."""
 
 
 @dataclass
@@ -66,6 +71,10 @@ class WorkerStats:
     rows: int = 0
     errors: int = 0
     sessions_opened: int = 0
+    sessions_resumed: int = 0
+    """Sessions an upstream worker resumed over a new link after its path died."""
+    replayed_steps: int = 0
+    """Steps received twice after a resume (already handled, dropped)."""
     tokens: int = 0
     """Tokens sampled here (last stage only)."""
     last_compute_ms: float = 0.0
@@ -86,7 +95,12 @@ class StageWorker:
         self.is_last = stage.spec.is_last
         self.n_embd = stage.engine.n_embd
         self.stats = WorkerStats()
-        tuning = QuicTuning(max_datagram_size=config.max_datagram_size, library=config.quic_library)
+        tuning = QuicTuning(
+            max_datagram_size=config.max_datagram_size,
+            library=config.quic_library,
+            idle_timeout=config.idle_timeout,
+            keepalive=config.idle_timeout / 4,
+        )
         self._server = ChannelServer(creds, self._channel_ready, tuning)
         self._downstream = (
             Downstream(
@@ -96,6 +110,7 @@ class StageWorker:
                 self._downstream_frame,
                 self._downstream_lost,
                 dialer=dialer,
+                relink_timeout=config.relink_timeout,
             )
             if config.next_hop is not None
             else None
@@ -125,6 +140,11 @@ class StageWorker:
     @property
     def next_hop_path(self) -> str:
         return "direct" if self._downstream is None else self._downstream.path
+
+    @property
+    def next_hop_relinks(self) -> int:
+        """How often the path to the next stage was replaced with sessions running."""
+        return 0 if self._downstream is None else self._downstream.relinks
 
     async def next_hop_rtt(self) -> dict[str, float]:
         """Measured round trip to the next stage, for the coordinator's placement."""
@@ -182,8 +202,11 @@ class StageWorker:
         peer = channel.peer
         if peer is not None and self._peers.get(peer.node_id) is channel:
             del self._peers[peer.node_id]
+        resumable = peer is not None and peer.role == "worker"
         for name, s in list(self._sessions.items()):
-            if s.owner is channel:
+            if s.owner is channel and resumable:
+                self._orphan(name, s, reason)
+            elif s.owner is channel:
                 self._drop(name, forward_close=True, reason=f"upstream closed: {reason}")
             elif s.reply is channel:
                 self._fail(
@@ -203,8 +226,12 @@ class StageWorker:
         except FrameError as exc:
             session = getattr(frame, "session", "")
             self._send(channel, wire.Error(session, exc.code, exc.message))
-            if session:
+            current = self._sessions.get(session)
+            if current is not None and current.owner is channel:
                 self._fail(session, exc.code, exc.message)
+            elif session:
+                # Not this peer's session (a forged or stale id): refuse, touch nothing.
+                channel.conn.release(session)
 
     def _downstream_frame(self, _channel: Channel, frame: wire.Frame) -> None:
         if isinstance(frame, wire.Error) and frame.session in self._sessions:
@@ -218,18 +245,22 @@ class StageWorker:
     # ------------------------------------------------------------ frames
 
     def _on_open(self, channel: Channel, frame: wire.Open) -> None:
-        if frame.session in self._sessions:
-            raise FrameError(ErrorCode.BAD_VALUE, "session already open")
+        assert channel.peer is not None
+        existing = self._sessions.get(frame.session)
+        if existing is not None:
+            self._resume(channel, existing, frame)
+            return
         if self._draining:
             raise FrameError(ErrorCode.OVERLOADED, "this stage is pausing; try another route")
-        session = _Session(frame, owner=channel)
+        session = _Session(frame, owner=channel, owner_id=channel.peer.node_id)
         if self.is_last:
             session.reply = self._peers.get(frame.reply_to)
             if session.reply is None:
                 raise FrameError(
                     ErrorCode.BAD_VALUE, f"client {frame.reply_to!r} has no link to the last stage"
                 )
-            session.rng = make_rng(sampling_from_wire(frame.sampling))
+            session.params = sampling_from_wire(frame.sampling)
+            session.rng = make_rng(session.params)
         self._sessions[frame.session] = session
         self._idle.clear()
         future = asyncio.get_running_loop().run_in_executor(
@@ -240,6 +271,32 @@ class StageWorker:
             self._downstream.send(frame)
         self.stats.sessions_opened += 1
 
+    def _resume(self, channel: Channel, session: _Session, frame: wire.Open) -> None:
+        """The same OPEN again from the same upstream node over a new link: its path died
+        and was replaced. Take the session over to the new link; nothing else changes."""
+        assert channel.peer is not None
+        if channel.peer.node_id != session.owner_id or frame != session.open:
+            raise FrameError(ErrorCode.NOT_OWNER, "session already open (by another peer)")
+        if session.owner is not None and session.owner is not channel:
+            session.owner.conn.release(frame.session)
+        session.owner = channel
+        if session.expiry is not None:
+            session.expiry.cancel()
+            session.expiry = None
+        self.stats.sessions_resumed += 1
+        log.info("session %s resumed by %s over a new link", frame.session, session.owner_id)
+
+    def _orphan(self, name: str, session: _Session, reason: str) -> None:
+        """The upstream worker's link died: keep the session for a while, it may resume."""
+        session.owner = None
+        session.expiry = asyncio.get_running_loop().call_later(
+            self.config.resume_grace,
+            lambda: self._drop(
+                name, forward_close=True, reason=f"upstream closed and did not resume: {reason}"
+            ),
+        )
+        log.info("upstream of session %s lost (%s); waiting for a resume", name, reason)
+
     def _opened(self, name: str, future: asyncio.Future[None]) -> None:
         exc = future.exception()
         if exc is not None:
@@ -249,6 +306,10 @@ class StageWorker:
         session = self._sessions.get(frame.session)
         if session is None or session.owner is not channel:
             raise FrameError(ErrorCode.UNKNOWN_SESSION, "no such session here")
+        if frame.step_id <= session.last_step_id:
+            self.stats.replayed_steps += 1  # resent after a resume; handled already
+            return
+        session.last_step_id = frame.step_id
         if frame.wire_dtype != session.open.wire_dtype and frame.hidden is not None:
             raise FrameError(ErrorCode.BAD_DTYPE, "rows in a dtype the session did not open with")
         if self.is_first:
@@ -359,8 +420,8 @@ class StageWorker:
         session.history.extend(step.tokens)
         if step.start + step.n_rows < session.open.prompt_len:
             return  # an intermediate prompt chunk: nothing to say yet
-        assert session.rng is not None
-        params = sampling_from_wire(session.open.sampling)
+        assert session.rng is not None and session.params is not None
+        params = session.params
         drafts = step.drafts
         history = list(session.history)
         chosen: list[int] = []
@@ -410,7 +471,8 @@ class StageWorker:
             return
         self.stats.errors += 1
         error = wire.Error(name, code, wire.truncate_utf8(message, 900))
-        self._send(session.owner, error)
+        if session.owner is not None:
+            self._send(session.owner, error)
         if notify_reply and session.reply is not None:
             self._send(session.reply, error)
         self._drop(name, forward_close=forward_close, reason=message)
@@ -421,11 +483,18 @@ class StageWorker:
             return
         if not self._sessions:
             self._idle.set()
-        session.owner.conn.release(name)
+        if session.owner is not None:
+            session.owner.conn.release(name)
+        if session.expiry is not None:
+            session.expiry.cancel()
         self._pending = [p for p in self._pending if p.step.session != name]
         self._executor.submit(self._close_on_stage, name)
-        if forward_close and self._downstream is not None and self._downstream.connected:
-            self._downstream.send(wire.Close(name, wire.truncate_utf8(reason, 900)))
+        if self._downstream is None:
+            return
+        if forward_close:
+            self._downstream.end_session(name, reason)
+        else:
+            self._downstream.forget(name)
 
     def _close_on_stage(self, name: str) -> None:
         with contextlib.suppress(CoreError):  # never opened here (open failed): nothing to free

@@ -50,6 +50,11 @@ class LinkError(NetError):
     """A QUIC link could not be established or was lost."""
 
 
+class PeerUnreachable(LinkError):
+    """The peer's host answered that nothing listens there (ICMP port unreachable): the
+    process is gone, so redialling the same address is pointless."""
+
+
 @dataclass(frozen=True)
 class TlsIdentity:
     """This node's certificate chain and key, and the swarm CA it trusts, as PEM."""
@@ -70,8 +75,10 @@ QUIC_LIBRARIES = ("aioquic", "qh3")
 @dataclass(frozen=True)
 class QuicTuning:
     max_datagram_size: int = 1200
-    idle_timeout: float = 20.0
-    keepalive: float = 5.0
+    idle_timeout: float = 8.0
+    """A path silent this long is dead: the link closes and is re-established (worker
+    links resume their sessions), so this bounds how long a generation stalls."""
+    keepalive: float = 2.0
     """Seconds between PINGs on an idle link: keeps NAT mappings and detects dead peers."""
     pace: bool = False
     library: str = "aioquic"
@@ -306,7 +313,7 @@ class QuicLink:
         self._transmit()
 
     def path_error(self, exc: Exception) -> None:
-        self._terminate(f"peer unreachable ({exc})")
+        self._terminate(f"peer unreachable ({exc})", PeerUnreachable)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -379,7 +386,7 @@ class QuicLink:
         self._transmit()
         self._terminate(reason)
 
-    def _terminate(self, reason: str) -> None:
+    def _terminate(self, reason: str, error: type[LinkError] = LinkError) -> None:
         if self.closed.done():
             return
         for handle in (self._timer, self._keepalive):
@@ -387,7 +394,7 @@ class QuicLink:
                 handle.cancel()
         self.closed.set_result(reason)
         if not self.connected.done():
-            self.connected.set_exception(LinkError(reason))
+            self.connected.set_exception(error(reason))
             self.connected.exception()  # mark retrieved; callers see it via wait_connected
         if self.owns_path:
             self._path.close()

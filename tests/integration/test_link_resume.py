@@ -1,0 +1,129 @@
+"""A path between two workers dies mid-generation: the link is re-established and the
+running session continues, token for token, as if nothing had happened."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from app.client import SwarmClient
+from app.local_run import build_pipeline
+from app.local_swarm import LocalSwarm
+from core.tokenizer import Tokenizer
+from core.types import LayerRange
+
+pytestmark = pytest.mark.integration
+
+CUTS = [0, 6, 12, 18]
+PROMPT = "The capital of France is"
+N_TOKENS = 24
+IDLE_S = 2.0
+"""Short QUIC idle timeout, so the dead path is noticed quickly."""
+
+
+def _whole_model_tokens(gemma: Path, prompt: list[int], n: int) -> list[int]:
+    whole = build_pipeline([gemma], [LayerRange(0, 18)], 18, 1024, 64, 2, False)
+    try:
+        return list(whole.generate(prompt, n).tokens)
+    finally:
+        whole.shutdown()
+
+
+def test_a_dead_path_between_workers_is_replaced_and_the_session_continues(
+    gemma_path: Path,
+) -> None:
+    tok = Tokenizer.from_gguf(gemma_path)
+    prompt = tok.encode(PROMPT)
+    tok.close()
+    expected = _whole_model_tokens(gemma_path, prompt, N_TOKENS)
+
+    async def scenario() -> tuple[list[int], int, str, str]:
+        # Every link through a (zero-delay) userspace proxy, so one can be cut.
+        swarm = LocalSwarm(
+            model=str(gemma_path), cuts=CUTS, link_delays_ms=[0, 0, 0, 0], idle_timeout=IDLE_S
+        )
+        await swarm.start()
+        try:
+            assert swarm.route is not None and swarm.client_credentials is not None
+            stage0_to_1 = swarm.proxies[1]
+            loop = asyncio.get_running_loop()
+            tokens: list[int] = []
+            async with SwarmClient(
+                swarm.client_credentials, swarm.route, tuning=swarm.tuning
+            ) as client:
+                async for ev in client.generate(prompt, N_TOKENS):
+                    tokens.extend(ev.tokens)
+                    if len(tokens) == 4:
+                        # The path goes silent both ways, longer than the idle timeout:
+                        # both ends declare it dead. Then it works again.
+                        stage0_to_1.loss = 1.0
+                        loop.call_later(IDLE_S * 2, setattr, stage0_to_1, "loss", 0.0)
+            flows = stage0_to_1.stats.flows
+        finally:
+            await swarm.stop()
+            logs = [
+                (swarm.workdir / f"stage{i}.log").read_text(errors="replace")
+                if swarm.workdir
+                else ""
+                for i in range(2)
+            ]
+            swarm.cleanup()
+        return tokens, flows, logs[0], logs[1]
+
+    tokens, flows, log0, log1 = asyncio.run(scenario())
+    assert tokens == expected, "the resumed session produced other tokens"
+    assert flows >= 2, "stage0 dialled its next hop again (a new QUIC connection)"
+    assert "re-established" in log0 and "resuming 1 session" in log0, log0[-3000:]
+    assert "0 errors, 0 resumed, 1 relinks" in log0, log0[-3000:]
+    assert "0 errors, 1 resumed, 0 relinks" in log1, log1[-3000:]
+
+
+def test_only_the_upstream_that_opened_a_session_may_resume_it(gemma_path: Path) -> None:
+    """A repeated OPEN resumes a session only from the node that opened it; another
+    node of the same swarm reusing the session id is refused, and the session lives on."""
+    from app.credentials import issue_node, load_credentials
+    from net import wire
+    from net.channel import connect_channel
+    from net.errors import ErrorCode
+    from net.tensors import WireDtype
+
+    async def scenario() -> tuple[list[wire.Frame], list[wire.Frame]]:
+        swarm = LocalSwarm(model=str(gemma_path), cuts=[0, 9, 18])
+        await swarm.start()
+        try:
+            assert swarm.route is not None and swarm.workdir is not None
+            ca = swarm.workdir / "ca"
+            creds = {
+                name: load_credentials(issue_node(ca, name, "worker", swarm.workdir / name), name)
+                for name in ("owner", "intruder")
+            }
+            last = swarm.route.last
+            got: dict[str, list[wire.Frame]] = {"owner": [], "intruder": []}
+            channels = {}
+            for name, c in creds.items():
+                ch = await connect_channel(last.address, c, last.node_id)
+                ch.on_frame = lambda _ch, f, name=name: got[name].append(f)
+                channels[name] = ch
+            opened = wire.Open("s1", "m", WireDtype.F32, wire.SamplingSpec(), "owner", 4, 2)
+            rows = b"\0" * (2 * 640 * 4)
+            channels["owner"].send(opened)
+            channels["intruder"].send(opened)  # same id, same content, other node
+            await asyncio.sleep(0.5)
+            channels["owner"].send(wire.Step("s1", 0, 0, (1, 2), rows, 2, 640, WireDtype.F32))
+            for _ in range(100):
+                if any(isinstance(f, wire.Tokens) for f in got["owner"]):
+                    break
+                await asyncio.sleep(0.1)
+            for ch in channels.values():
+                ch.close()
+            return got["owner"], got["intruder"]
+        finally:
+            await swarm.stop()
+            swarm.cleanup()
+
+    owner, intruder = asyncio.run(scenario())
+    assert [f.code for f in intruder if isinstance(f, wire.Error)] == [ErrorCode.NOT_OWNER]
+    assert not [f for f in owner if isinstance(f, wire.Error)], owner
+    assert [len(f.tokens) for f in owner if isinstance(f, wire.Tokens)] == [1]
