@@ -54,7 +54,7 @@ class SwarmClient:
         route: Route,
         tuning: QuicTuning = QuicTuning(),
         first_token_timeout: float = 60.0,
-        step_timeout: float = 30.0,
+        step_timeout: float = 40.0,
         dialer: Callable[[str, tuple[str, int]], Awaitable[Channel]] | None = None,
     ) -> None:
         self.creds = creds

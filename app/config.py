@@ -52,7 +52,7 @@ class WorkerConfig:
     """Diagnostics: the last stage sends the logits each token was chosen from."""
     idle_timeout: float = 8.0
     """Seconds of silence after which a link's path counts as dead (QUIC idle timeout)."""
-    relink_timeout: float = 15.0
+    relink_timeout: float = 20.0
     """How long a worker tries to re-establish a lost link to its next stage (direct,
     then ICE, then the relay) before failing the sessions that crossed it."""
     resume_grace: float = 30.0
@@ -91,7 +91,7 @@ class WorkerConfig:
                 return_logits=bool(doc.get("return_logits", False)),
                 quic_library=str(doc.get("quic_library", "aioquic")),
                 idle_timeout=float(doc.get("idle_timeout", 8.0)),
-                relink_timeout=float(doc.get("relink_timeout", 15.0)),
+                relink_timeout=float(doc.get("relink_timeout", 20.0)),
                 resume_grace=float(doc.get("resume_grace", 30.0)),
             )
         except ConfigError:

@@ -42,7 +42,7 @@ class Downstream:
         on_lost: Callable[[str], None],
         connect_timeout: float = 5.0,
         dialer: Dialer | None = None,
-        relink_timeout: float = 15.0,
+        relink_timeout: float = 20.0,
     ) -> None:
         self.hop = hop
         self._creds = creds
@@ -116,7 +116,9 @@ class Downstream:
         while True:
             remaining = deadline - loop.time()
             try:
-                channel, path = await self._dial_once(max(min(self._timeout, remaining), 0.5))
+                # A dialer falls back through ICE to the relay: give it all the time left.
+                budget = remaining if self._dialer is not None else min(self._timeout, remaining)
+                channel, path = await self._dial_once(max(budget, 0.5))
                 break
             except (NetError, OSError, TimeoutError) as exc:
                 error: Exception = exc

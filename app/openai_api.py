@@ -148,7 +148,7 @@ class SwarmBackend:
         max_concurrent: int = 4,
         wire_dtype: WireDtype = WireDtype.F32,
         first_token_timeout: float = 60.0,
-        step_timeout: float = 30.0,
+        step_timeout: float = 40.0,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -94,12 +96,48 @@ def model(gemma_path: Path) -> Path:
     return gemma_path
 
 
-def run_swarm(
-    topo: Topology, wd: Path, model: Path, relay_only: bool, max_tokens: int = 8
-) -> tuple[str, dict[str, str], str]:
-    """Run relay, coordinator, 3 workers (homes 1-3) and a client (home 4); return the
-    client's answer, the path each worker reported for its link to the next stage, and
-    the client's whole output (with its tokens/s and timing table)."""
+@dataclass
+class Swarm:
+    """A running relay, coordinator and three workers, and a client identity (home 4)."""
+
+    topo: Topology
+    wd: Path
+    data: Path
+
+    def chat_command(self, max_tokens: int) -> list[str]:
+        return _ns(
+            self.topo.homes[3].host,
+            "chat",
+            "--identity",
+            str(self.wd / "client"),
+            "--prompt",
+            PROMPT,
+            "--raw",
+            "--max-tokens",
+            str(max_tokens),
+        )
+
+    def chat(self, max_tokens: int) -> tuple[str, str]:
+        """The client's answer and its whole output (tokens/s, timing table)."""
+        chat = subprocess.run(
+            self.chat_command(max_tokens), capture_output=True, text=True, env=_env(), timeout=180
+        )
+        assert chat.returncode == 0, chat.stderr[-2000:]
+        return chat.stdout.split("\n\n")[0], chat.stdout
+
+    def paths(self) -> dict[str, str]:
+        """The path each worker reported for its link to the next stage."""
+        time.sleep(5)  # two heartbeats: each worker reports its next-hop path
+        store = Store(f"sqlite:///{self.data / 'coordinator.db'}")
+        with store.session() as s:
+            paths = {n.node_id: n.path for n in s.query(Node).filter(Node.role == "worker")}
+        store.close()
+        return paths
+
+
+@contextmanager
+def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterator[Swarm]:
+    """Run relay, coordinator, 3 workers (homes 1-3) and join a client (home 4)."""
     procs: list[subprocess.Popen[str]] = []
     secret = wd / "turn-secret"
     secret.write_text("system-test-secret\n")
@@ -180,41 +218,25 @@ def run_swarm(
             workers.append(w)
         for i, w in enumerate(workers):
             _wait_ready(w, f"worker {i}", timeout=180)
-        client_home = topo.homes[3].host
         subprocess.run(
-            _ns(client_home, "join", invite("client"), "--identity", str(wd / "client")),
+            _ns(topo.homes[3].host, "join", invite("client"), "--identity", str(wd / "client")),
             check=True,
             capture_output=True,
             text=True,
             env=_env(),
         )
-        chat = subprocess.run(
-            _ns(
-                client_home,
-                "chat",
-                "--identity",
-                str(wd / "client"),
-                "--prompt",
-                PROMPT,
-                "--raw",
-                "--max-tokens",
-                str(max_tokens),
-            ),
-            capture_output=True,
-            text=True,
-            env=_env(),
-            timeout=180,
-        )
-        assert chat.returncode == 0, chat.stderr[-2000:]
-        answer = chat.stdout.split("\n\n")[0]
-        time.sleep(5)  # two heartbeats: each worker reports its next-hop path
-        store = Store(f"sqlite:///{data / 'coordinator.db'}")
-        with store.session() as s:
-            paths = {n.node_id: n.path for n in s.query(Node).filter(Node.role == "worker")}
-        store.close()
-        return answer, paths, chat.stdout
+        yield Swarm(topo, wd, data)
     finally:
         _stop(procs)
+
+
+def run_swarm(
+    topo: Topology, wd: Path, model: Path, relay_only: bool, max_tokens: int = 8
+) -> tuple[str, dict[str, str], str]:
+    """One chat through a fresh swarm: the answer, each worker's next-hop path, the output."""
+    with swarm_up(topo, wd, model, relay_only) as swarm:
+        answer, output = swarm.chat(max_tokens)
+        return answer, swarm.paths(), output
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +272,55 @@ def test_every_hop_through_the_relay_gives_the_same_tokens(
         answer, paths, _ = run_swarm(topo, tmp_path, model, relay_only=True)
     assert sorted(paths.values()).count("relayed") >= 2, paths
     assert answer == direct_cone[0]
+
+
+def _cut_worker_paths(topo: Topology) -> None:
+    """Each worker home's router drops everything to and from the other worker homes:
+    punched paths between workers die; the relay and the client's links still work."""
+    workers = topo.homes[:3]
+    for home in workers:
+        ex = topo.exec_prefix(home.router)
+        for other in workers:
+            if other is home:
+                continue
+            for flag in ("-s", "-d"):
+                subprocess.run(
+                    [*ex, "iptables", "-I", "FORWARD", flag, other.wan_ip, "-j", "DROP"],
+                    check=True,
+                    capture_output=True,
+                )
+
+
+def test_dead_punched_paths_fall_back_to_the_relay_mid_generation(
+    model: Path, tmp_path: Path
+) -> None:
+    """Links between workers are punched; mid-answer those paths die. Each link is
+    re-established through the relay and the answer goes on, the same as uncut."""
+    n = 48
+    with home_routers(["cone"] * 4) as topo, swarm_up(topo, tmp_path, model, False) as swarm:
+        uncut, _ = swarm.chat(n)
+        before = swarm.paths()
+        chat = subprocess.Popen(
+            swarm.chat_command(n),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(),
+            bufsize=0,  # read(1) must not buffer ahead of communicate()
+        )
+        assert chat.stdout is not None
+        streamed = b""
+        while len(streamed) < 12:  # a few tokens in: the session is running
+            byte = chat.stdout.read(1)
+            assert byte, f"chat ended early: {chat.stderr.read() if chat.stderr else b''!r}"
+            streamed += byte
+        _cut_worker_paths(topo)
+        out, err = chat.communicate(timeout=180)
+        assert chat.returncode == 0, err.decode(errors="replace")[-2000:]
+        answer = (streamed + out).decode().split("\n\n")[0]
+        after = swarm.paths()
+    assert sorted(before.values()).count("punched") >= 2, before
+    assert answer == uncut
+    assert sorted(after.values()).count("relayed") >= 2, after
 
 
 def _allocate(server: tuple[str, int], username: str, password: str) -> int:
