@@ -1,9 +1,13 @@
 """The client library: open a session along a route, push tokens in, stream tokens out.
 
 The client holds two channels: to the first stage (OPEN, STEP, CLOSE go there and
-travel down the chain) and to the last stage (TOKENS come back on it directly). A
-stage that fails or vanishes surfaces as a typed `ClientError` within seconds: an ERROR
-relayed up the chain, a link that dies, or, at worst, the step deadline.
+travel down the chain) and to the last stage (TOKENS come back on it directly). When the
+path of either dies, the client dials again (within `relink_timeout`) and the running
+generations continue: the first stage is sent each session's OPEN and unconfirmed STEPs
+again (net.replay), the last stage sends the latest TOKENS again, and duplicates are
+ignored on both sides. A stage that fails or vanishes surfaces as a typed `ClientError`:
+an ERROR relayed up the chain, a stage that cannot be reached again, or at worst the
+step deadline.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import numpy.typing as npt
 
 from app.config import Route
 from app.errors import RouteUnavailable, StageFailed, StageTimeout
+from app.redial import dial_until
 from app.wire_convert import sampling_to_wire
 from core.types import SamplingParams
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
 from net.quic import QuicTuning
+from net.replay import ReplayLog
 from net.tensors import WireDtype
 
 DEFAULT_CHUNK = 64
@@ -56,19 +62,28 @@ class SwarmClient:
         first_token_timeout: float = 60.0,
         step_timeout: float = 40.0,
         dialer: Callable[[str, tuple[str, int]], Awaitable[Channel]] | None = None,
+        relink_timeout: float = 20.0,
     ) -> None:
         self.creds = creds
         self.route = route
         self.tuning = tuning
         self.first_token_timeout = first_token_timeout
         self.step_timeout = step_timeout
+        self.relink_timeout = relink_timeout
         self._first: Channel | None = None
         self._last: Channel | None = None
         self._queues: dict[str, asyncio.Queue[wire.Frame | _Failure]] = {}
         self._dialer = dialer
         """Opens channels (direct, then ICE through the coordinator); default: direct only."""
+        self._sent = ReplayLog()
+        """What the first stage must be sent again if its link is replaced."""
+        self._relinking: asyncio.Task[None] | None = None
+        self._closing = False
+        self.relinks = 0
+        """Links replaced while generations were running."""
 
     async def connect(self) -> None:
+        self._closing = False
         try:
             self._last = await self._dial(self.route.last.node_id, self.route.last.address)
             if len(self.route.stages) == 1:
@@ -79,11 +94,11 @@ class SwarmClient:
             await self.close()
             raise RouteUnavailable(str(exc)) from exc
 
-    async def _dial(self, node_id: str, address: tuple[str, int]) -> Channel:
+    async def _dial(self, node_id: str, address: tuple[str, int], timeout: float = 10.0) -> Channel:
         if self._dialer is not None:
-            channel = await self._dialer(node_id, address)
+            channel = await asyncio.wait_for(self._dialer(node_id, address), timeout)
         else:
-            channel = await connect_channel(address, self.creds, node_id, self.tuning)
+            channel = await connect_channel(address, self.creds, node_id, self.tuning, timeout)
         channel.on_frame = self._frame
         channel.on_close = self._channel_closed
         return channel
@@ -94,11 +109,67 @@ class SwarmClient:
             self._queues[session].put_nowait(frame)
 
     def _channel_closed(self, channel: Channel, reason: str) -> None:
-        peer = channel.peer.node_id if channel.peer else "?"
-        for q in self._queues.values():
-            q.put_nowait(_Failure(RouteUnavailable(f"link to {peer} lost: {reason}")))
+        if self._closing or channel not in (self._first, self._last):
+            return
+        if channel is self._first:
+            self._first = None
+        if channel is self._last:
+            self._last = None
+        if not self._queues:
+            return  # nothing running: the next generate() dials again
+        if self._relinking is None or self._relinking.done():
+            self._relinking = asyncio.get_running_loop().create_task(self._relink(reason))
+
+    async def _relink(self, reason: str) -> None:
+        """Dial the lost link(s) again and resume every running generation on them."""
+        try:
+            await self._redial_missing()
+        except RouteUnavailable as exc:
+            for q in self._queues.values():
+                q.put_nowait(_Failure(RouteUnavailable(f"link lost ({reason}): {exc}")))
+            return
+        self.relinks += 1
+
+    async def _redial_missing(self) -> None:
+        # Loop: the other link may die while one is being redialled.
+        while self._first is None or self._last is None:
+            await self._redial_once()
+
+    async def _redial_once(self) -> None:
+        route = self.route
+        try:
+            if self._last is None:
+                self._last = await dial_until(
+                    lambda t: self._dial(route.last.node_id, route.last.address, t),
+                    self.relink_timeout,
+                    f"last stage {route.last.node_id}",
+                    stop_when_unreachable=self._dialer is None,
+                )
+            if self._first is None:
+                if len(route.stages) == 1:
+                    self._first = self._last
+                else:
+                    self._first = await dial_until(
+                        lambda t: self._dial(route.first.node_id, route.first.address, t),
+                        self.relink_timeout,
+                        f"first stage {route.first.node_id}",
+                        stop_when_unreachable=self._dialer is None,
+                    )
+                for frame in self._sent.replay():
+                    self._first.send(frame)
+        except (NetError, OSError, TimeoutError) as exc:
+            raise RouteUnavailable(str(exc)) from exc
+
+    def _send_first(self, frame: wire.Frame) -> None:
+        """To the first stage now, or, while its link is redialled, with the replay."""
+        self._sent.record(frame)
+        if self._first is not None and not self._first.closed.done():
+            self._first.send(frame)
 
     async def close(self) -> None:
+        self._closing = True
+        if self._relinking is not None and not self._relinking.done():
+            self._relinking.cancel()
         for ch in {self._first, self._last}:
             if ch is not None:
                 ch.close("client done")
@@ -121,16 +192,19 @@ class SwarmClient:
         is_end: Callable[[int], bool] = lambda _t: False,
     ) -> AsyncIterator[TokenEvent]:
         """Yield tokens as the last stage sends them; stop at max_tokens or an end token."""
+        if self._relinking is not None and not self._relinking.done():
+            await asyncio.shield(self._relinking)
         if self._first is None or self._last is None:
-            raise RouteUnavailable("not connected; call connect() first")
+            if self._closing:
+                raise RouteUnavailable("the client is closed")
+            await self._redial_missing()  # not connected yet, or a link died while idle
         if not prompt:
             raise ValueError("empty prompt")
         name = uuid.uuid4().hex
         queue: asyncio.Queue[wire.Frame | _Failure] = asyncio.Queue()
         self._queues[name] = queue
-        first = self._first
         try:
-            first.send(
+            self._send_first(
                 wire.Open(
                     session=name,
                     model=self.route.model,
@@ -144,13 +218,13 @@ class SwarmClient:
             step_id = 0
             sent = time.perf_counter()
             for a in range(0, len(prompt), chunk):  # all chunks at once: stages overlap
-                first.send(self._step(name, step_id, a, tuple(prompt[a : a + chunk])))
+                self._send_first(self._step(name, step_id, a, tuple(prompt[a : a + chunk])))
                 step_id += 1
             pos = len(prompt)
             produced = 0
             timeout = self.first_token_timeout
             while True:
-                frame = await self._next(queue, timeout)
+                frame = await self._next(queue, timeout, step_id - 1)
                 logits = (
                     np.frombuffer(frame.logits_sample, dtype=np.float32)
                     if frame.logits_sample
@@ -167,13 +241,12 @@ class SwarmClient:
                     break
                 timeout = self.step_timeout
                 sent = time.perf_counter()
-                first.send(self._step(name, step_id, pos, (last,)))
+                self._send_first(self._step(name, step_id, pos, (last,)))
                 pos += 1
                 step_id += 1
         finally:
             del self._queues[name]
-            if not first.closed.done():
-                first.send(wire.Close(name, "done"))
+            self._send_first(wire.Close(name, "done"))
 
     @staticmethod
     def _step(session: str, step_id: int, start: int, tokens: tuple[int, ...]) -> wire.Step:
@@ -190,8 +263,10 @@ class SwarmClient:
         )
 
     async def _next(
-        self, queue: asyncio.Queue[wire.Frame | _Failure], timeout: float
+        self, queue: asyncio.Queue[wire.Frame | _Failure], timeout: float, step_id: int
     ) -> wire.Tokens:
+        """The TOKENS answering `step_id`; earlier ones sent again after a relink are
+        dropped."""
         while True:
             try:
                 item = await asyncio.wait_for(queue.get(), timeout)
@@ -201,5 +276,5 @@ class SwarmClient:
                 raise item.error
             if isinstance(item, wire.Error):
                 raise StageFailed(item.code.name, item.message)
-            if isinstance(item, wire.Tokens):
+            if isinstance(item, wire.Tokens) and item.step_id == step_id:
                 return item

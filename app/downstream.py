@@ -17,20 +17,17 @@ import time
 from collections.abc import Awaitable, Callable
 
 from app.config import Hop
+from app.redial import dial_until
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
-from net.quic import PeerUnreachable, QuicTuning
+from net.quic import QuicTuning
 from net.replay import ReplayLog
 
 log = logging.getLogger(__name__)
 
 Dialer = Callable[[str, tuple[str, int]], Awaitable[tuple[Channel, str]]]
 """(node id, address) -> an authenticated channel and its path kind (direct/punched/relayed)."""
-
-RETRY_DELAYS_S = (0.25, 0.5, 1.0, 2.0)
-"""Pauses between dial attempts while re-establishing; the last one repeats."""
-
 
 class Downstream:
     def __init__(
@@ -100,37 +97,32 @@ class Downstream:
             return
         self._connecting = asyncio.get_running_loop().create_task(self._connect())
 
-    async def _dial_once(self, timeout: float) -> tuple[Channel, str]:
+    async def _dial_once(self, time_left: float) -> tuple[Channel, str]:
         if self._dialer is not None:
-            return await asyncio.wait_for(self._dialer(self.hop.node_id, self.hop.address), timeout)
+            # A dialer falls back through ICE to the relay: give it all the time left.
+            dialled = self._dialer(self.hop.node_id, self.hop.address)
+            return await asyncio.wait_for(dialled, time_left)
         channel = await connect_channel(
-            self.hop.address, self._creds, self.hop.node_id, self._tuning, timeout=timeout
+            self.hop.address,
+            self._creds,
+            self.hop.node_id,
+            self._tuning,
+            timeout=min(self._timeout, time_left),
         )
         return channel, "direct"
 
     async def _connect(self) -> None:
-        loop = asyncio.get_running_loop()
         relinking = len(self._replay) > 0 and self.relinks_pending
-        deadline = loop.time() + (self._relink_timeout if relinking else self._timeout)
-        attempt = 0
-        while True:
-            remaining = deadline - loop.time()
-            try:
-                # A dialer falls back through ICE to the relay: give it all the time left.
-                budget = remaining if self._dialer is not None else min(self._timeout, remaining)
-                channel, path = await self._dial_once(max(budget, 0.5))
-                break
-            except (NetError, OSError, TimeoutError) as exc:
-                error: Exception = exc
-            # Nothing listens at the address any more: the stage is gone, not the path.
-            gone = isinstance(error, PeerUnreachable) and self._dialer is None
-            pause = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
-            if gone or loop.time() + pause >= deadline:
-                self._give_up(error)
-                return
-            log.info("next hop %s: %s; dialling again", self.hop.node_id, error)
-            attempt += 1
-            await asyncio.sleep(pause)
+        try:
+            channel, path = await dial_until(
+                self._dial_once,
+                self._relink_timeout if relinking else self._timeout,
+                f"next hop {self.hop.node_id}",
+                stop_when_unreachable=self._dialer is None,
+            )
+        except (NetError, OSError, TimeoutError) as exc:
+            self._give_up(exc)
+            return
         channel.on_frame = self._frame
         channel.on_close = lambda _ch, reason: self._lost(channel, reason)
         self._channel, self.path = channel, path

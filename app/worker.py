@@ -45,7 +45,9 @@ class _Session:
     owner_id: str
     """The upstream node: only it may resume the session over a new link."""
     reply: Channel | None = None
-    """Last stage: the client's own channel, for TOKENS."""
+    """Last stage: the client's own channel, for TOKENS (None while the client redials)."""
+    last_reply: wire.Tokens | None = None
+    """Last stage: the latest TOKENS, sent again when the client's link is replaced."""
     history: list[int] = field(default_factory=list)
     generated: int = 0
     rng: np.random.Generator | None = None
@@ -54,7 +56,7 @@ class _Session:
     last_step_id: int = -1
     """Highest step taken; a replayed step at or below it was already handled."""
     expiry: asyncio.TimerHandle | None = None
-    """While orphaned: drops the session if no resume arrives in time."""
+    """While a link of the session is lost: drops it unless the link comes back in time."""
 
 
 @dataclass
@@ -197,21 +199,33 @@ class StageWorker:
         self._peers[channel.peer.node_id] = channel
         channel.on_frame = self._upstream_frame
         channel.on_close = self._channel_closed
+        if self.is_last:
+            self._reattach_client(channel)
+
+    def _reattach_client(self, channel: Channel) -> None:
+        """A client redialled the last stage: its sessions' TOKENS go this way now, and
+        the latest TOKENS again, in case they were lost with the old path."""
+        assert channel.peer is not None
+        for name, s in self._sessions.items():
+            if s.open.reply_to != channel.peer.node_id or s.reply is channel:
+                continue
+            s.reply = channel
+            if s.last_reply is not None:
+                self._send(channel, s.last_reply)
+            self._relinked(name, s)
 
     def _channel_closed(self, channel: Channel, reason: str) -> None:
         peer = channel.peer
         if peer is not None and self._peers.get(peer.node_id) is channel:
             del self._peers[peer.node_id]
-        resumable = peer is not None and peer.role == "worker"
         for name, s in list(self._sessions.items()):
-            if s.owner is channel and resumable:
-                self._orphan(name, s, reason)
-            elif s.owner is channel:
-                self._drop(name, forward_close=True, reason=f"upstream closed: {reason}")
-            elif s.reply is channel:
-                self._fail(
-                    name, ErrorCode.STAGE_ERROR, f"client link lost: {reason}", notify_reply=False
-                )
+            if s.owner is not channel and s.reply is not channel:
+                continue
+            if s.owner is channel:
+                s.owner = None
+            if s.reply is channel:
+                s.reply = None
+            self._orphan(name, s, reason)
 
     def _upstream_frame(self, channel: Channel, frame: wire.Frame) -> None:
         try:
@@ -280,22 +294,29 @@ class StageWorker:
         if session.owner is not None and session.owner is not channel:
             session.owner.conn.release(frame.session)
         session.owner = channel
-        if session.expiry is not None:
-            session.expiry.cancel()
-            session.expiry = None
         self.stats.sessions_resumed += 1
         log.info("session %s resumed by %s over a new link", frame.session, session.owner_id)
+        self._relinked(frame.session, session)
 
     def _orphan(self, name: str, session: _Session, reason: str) -> None:
-        """The upstream worker's link died: keep the session for a while, it may resume."""
-        session.owner = None
-        session.expiry = asyncio.get_running_loop().call_later(
-            self.config.resume_grace,
-            lambda: self._drop(
-                name, forward_close=True, reason=f"upstream closed and did not resume: {reason}"
-            ),
-        )
-        log.info("upstream of session %s lost (%s); waiting for a resume", name, reason)
+        """A link of the session died (its path, or the peer): keep the session for
+        `resume_grace` seconds, the peer may redial and resume it."""
+        if session.expiry is None:
+            session.expiry = asyncio.get_running_loop().call_later(
+                self.config.resume_grace,
+                lambda: self._drop(
+                    name, forward_close=True, reason=f"link lost and not resumed: {reason}"
+                ),
+            )
+        log.info("a link of session %s was lost (%s); waiting for a resume", name, reason)
+
+    def _relinked(self, name: str, session: _Session) -> None:
+        # Whole again: its upstream link, and on the last stage the client's link.
+        linked = session.owner is not None and (not self.is_last or session.reply is not None)
+        if linked and session.expiry is not None:
+            session.expiry.cancel()
+            session.expiry = None
+            log.info("session %s has all its links again", name)
 
     def _opened(self, name: str, future: asyncio.Future[None]) -> None:
         exc = future.exception()
@@ -436,24 +457,21 @@ class StageWorker:
         session.generated += len(chosen)
         self.stats.tokens += len(chosen)
         finished = session.generated >= session.open.max_tokens
-        reply = session.reply
-        assert reply is not None
         diagnostics = b""
         if self.config.return_logits:
             diagnostics = logits[-(len(drafts) + 1)].astype(np.float32).tobytes()
-        self._send(
-            reply,
-            wire.Tokens(
-                session=step.session,
-                step_id=step.step_id,
-                tokens=tuple(chosen),
-                drafts=(),
-                n_accepted=n_accepted,
-                finished=finished,
-                timings=timings,
-                logits_sample=diagnostics,
-            ),
+        session.last_reply = wire.Tokens(
+            session=step.session,
+            step_id=step.step_id,
+            tokens=tuple(chosen),
+            drafts=(),
+            n_accepted=n_accepted,
+            finished=finished,
+            timings=timings,
+            logits_sample=diagnostics,
         )
+        if session.reply is not None:  # else the client is redialling: sent on its return
+            self._send(session.reply, session.last_reply)
 
     # ------------------------------------------------------------ ending sessions
 
@@ -464,7 +482,6 @@ class StageWorker:
         message: str,
         *,
         forward_close: bool = True,
-        notify_reply: bool = True,
     ) -> None:
         session = self._sessions.get(name)
         if session is None:
@@ -473,7 +490,7 @@ class StageWorker:
         error = wire.Error(name, code, wire.truncate_utf8(message, 900))
         if session.owner is not None:
             self._send(session.owner, error)
-        if notify_reply and session.reply is not None:
+        if session.reply is not None:
             self._send(session.reply, error)
         self._drop(name, forward_close=forward_close, reason=message)
 
