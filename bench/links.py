@@ -9,6 +9,10 @@ from which the per-hop cost follows (4 links: client, 2 stage hops, back to the 
 
 No delay is added between namespaces (this kernel has no netem, and the userspace delay
 proxy cannot sit inside an ICE path); bench/swarm.py measures distance separately.
+
+A third run cuts the punched paths between workers mid-answer and measures the stall
+until the links are re-established through the relay (idle timeout + redial) and the
+answer goes on.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.models import default_model_path
-from tests.system.test_nat import run_swarm
+from tests.system.test_nat import child_env, cut_worker_paths, run_swarm, swarm_up
 from tests.system.topology import home_routers, missing_requirements
 
 LINKS = 4  # client -> stage0 -> stage1 -> stage2 -> client
@@ -53,6 +59,36 @@ def measure(relay_only: bool, tokens: int) -> dict[str, Any]:
     return {"paths": sorted(paths.values()), **_parse(report)}
 
 
+def measure_path_death(tokens: int) -> dict[str, Any]:
+    """Longest pause in the streamed answer when the worker paths die after a few tokens."""
+    with (
+        tempfile.TemporaryDirectory(prefix="sangama-links-") as tmp,
+        home_routers(["cone"] * 4) as topo,
+        swarm_up(topo, Path(tmp), default_model_path(), False) as swarm,
+    ):
+        uncut, _ = swarm.chat(tokens)
+        chat = subprocess.Popen(
+            swarm.chat_command(tokens), stdout=subprocess.PIPE, env=child_env(), bufsize=0
+        )
+        assert chat.stdout is not None
+        out, gaps, last = b"", [], time.monotonic()
+        while byte := chat.stdout.read(1):
+            now = time.monotonic()
+            gaps.append(now - last)
+            last, out = now, out + byte
+            if len(out) == 12:
+                cut_worker_paths(topo)
+                cut_at = now
+        chat.wait(60)
+        paths = swarm.paths()
+    return {
+        "stall_s": max(gaps[12:]),
+        "answer_unchanged": out.decode(errors="replace").split("\n\n")[0] == uncut,
+        "paths_after": sorted(paths.values()),
+        "finished_s_after_cut": last - cut_at,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -65,7 +101,9 @@ def main() -> int:
         print(f"bench/links.py: {why}", file=sys.stderr)
         return 2
     rows = {"punched": measure(False, args.tokens), "relayed": measure(True, args.tokens)}
+    death = measure_path_death(max(args.tokens, 48))
     out = {
+        "path_death": death,
         "tokens": args.tokens,
         "rows": rows,
         "relayed_vs_punched_tokens_per_s": rows["relayed"]["tokens_per_s"]
@@ -85,6 +123,10 @@ def main() -> int:
             f"{r['network_and_handling_ms']:13.2f} {r['per_hop_ms']:8.2f}  {', '.join(r['paths'])}"
         )
     print(f"relay costs {out['relay_extra_ms_per_hop']:.2f} ms per hop more than a punched link")
+    print(
+        f"punched paths cut mid-answer: stalled {death['stall_s']:.1f} s, then went on over "
+        f"{', '.join(death['paths_after'])}; answer unchanged: {death['answer_unchanged']}"
+    )
     return 0
 
 

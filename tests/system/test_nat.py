@@ -36,7 +36,7 @@ def _ns(ns: str, *args: str) -> list[str]:
     return ["ip", "netns", "exec", ns, sys.executable, "-m", "app.cli", *args]
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
@@ -73,7 +73,7 @@ def _relay(topo: Topology, run_dir: Path, secret: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=_env(),
+        env=child_env(),
     )
     _wait_ready(proc, "relay")
     return proc
@@ -120,7 +120,11 @@ class Swarm:
     def chat(self, max_tokens: int) -> tuple[str, str]:
         """The client's answer and its whole output (tokens/s, timing table)."""
         chat = subprocess.run(
-            self.chat_command(max_tokens), capture_output=True, text=True, env=_env(), timeout=180
+            self.chat_command(max_tokens),
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=180,
         )
         assert chat.returncode == 0, chat.stderr[-2000:]
         return chat.stdout.split("\n\n")[0], chat.stdout
@@ -169,7 +173,7 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_env(),
+            env=child_env(),
         )
         procs.append(coord)
         _wait_ready(coord, "coordinator")
@@ -212,7 +216,7 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env=_env(),
+                env=child_env(),
             )
             procs.append(w)
             workers.append(w)
@@ -223,7 +227,7 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
             check=True,
             capture_output=True,
             text=True,
-            env=_env(),
+            env=child_env(),
         )
         yield Swarm(topo, wd, data)
     finally:
@@ -274,7 +278,7 @@ def test_every_hop_through_the_relay_gives_the_same_tokens(
     assert answer == direct_cone[0]
 
 
-def _cut_worker_paths(topo: Topology) -> None:
+def cut_worker_paths(topo: Topology) -> None:
     """Each worker home's router drops everything to and from the other worker homes:
     punched paths between workers die; the relay and the client's links still work."""
     workers = topo.homes[:3]
@@ -304,7 +308,7 @@ def test_dead_punched_paths_fall_back_to_the_relay_mid_generation(
             swarm.chat_command(n),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=_env(),
+            env=child_env(),
             bufsize=0,  # read(1) must not buffer ahead of communicate()
         )
         assert chat.stdout is not None
@@ -313,7 +317,7 @@ def test_dead_punched_paths_fall_back_to_the_relay_mid_generation(
             byte = chat.stdout.read(1)
             assert byte, f"chat ended early: {chat.stderr.read() if chat.stderr else b''!r}"
             streamed += byte
-        _cut_worker_paths(topo)
+        cut_worker_paths(topo)
         out, err = chat.communicate(timeout=180)
         assert chat.returncode == 0, err.decode(errors="replace")[-2000:]
         answer = (streamed + out).decode().split("\n\n")[0]
