@@ -1,0 +1,144 @@
+"""The frames peers exchange, as frozen dataclasses: what each one means, no encoding.
+
+net.wire validates them and turns them into bytes and back; net.protocol decides which
+may come when. Import them from net.wire, which re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from net.errors import ErrorCode
+from net.tensors import WireDtype
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """The wire twin of core's SamplingParams (net may not import core; app converts)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_window: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """What one stage spent on one step; the last stage returns them all to the client."""
+
+    stage: int
+    compute_ms: float
+    queue_ms: float
+    recv_to_send_ms: float
+
+
+@dataclass(frozen=True)
+class Open:
+    """Client -> every stage of the route: a new session and how its tokens are chosen."""
+
+    session: str
+    model: str
+    wire_dtype: WireDtype
+    sampling: SamplingSpec
+    reply_to: str
+    """Where the last stage sends `Tokens` (the client's node id or address)."""
+    max_tokens: int
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """Rows of one session from position `start`, moving down the chain.
+
+    Either token rows (to the first stage: `hidden` None, `width` 0, one token per row)
+    or hidden-state rows (`hidden` holds n_rows x width values of `wire_dtype`), where
+    `tokens` is empty or names the same positions' tokens for the last stage's history.
+    """
+
+    session: str
+    step_id: int
+    start: int
+    tokens: tuple[int, ...]
+    hidden: bytes | None
+    n_rows: int
+    width: int
+    wire_dtype: WireDtype
+    drafts: tuple[int, ...] = ()
+    """Guessed tokens under verification: the last len(drafts) rows."""
+    keep_until: int | None = None
+    """Before evaluating, each stage drops cached positions >= keep_until (rejected drafts)."""
+    timings: tuple[StageTiming, ...] = ()
+    sent_at_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Last stage -> client: tokens chosen this step, and guesses for the next one."""
+
+    session: str
+    step_id: int
+    tokens: tuple[int, ...]
+    drafts: tuple[int, ...]
+    n_accepted: int
+    """How many of the step's drafts the model agreed with."""
+    finished: bool
+    timings: tuple[StageTiming, ...]
+    logits_sample: bytes = b""
+    """Optional diagnostics (tests compare logits); opaque to the wire."""
+
+
+@dataclass(frozen=True)
+class Close:
+    session: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Error:
+    """A refusal sent to the peer; `session` is empty for connection-level errors."""
+
+    session: str
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    nonce: int
+
+
+@dataclass(frozen=True)
+class Pong:
+    nonce: int
+
+
+# The handshake (net.protocol): HELLO -> CHALLENGE -> PROOF -> WELCOME, before any other frame.
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Initiator, first frame: asks the acceptor for a challenge."""
+
+
+@dataclass(frozen=True)
+class Challenge:
+    nonce: bytes
+    """Fresh random bytes the initiator must sign (MIN_NONCE..MAX_NONCE of them)."""
+
+
+@dataclass(frozen=True)
+class Proof:
+    data: bytes
+    """The initiator's certificate and signature, encoded by net.auth; opaque here."""
+
+
+@dataclass(frozen=True)
+class Welcome:
+    node_id: str
+    """The identity the acceptor verified, echoed so both sides agree on it."""
+
+
+Frame = Open | Step | Tokens | Close | Error | Ping | Pong | Hello | Challenge | Proof | Welcome
