@@ -5,8 +5,8 @@ asyncio loop (coordinator client, QUIC links, the stage worker); llama.cpp runs 
 worker's own engine thread. Results reach Qt through signals (queued across threads);
 commands go in with `run_coroutine_threadsafe` (`AsyncThread.submit`).
 
-The serving loop here is the coordinated worker's (`app.coordinated.run`), driven
-step by step so the tray can show each state and stop it without process signals.
+The serving loop is the coordinated worker's own (`app.coordinated.serve_coordinated`):
+it reports each state through a callback and stops on an event, not a process signal.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import enum
+import json
 import logging
 import queue
 import threading
@@ -27,31 +27,21 @@ from typing import Any, TypeVar
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from app.client import SwarmClient
-from app.config import Hop, Route, WorkerConfig, format_address, parse_address
-from app.coordinated import _beat, _capacity, _renew_if_due, fetch_route, prepare_pieces
-from app.identity import IDENTITY_FILE, Identity, default_identity_dir, join_swarm
-from app.links import (
-    LinkDialer,
-    SignalRouter,
-    advertised_candidates,
-    channel_dialer,
-    ice_config,
-    serve_ice_offers,
-)
-from app.serve import start_worker
-from coordinator.client import CoordinatorClient
-from coordinator.downloads import DownloadProgress
+from app.config import Route
+from app.coordinated import CoordinatedOptions, fetch_route, serve_coordinated
+from app.identity import IDENTITY_FILE, Identity, coordinator_problem, join_swarm
+from app.links import channel_dialer
+from app.node_status import NodeStatus, ServeState, plain_reason
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteCode, InviteError
 from core.tokenizer import Tokenizer
-from core.types import LayerRange, SamplingParams
+from core.types import SamplingParams
 from net.channel import NodeCredentials
 from net.quic import QuicTuning
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-HEARTBEAT_S = 2.0
 RETRY_S = 5.0
 
 
@@ -132,65 +122,6 @@ class Mailbox(QObject):
 # --- node state -----------------------------------------------------------------------
 
 
-class ServeState(enum.Enum):
-    NOT_JOINED = "not joined"
-    JOINING = "joining"
-    WAITING = "waiting for a stage"
-    DOWNLOADING = "downloading"
-    LOADING = "loading"
-    SERVING = "serving"
-    PAUSED = "paused"
-    ERROR = "error"
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    state: ServeState = ServeState.NOT_JOINED
-    node_id: str = ""
-    coordinator: str = ""
-    progress: float = 0.0
-    """0..1 while downloading."""
-    layers: tuple[int, int] | None = None
-    model: str = ""
-    address: str = ""
-    next_hop: str = ""
-    """'node at address (path)', or '' on the last stage."""
-    sessions: int = 0
-    steps: int = 0
-    errors: int = 0
-    throughput: float = 0.0
-    """Tokens (rows) per second through this stage over the last heartbeat."""
-    compute_ms: float = 0.0
-    rtt_ms: float | None = None
-    error: str = ""
-    """Plain-words reason, in state ERROR."""
-    started_at: float = field(default_factory=time.time)
-
-    @property
-    def summary(self) -> str:
-        """One line: the tray tooltip."""
-        s = self.state
-        if s is ServeState.DOWNLOADING:
-            return f"Sangama: downloading ({self.progress * 100:.0f}%)"
-        if s is ServeState.SERVING and self.layers is not None:
-            a, b = self.layers
-            n = self.sessions
-            return f"Sangama: serving layers {a}-{b - 1} ({n} session{'' if n == 1 else 's'})"
-        if s is ServeState.ERROR:
-            return f"Sangama: error: {self.error}"
-        return f"Sangama: {s.value}"
-
-
-def plain_reason(exc: BaseException) -> str:
-    """An exception as words for a person: the coordinator's reason, not a traceback."""
-    text = str(exc).strip()
-    if isinstance(exc, InviteError | CoordinatorError) and text:
-        return text[0].upper() + text[1:]
-    if isinstance(exc, OSError):
-        return f"System error: {text or type(exc).__name__}"
-    return text or type(exc).__name__
-
-
 def validate_code(code: str) -> str | None:
     """None when the code has a valid form, else why not (offline; the coordinator decides
     whether it is known, unused and unexpired)."""
@@ -203,163 +134,13 @@ def validate_code(code: str) -> str | None:
     return None
 
 
-# --- serving -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    identity_dir: Path = field(default_factory=default_identity_dir)
-    listen_host: str = "127.0.0.1"
-    advertise: str | None = None
-    vram_cap_bytes: int = 0
-    threads: int = 1
-    max_sessions: int = 8
-    relay_only: bool = False
-
-
-async def contribute(
-    options: ServeOptions, report: Callable[[NodeStatus], None], stop: asyncio.Event
-) -> None:
-    """The coordinated worker loop (`app.coordinated.run`) with states reported as it goes.
-
-    Returns when `stop` is set; cancelling the task stops and frees the stage too."""
-    loop = asyncio.get_running_loop()
-    identity = await loop.run_in_executor(None, Identity.load, options.identity_dir)
-    base = NodeStatus(node_id=identity.node_id, coordinator=identity.coordinator)
-    report(replace(base, state=ServeState.WAITING))
-    client = identity.client()
-    from app.local_swarm import free_udp_port
-
-    host = options.listen_host
-    port = free_udp_port(host)
-    address = options.advertise or format_address((host, port))
-    capacity, hardware = await loop.run_in_executor(None, _capacity, options.vram_cap_bytes)
-    report_doc: dict[str, Any] = {
-        "address": address,
-        "capacity_bytes": capacity,
-        "vram_cap_bytes": options.vram_cap_bytes,
-        "hardware": hardware,
-    }
-    while not stop.is_set():
-        assignment = await _wait_for_assignment(client, report_doc, stop, report, base)
-        if assignment is None:
-            return
-        layers = LayerRange(*assignment["layers"])
-        status = replace(
-            base,
-            state=ServeState.DOWNLOADING,
-            layers=(layers.start, layers.stop),
-            model=str(assignment["model"]),
-            address=address,
-        )
-        report(status)
-
-        def on_progress(p: DownloadProgress, status: NodeStatus = status) -> None:
-            fraction = p.all_done_bytes / p.all_total_bytes if p.all_total_bytes else 1.0
-            report(replace(status, progress=min(1.0, fraction)))
-
-        pieces_dir = await prepare_pieces(identity, client, assignment, on_progress)
-        report(replace(status, state=ServeState.LOADING, progress=1.0))
-        hop = assignment.get("next_hop")
-        config = WorkerConfig(
-            node_id=identity.node_id,
-            listen=(host, port),
-            model=str(pieces_dir),
-            layers=layers,
-            credentials=identity.directory,
-            next_hop=Hop(hop["node_id"], parse_address(hop["address"])) if hop else None,
-            threads=options.threads,
-            max_sessions=options.max_sessions,
-        )
-        creds = identity.credentials()
-        ice = await loop.run_in_executor(
-            None, ice_config, client, advertised_candidates(options.advertise)
-        )
-        if options.relay_only:
-            ice = ice.with_relay_only()
-        router = SignalRouter(client)
-        link_dialer = LinkDialer(creds, router, ice, QuicTuning(), direct=not options.relay_only)
-        worker = await start_worker(config, creds, link_dialer.dial_with_path)
-        try:
-            serve_ice_offers(router, worker.server, ice)
-            router.start()
-            hop_text = f"{hop['node_id']} at {hop['address']}" if hop else ""
-            serving = replace(status, state=ServeState.SERVING, progress=1.0, next_hop=hop_text)
-            report(serving)
-            log.info("serving layers %s as %s on %s", layers, identity.node_id, address)
-            last_rows, last_t = 0, time.monotonic()
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
-                    break
-                stats = worker.stats
-                identity = await _renew_if_due(identity, client, worker)
-                rtt = await worker.next_hop_rtt()
-                now = time.monotonic()
-                rate = (stats.rows - last_rows) / max(now - last_t, 1e-6)
-                rtt_ms = next(iter(rtt.values()), None)
-                beat_report = {
-                    **report_doc,
-                    "rtt_ms": rtt,
-                    "path": worker.next_hop_path,
-                    "tokens": stats.tokens,
-                    "compute_ms": stats.last_compute_ms,
-                    "stats": {
-                        "compute_ms": stats.last_compute_ms,
-                        "steps": stats.steps,
-                        "sessions": stats.sessions_opened,
-                        "errors": stats.errors,
-                        "rtt_ms": rtt_ms,
-                    },
-                }
-                last_rows, last_t = stats.rows, now
-                path = worker.next_hop_path if hop else ""
-                report(
-                    replace(
-                        serving,
-                        sessions=stats.sessions_opened,
-                        steps=stats.steps,
-                        errors=stats.errors,
-                        throughput=rate,
-                        compute_ms=stats.last_compute_ms,
-                        rtt_ms=rtt_ms,
-                        next_hop=f"{hop_text} ({path})" if hop else "",
-                    )
-                )
-                try:
-                    beat = await loop.run_in_executor(None, _beat, client, beat_report)
-                except CoordinatorError as exc:
-                    log.warning("heartbeat failed: %s", exc)
-                    continue
-                worker.set_revoked(frozenset(int(s) for s in beat.get("revoked_serials", [])))
-                if beat.get("assignment") != assignment:
-                    log.info("assignment changed; rebuilding the stage")
-                    break
-        finally:
-            await router.stop()
-            await worker.stop()
-
-
-async def _wait_for_assignment(
-    client: CoordinatorClient,
-    report_doc: dict[str, Any],
-    stop: asyncio.Event,
-    report: Callable[[NodeStatus], None],
-    base: NodeStatus,
-) -> dict[str, Any] | None:
-    loop = asyncio.get_running_loop()
-    while not stop.is_set():
-        try:
-            beat = await loop.run_in_executor(None, lambda: client.heartbeat(**report_doc))
-            if beat.get("assignment"):
-                return dict(beat["assignment"])
-            report(replace(base, state=ServeState.WAITING))
-        except CoordinatorError as exc:
-            log.warning("coordinator: %s", exc)
-            report(replace(base, state=ServeState.WAITING, error=plain_reason(exc)))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
-    return None
+def validate_coordinator(text: str) -> str | None:
+    """None when `text` is empty (the coordinator the invite named) or a usable coordinator
+    address, else why not (short: the settings dialog shows it under the address)."""
+    if not text.strip():
+        return None
+    problem = coordinator_problem(text)
+    return None if problem is None else f"This address {problem}."
 
 
 class NodeController(QObject):
@@ -371,19 +152,20 @@ class NodeController(QObject):
     """(ok, message): the node id on success, the coordinator's reason on failure."""
 
     def __init__(
-        self, runner: AsyncThread, options: ServeOptions, parent: QObject | None = None
+        self, runner: AsyncThread, options: CoordinatedOptions, parent: QObject | None = None
     ) -> None:
         super().__init__(parent)
         self.runner = runner
         self.options = options
         self._task: concurrent.futures.Future[None] | None = None
-        self._async_task: asyncio.Task[Any] | None = None
         self._stop: asyncio.Event | None = None
+        self._restarting = False
         self._status = NodeStatus()
         self._mailbox = Mailbox(self._apply, self)
         if self.joined:
-            identity_doc = (options.identity_dir / IDENTITY_FILE).read_text()
-            self._status = NodeStatus(state=ServeState.PAUSED, node_id=_node_id(identity_doc))
+            self._status = NodeStatus(
+                state=ServeState.PAUSED, node_id=str(self.identity_doc().get("node_id", ""))
+            )
 
     @property
     def status(self) -> NodeStatus:
@@ -393,8 +175,17 @@ class NodeController(QObject):
     def joined(self) -> bool:
         return (self.options.identity_dir / IDENTITY_FILE).exists()
 
+    def identity_doc(self) -> dict[str, Any]:
+        """identity.json (node id, role, the coordinator the invite named); {} if unreadable."""
+        try:
+            doc = json.loads((self.options.identity_dir / IDENTITY_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
     @property
     def serving(self) -> bool:
+        """A serve loop runs (serving, or on its way to it, or finishing sessions)."""
         return self._task is not None and not self._task.done()
 
     def _apply(self, item: object) -> None:
@@ -438,7 +229,8 @@ class NodeController(QObject):
             return
         # Served before under another identity? That stage stops; the new one starts.
         await self._stop_serving_here()
-        self.options = replace(self.options, vram_cap_bytes=vram_cap_bytes)
+        # The invite names the coordinator: an override for the old swarm no longer applies.
+        self.options = replace(self.options, vram_cap_bytes=vram_cap_bytes, coordinator=None)
         self._from_join(True, identity.node_id)
         self._report(
             NodeStatus(
@@ -450,15 +242,17 @@ class NodeController(QObject):
         self._start_serving()
 
     async def _stop_serving_here(self) -> None:
-        task = self._async_task
+        """In the loop: stop the serve loop (running sessions finish first) and wait."""
+        task, stop = self._task, self._stop
         if task is None or task.done():
             return
-        if self._stop is not None:
-            self._stop.set()
-        await asyncio.wait([task], timeout=20)
+        if stop is not None:
+            stop.set()
+        ended = asyncio.wrap_future(task)
+        await asyncio.wait([ended], timeout=self.options.drain_s + 10)
         if not task.done():
             task.cancel()
-            await asyncio.wait([task], timeout=5)
+            await asyncio.wait([ended], timeout=5)
 
     def _from_join(self, ok: bool, message: str) -> None:
         self._mailbox.post(_JoinResult(ok, message))
@@ -467,45 +261,75 @@ class NodeController(QObject):
         if not self.joined:
             self._apply(NodeStatus(state=ServeState.NOT_JOINED))
             return
-        if self.serving:
+        if self.serving or self._restarting:
             return
         self._apply(replace(self._status, state=ServeState.WAITING, error=""))
         self._start_serving()
 
-    def _start_serving(self) -> None:
-        async def run() -> None:
-            self._stop = asyncio.Event()
-            self._async_task = asyncio.current_task()
+    def restart(self) -> None:
+        """Serve again with the current options (e.g. another coordinator address): if
+        serving, once running sessions have finished (as on pause); after an error, now."""
+        if not self.serving:
+            if self._status.state is ServeState.ERROR:
+                self.resume()
+            return
+
+        async def again() -> None:
             try:
-                await contribute(self.options, self._report, self._stop)
+                await self._stop_serving_here()
+                self._start_serving()
+            finally:
+                self._restarting = False
+
+        # Until the new loop runs, Resume must not start a second one.
+        self._restarting = True
+        self.runner.submit(again())
+
+    def _start_serving(self) -> None:
+        stop = asyncio.Event()
+        options = self.options
+        self._stop = stop
+
+        async def run() -> None:
+            try:
+                await serve_coordinated(options, stop, self._report)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.exception("serving failed")
                 self._report(replace(self._status, state=ServeState.ERROR, error=plain_reason(exc)))
+                return
+            # Only `stop` ends the loop: the stage is freed now.
+            self._report(NodeStatus(state=ServeState.PAUSED, node_id=self._status.node_id))
 
         self._task = self.runner.submit(run())
 
-    def pause(self, report: bool = True, timeout: float = 20.0) -> None:
-        """Stop serving and free the stage (memory, sockets); the identity stays."""
-        task = self._task
-        if task is not None and not task.done():
-            stop = self._stop
-            if stop is not None:
-                self.runner.loop.call_soon_threadsafe(stop.set)
-            try:
-                task.result(timeout)
-            except (concurrent.futures.TimeoutError, TimeoutError):
-                task.cancel()
-            except (concurrent.futures.CancelledError, Exception):
-                pass
-        self._task = None
-        if report:
+    def pause(self) -> None:
+        """Take no new sessions, let the running ones finish, then free the stage (memory,
+        sockets); the identity stays. Returns at once: the state goes PAUSING (finishing
+        N sessions), then PAUSED, so the UI never waits on a conversation."""
+        task, stop = self._task, self._stop
+        if task is None or task.done() or stop is None:
             state = ServeState.PAUSED if self.joined else ServeState.NOT_JOINED
             self._apply(NodeStatus(state=state, node_id=self._status.node_id))
+            return
+        self._apply(replace(self._status, state=ServeState.PAUSING, finishing=0, error=""))
+        self.runner.loop.call_soon_threadsafe(stop.set)
 
-    def shutdown(self) -> None:
-        self.pause(report=False)
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Quit: stop serving, giving running sessions up to `timeout` s, then end them."""
+        task = self._task
+        if task is None or task.done():
+            return
+        if self._stop is not None:
+            self.runner.loop.call_soon_threadsafe(self._stop.set)
+        try:
+            task.result(timeout)
+        except (concurrent.futures.TimeoutError, TimeoutError):
+            task.cancel()  # cancelling the serve loop still stops and frees the stage
+        except (concurrent.futures.CancelledError, Exception):
+            pass
+        self._task = None
 
 
 @dataclass(frozen=True)
@@ -514,13 +338,94 @@ class _JoinResult:
     message: str
 
 
-def _node_id(identity_json: str) -> str:
-    import json
+# --- the OpenAI-compatible API ------------------------------------------------------------
 
-    try:
-        return str(json.loads(identity_json)["node_id"])
-    except (ValueError, KeyError, TypeError):
-        return ""
+
+class ApiController(QObject):
+    """The OpenAI-compatible API (`app.openai_api`, as `sangama api` serves it) on this
+    PC's localhost, from the app's loop, as the joined identity; the port comes from the
+    settings (0: off)."""
+
+    changed = Signal()
+    """`text` (and `url`) changed; emitted in the Qt thread."""
+
+    def __init__(self, runner: AsyncThread, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.runner = runner
+        self.url = ""
+        """`http://127.0.0.1:PORT/v1` while listening, else ''."""
+        self.text = "off"
+        self._job: concurrent.futures.Future[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._mailbox = Mailbox(self._apply, self)
+
+    def _apply(self, item: object) -> None:
+        assert isinstance(item, tuple)
+        self.url, self.text = item
+        self.changed.emit()
+
+    def serve(self, port: int, identity_dir: Path | None, coordinator: str | None = None) -> None:
+        """(Re)start the API on `port` as the identity in `identity_dir` (None, or port 0:
+        off). Returns at once; the old server stops first, in the loop."""
+        previous, old_stop = self._job, self._stop
+        if old_stop is not None:
+            self.runner.loop.call_soon_threadsafe(old_stop.set)
+        stop = self._stop = asyncio.Event()
+        on = port > 0 and identity_dir is not None
+        self._apply(("", f"starting on port {port}" if on else "off"))
+
+        async def run() -> None:
+            if previous is not None:  # the port is free again once it has stopped
+                await asyncio.wait([asyncio.wrap_future(previous)])
+            if on:
+                assert identity_dir is not None
+                await self._serve(port, identity_dir, coordinator, stop)
+
+        self._job = self.runner.submit(run())
+
+    async def _serve(
+        self, port: int, identity_dir: Path, coordinator: str | None, stop: asyncio.Event
+    ) -> None:
+        from app.openai_api import serve_identity  # FastAPI and uvicorn only when used
+
+        loop = asyncio.get_running_loop()
+        post = self._mailbox.post
+        try:
+            identity = await loop.run_in_executor(None, Identity.load, identity_dir)
+            identity = identity.with_coordinator(coordinator)
+            while True:  # just joined: placement may not have made a route yet
+                try:
+                    route, tokenizer_path = await loop.run_in_executor(None, fetch_route, identity)
+                    break
+                except CoordinatorError as exc:
+                    post(("", f"waiting for a route ({plain_reason(exc)})"))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), RETRY_S)
+                if stop.is_set():
+                    return
+
+            def ready(bound: int) -> None:
+                url = f"http://127.0.0.1:{bound}/v1"
+                log.info("OpenAI-compatible API on %s", url)
+                post((url, url))
+
+            await serve_identity(
+                identity, route, tokenizer_path, "127.0.0.1", port, stop=stop, ready=ready
+            )
+            post(("", "off"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # e.g. the port is taken: said in the settings and status
+            log.warning("the API stopped: %s", exc)
+            post(("", f"error: {plain_reason(exc)}"))
+
+    def shutdown(self, timeout: float = 8.0) -> None:
+        job = self._job
+        if self._stop is not None and self.runner.running:
+            self.runner.loop.call_soon_threadsafe(self._stop.set)
+        if job is not None:
+            with contextlib.suppress(Exception):
+                job.result(timeout)
 
 
 # --- chat ------------------------------------------------------------------------------
@@ -545,12 +450,14 @@ class ChatConnection:
 ChatConnector = Callable[[], Awaitable[ChatConnection]]
 
 
-def identity_connector(identity_dir: Path) -> ChatConnector:
-    """Chat through the swarm this PC joined: route from the coordinator, ICE links."""
+def identity_connector(identity_dir: Path, coordinator: str | None = None) -> ChatConnector:
+    """Chat through the swarm this PC joined: route from the coordinator (`coordinator`
+    if set, else the one the invite named), ICE links."""
 
     async def connect() -> ChatConnection:
         loop = asyncio.get_running_loop()
         identity = await loop.run_in_executor(None, Identity.load, identity_dir)
+        identity = identity.with_coordinator(coordinator)
         route, tokenizer_path = await loop.run_in_executor(None, fetch_route, identity)
         from app.links import start_links
 

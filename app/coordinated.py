@@ -13,8 +13,9 @@ import contextlib
 import datetime as dt
 import logging
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from app.links import (
     ice_config,
     serve_ice_offers,
 )
+from app.node_status import NodeStatus, ServeState, StatusReport, plain_reason
 from app.serve import report_stopped, start_worker, stop_event
 from app.worker import StageWorker
 from coordinator.client import CoordinatorClient
@@ -56,6 +58,12 @@ class CoordinatedOptions:
     quic_library: str = "aioquic"
     relay_only: bool = False
     """Reach peers only through the swarm's relay (as the seeds ran): tests, odd networks."""
+    coordinator: str | None = None
+    """Talk to this coordinator instead of the one stored with the identity (it moved)."""
+    drain_s: float = 20.0
+    """How long running sessions may take to finish before the stage is freed (stop, or a
+    new assignment). Well under the coordinator's dead_after_s, which sees no heartbeat
+    meanwhile."""
 
 
 def _capacity(cap: int) -> tuple[int, dict[str, Any]]:
@@ -110,16 +118,22 @@ def _beat(client: CoordinatorClient, report: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _wait_for_assignment(
-    client: CoordinatorClient, report: dict[str, Any], stop: asyncio.Event
+    client: CoordinatorClient,
+    report_doc: dict[str, Any],
+    stop: asyncio.Event,
+    report: StatusReport,
+    base: NodeStatus,
 ) -> dict[str, Any] | None:
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         try:
-            beat = await loop.run_in_executor(None, lambda: client.heartbeat(**report))
+            beat = await loop.run_in_executor(None, _beat, client, report_doc)
             if beat.get("assignment"):
                 return dict(beat["assignment"])
+            report(replace(base, state=ServeState.WAITING))
         except CoordinatorError as exc:
             log.warning("coordinator: %s", exc)
+            report(replace(base, state=ServeState.WAITING, error=plain_reason(exc)))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
     return None
@@ -169,39 +183,67 @@ def fetch_route(identity: Identity, model: str = "default") -> tuple[Route, Path
     return route, path
 
 
-async def run(options: CoordinatedOptions) -> int:
-    if options.join_code:
-        identity = join_swarm(options.join_code, options.identity_dir)
-        print(f"joined as {identity.node_id} ({identity.role})", file=sys.stderr, flush=True)
-    else:
-        identity = Identity.load(options.identity_dir)
+async def serve_coordinated(
+    options: CoordinatedOptions,
+    stop: asyncio.Event,
+    report: StatusReport = lambda _s: None,
+    on_stopped: Callable[[StageWorker], None] | None = None,
+) -> None:
+    """The coordinated worker: heartbeat until assigned a stage, download its pieces,
+    serve it, heartbeat (stats, RTT, renewal, revocations), and rebuild when the
+    assignment changes; until `stop` is set. Each state goes to `report`; `on_stopped`
+    sees each worker after it stopped. Used by `sangama worker --join` and the tray app.
+
+    Before a stage is freed (stop, or another assignment) it takes no new sessions and
+    lets the running ones finish for up to `options.drain_s`. Cancelling the task stops
+    and frees the stage at once."""
+    loop = asyncio.get_running_loop()
+    identity = await loop.run_in_executor(None, Identity.load, options.identity_dir)
+    identity = identity.with_coordinator(options.coordinator)
+    base = NodeStatus(node_id=identity.node_id, coordinator=identity.coordinator)
+    report(replace(base, state=ServeState.WAITING))
     client = identity.client()
-    stop = stop_event()
     host, port = options.listen
     if port == 0:
         from app.local_swarm import free_udp_port
 
-        port = free_udp_port(host)
+        port = free_udp_port(host)  # kept across rebuilds: the coordinator knows this address
     address = options.advertise or format_address((host, port))
-    capacity, hardware = _capacity(options.vram_cap_bytes)
-    report: dict[str, Any] = {
+    capacity, hardware = await loop.run_in_executor(None, _capacity, options.vram_cap_bytes)
+    report_doc: dict[str, Any] = {
         "address": address,
         "capacity_bytes": capacity,
         "vram_cap_bytes": options.vram_cap_bytes,
         "hardware": hardware,
     }
-    loop = asyncio.get_running_loop()
     while not stop.is_set():
-        assignment = await _wait_for_assignment(client, report, stop)
+        assignment = await _wait_for_assignment(client, report_doc, stop, report, base)
         if assignment is None:
-            break
-        pieces_dir = await prepare_pieces(identity, client, assignment)
+            return
+        layers = LayerRange(*assignment["layers"])
+        status = replace(
+            base,
+            state=ServeState.DOWNLOADING,
+            layers=(layers.start, layers.stop),
+            model=str(assignment["model"]),
+            address=address,
+        )
+        report(status)
+
+        def on_progress(p: DownloadProgress, status: NodeStatus = status) -> None:
+            fraction = p.all_done_bytes / p.all_total_bytes if p.all_total_bytes else 1.0
+            report(replace(status, progress=min(1.0, fraction)))
+
+        pieces_dir = await prepare_pieces(identity, client, assignment, on_progress)
+        if stop.is_set():  # paused while downloading: nothing to load
+            return
+        report(replace(status, state=ServeState.LOADING, progress=1.0))
         hop = assignment.get("next_hop")
         config = WorkerConfig(
             node_id=identity.node_id,
             listen=(host, port),
             model=str(pieces_dir),
-            layers=LayerRange(*assignment["layers"]),
+            layers=layers,
             credentials=identity.directory,
             next_hop=Hop(hop["node_id"], parse_address(hop["address"])) if hop else None,
             threads=options.threads,
@@ -209,60 +251,154 @@ async def run(options: CoordinatedOptions) -> int:
             quic_library=options.quic_library,
         )
         creds = identity.credentials()
-        tuning = QuicTuning(library=options.quic_library)
         ice = await loop.run_in_executor(
             None, ice_config, client, advertised_candidates(options.advertise)
         )
         if options.relay_only:
             ice = ice.with_relay_only()
         router = SignalRouter(client)
+        tuning = QuicTuning(library=options.quic_library)
         link_dialer = LinkDialer(creds, router, ice, tuning, direct=not options.relay_only)
         worker = await start_worker(config, creds, link_dialer.dial_with_path)
-        serve_ice_offers(router, worker.server, ice)
-        router.start()
-        print(f"READY {identity.node_id} {address} {config.layers}", flush=True)
-        last_tokens = 0
         try:
-            while not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
-                    break
-                except TimeoutError:
-                    pass
-                stats = worker.stats
-                identity = await _renew_if_due(identity, client, worker)
-                rtt = await worker.next_hop_rtt()
-                beat_report = {
-                    **report,
-                    "rtt_ms": rtt,
-                    "path": worker.next_hop_path,
-                    "tokens": stats.tokens - last_tokens,
-                    "compute_ms": stats.last_compute_ms,
-                    "stats": {
-                        "compute_ms": stats.last_compute_ms,
-                        "steps": stats.steps,
-                        "sessions": stats.sessions_opened,
-                        "errors": stats.errors,
-                        "rtt_ms": next(iter(rtt.values()), None),
-                    },
-                }
-                last_tokens = stats.tokens
-                try:
-                    beat = await loop.run_in_executor(None, _beat, client, beat_report)
-                except CoordinatorError as exc:
-                    log.warning("heartbeat failed: %s", exc)
-                    continue
-                worker.set_revoked(frozenset(int(s) for s in beat.get("revoked_serials", [])))
-                if beat.get("assignment") != assignment:
-                    print(
-                        f"{identity.node_id}: assignment changed; rebuilding the stage",
-                        file=sys.stderr,
-                    )
-                    break
+            serve_ice_offers(router, worker.server, ice)
+            router.start()
+            hop_text = f"{hop['node_id']} at {hop['address']}" if hop else ""
+            serving = replace(status, state=ServeState.SERVING, progress=1.0, next_hop=hop_text)
+            report(serving)
+            log.info("serving layers %s as %s on %s", layers, identity.node_id, address)
+            identity, serving = await _heartbeats(
+                identity, client, worker, assignment, report_doc, stop, report, serving
+            )
+            # Stopping or moving: running conversations end here first, not mid-answer.
+            leaving = ServeState.PAUSING if stop.is_set() else ServeState.MOVING
+            left = await _finish_sessions(
+                worker, options.drain_s, report, replace(serving, state=leaving)
+            )
+            if left:
+                log.warning(
+                    "%d sessions still open after %.0f s; ending them", left, options.drain_s
+                )
         finally:
             await router.stop()
             await worker.stop()
-            report_stopped(worker)
+            if on_stopped is not None:
+                on_stopped(worker)
+
+
+async def _heartbeats(
+    identity: Identity,
+    client: CoordinatorClient,
+    worker: StageWorker,
+    assignment: dict[str, Any],
+    report_doc: dict[str, Any],
+    stop: asyncio.Event,
+    report: StatusReport,
+    serving: NodeStatus,
+) -> tuple[Identity, NodeStatus]:
+    """Heartbeat while serving; return (the identity, renewed or not, and the last
+    status) when `stop` is set or the coordinator assigns something else."""
+    loop = asyncio.get_running_loop()
+    hop_text = serving.next_hop
+    last_tokens, last_rows, last_t = 0, 0, time.monotonic()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
+            break
+        stats = worker.stats
+        identity = await _renew_if_due(identity, client, worker)
+        rtt = await worker.next_hop_rtt()
+        rtt_ms = next(iter(rtt.values()), None)
+        now = time.monotonic()
+        beat_report = {
+            **report_doc,
+            "rtt_ms": rtt,
+            "path": worker.next_hop_path,
+            "tokens": stats.tokens - last_tokens,  # the coordinator sums these per period
+            "compute_ms": stats.last_compute_ms,
+            "stats": {
+                "compute_ms": stats.last_compute_ms,
+                "steps": stats.steps,
+                "sessions": stats.sessions_opened,
+                "errors": stats.errors,
+                "rtt_ms": rtt_ms,
+                "relinks": worker.next_hop_relinks,
+                "resumed": stats.sessions_resumed,
+            },
+        }
+        serving = replace(
+            serving,
+            sessions=stats.sessions_opened,
+            steps=stats.steps,
+            errors=stats.errors,
+            throughput=(stats.rows - last_rows) / max(now - last_t, 1e-6),
+            compute_ms=stats.last_compute_ms,
+            rtt_ms=rtt_ms,
+            next_hop=f"{hop_text} ({worker.next_hop_path})" if hop_text else "",
+        )
+        report(serving)
+        last_tokens, last_rows, last_t = stats.tokens, stats.rows, now
+        try:
+            beat = await loop.run_in_executor(None, _beat, client, beat_report)
+        except CoordinatorError as exc:
+            log.warning("heartbeat failed: %s", exc)
+            continue
+        worker.set_revoked(frozenset(int(s) for s in beat.get("revoked_serials", [])))
+        if beat.get("assignment") != assignment:
+            log.info("assignment changed; rebuilding the stage")
+            break
+    return identity, serving
+
+
+async def _finish_sessions(
+    worker: StageWorker, timeout: float, report: StatusReport, leaving: NodeStatus
+) -> int:
+    """`worker.drain`, reporting how many sessions are still running as they end."""
+    drain = asyncio.ensure_future(worker.drain(timeout))
+    try:
+        while True:
+            report(replace(leaving, finishing=worker.session_count))
+            done, _ = await asyncio.wait({drain}, timeout=0.5)
+            if done:
+                return drain.result()
+    finally:
+        drain.cancel()
+
+
+class _CliReport:
+    """The headless worker's view of the states: the READY line tests and the demo parse,
+    and lines on stderr for downloads and stage changes."""
+
+    def __init__(self) -> None:
+        self.last: ServeState | None = None
+        self.tenths = -1
+
+    def __call__(self, status: NodeStatus) -> None:
+        tenths = int(status.progress * 10)
+        if status.state is ServeState.DOWNLOADING and tenths != self.tenths:
+            print(f"downloading: {tenths * 10}%", file=sys.stderr, flush=True)
+            self.tenths = tenths
+        if status.state is not self.last:
+            if status.state is ServeState.SERVING and status.layers is not None:
+                layers = LayerRange(*status.layers)
+                print(f"READY {status.node_id} {status.address} {layers}", flush=True)
+            elif status.state is ServeState.MOVING:
+                print(
+                    f"{status.node_id}: assignment changed; rebuilding the stage", file=sys.stderr
+                )
+            elif status.state is ServeState.PAUSING and status.finishing:
+                print(
+                    f"{status.node_id}: finishing {status.finishing} sessions before stopping",
+                    file=sys.stderr,
+                )
+        self.last = status.state
+
+
+async def run(options: CoordinatedOptions) -> int:
+    if options.join_code:
+        identity = join_swarm(options.join_code, options.identity_dir)
+        print(f"joined as {identity.node_id} ({identity.role})", file=sys.stderr, flush=True)
+    await serve_coordinated(options, stop_event(), _CliReport(), report_stopped)
     return 0
 
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
-from app.chat_run import ChatReport, chat_once
 from app.client import SwarmClient
 from app.config import Route
 from app.credentials import load_credentials
-from app.demo_swarm import DEMO_SAMPLING
+from app.demo_swarm import print_report, stream_answer
 from app.errors import ConfigError
 from app.local_swarm import LocalSwarm
 from coordinator.client import CoordinatorClient
@@ -21,21 +19,6 @@ from core.types import SamplingParams
 from net.channel import NodeCredentials
 from net.quic import QuicTuning
 from net.tensors import WireDtype
-
-
-def _stream(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
-def _print_report(report: ChatReport, n_stages: int) -> None:
-    print(
-        f"\n\n{len(report.tokens)} tokens from a {n_stages}-stage swarm: "
-        f"first token after {report.first_token_ms:.0f} ms "
-        f"({report.prompt_tokens} prompt tokens), then {report.decode_tokens_per_s:.1f} tok/s"
-    )
-    if report.stages:
-        print(report.table())
 
 
 async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype: WireDtype) -> int:
@@ -56,19 +39,10 @@ async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype
         tokenizer = Tokenizer.from_gguf(Path(swarm.route.model))
         try:
             async with SwarmClient(swarm.client_credentials, swarm.route) as client:
-                report = await chat_once(
-                    client,
-                    tokenizer,
-                    prompt,
-                    chat_format=False,
-                    max_tokens=max_tokens,
-                    sampling=DEMO_SAMPLING,
-                    wire_dtype=dtype,
-                    stream=_stream,
-                )
+                report = await stream_answer(client, tokenizer, prompt, max_tokens, dtype)
         finally:
             tokenizer.close()
-        _print_report(report, len(swarm.workers))
+        print_report(report, len(swarm.workers))
     print("\nall workers stopped cleanly")
     return 0
 
@@ -98,21 +72,20 @@ async def _chat(
         dial = channel_dialer(link_dialer)
     try:
         async with SwarmClient(creds, route, dialer=dial) as client:
-            report = await chat_once(
+            report = await stream_answer(
                 client,
                 tokenizer,
                 prompt,
+                max_tokens,
+                dtype,
                 chat_format=chat_format,
-                max_tokens=max_tokens,
                 sampling=sampling,
-                wire_dtype=dtype,
-                stream=_stream,
             )
     finally:
         tokenizer.close()
         if router is not None:
             await router.stop()
-    _print_report(report, len(route.stages))
+    print_report(report, len(route.stages))
     return 0
 
 

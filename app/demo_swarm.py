@@ -18,7 +18,7 @@ from typing import Any
 
 import requests
 
-from app.chat_run import chat_once
+from app.chat_run import ChatReport, chat_once
 from app.client import SwarmClient
 from app.coordinated import fetch_route
 from app.errors import AppError
@@ -73,8 +73,45 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
+async def stream_answer(
+    client: SwarmClient,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_tokens: int,
+    dtype: WireDtype,
+    *,
+    chat_format: bool = False,
+    sampling: SamplingParams = DEMO_SAMPLING,
+) -> ChatReport:
+    """One answer streamed to stdout as it arrives: how both demos and `sangama chat` ask.
+    The demos continue the prompt as plain text (chat_format False) with a mild
+    repetition penalty, which reads well on the small default model."""
+    return await chat_once(
+        client,
+        tokenizer,
+        prompt,
+        chat_format=chat_format,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        wire_dtype=dtype,
+        stream=_write,
+    )
+
+
 def _say(text: str) -> None:
     print(text, flush=True)
+
+
+def print_report(report: ChatReport, n_stages: int) -> None:
+    """After the streamed answer: speed, then the seeds' "where the time goes" table."""
+    print(
+        f"\n\n{len(report.tokens)} tokens from a {n_stages}-stage swarm: "
+        f"first token after {report.first_token_ms:.0f} ms "
+        f"({report.prompt_tokens} prompt tokens), then {report.decode_tokens_per_s:.1f} tok/s",
+        flush=True,
+    )
+    if report.stages:
+        print(report.table(), flush=True)
 
 
 async def _wait_for_route(identity: Any, stages: int, timeout: float = 60.0) -> tuple[Any, Path]:
@@ -179,25 +216,11 @@ async def run_demo_swarm(
                 async with SwarmClient(
                     identity.credentials(), route, dialer=channel_dialer(link_dialer)
                 ) as client:
-                    report = await chat_once(
-                        client,
-                        tokenizer,
-                        prompt,
-                        chat_format=False,
-                        max_tokens=max_tokens,
-                        sampling=DEMO_SAMPLING,
-                        wire_dtype=dtype,
-                        stream=_write,
-                    )
+                    report = await stream_answer(client, tokenizer, prompt, max_tokens, dtype)
             finally:
                 tokenizer.close()
                 await router.stop()
-            _say(
-                f"\n\n{len(report.tokens)} tokens: first after {report.first_token_ms:.0f} ms "
-                f"({report.prompt_tokens} prompt tokens), "
-                f"then {report.decode_tokens_per_s:.1f} tok/s"
-            )
-            _say(report.table())
+            print_report(report, len(route.stages))
             swarm = operator.call("GET", "/api/v1/swarm")
             _say(
                 f"\noperator view: {len(swarm['nodes'])} nodes, plan "

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 Dialer = Callable[[str, tuple[str, int]], Awaitable[tuple[Channel, str]]]
 """(node id, address) -> an authenticated channel and its path kind (direct/punched/relayed)."""
 
+
 class Downstream:
     def __init__(
         self,

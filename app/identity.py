@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import platformdirs
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -113,6 +114,13 @@ class Identity:
             ca_pem,
         )
 
+    def with_coordinator(self, url: str | None) -> Identity:
+        """This identity talking to `url` instead of the coordinator it joined (the
+        coordinator moved; the CA, certificate and token stay valid). None or '': as joined."""
+        if not url or not url.strip():
+            return self
+        return replace(self, coordinator=coordinator_url(url))
+
     def save_certificate(self, cert_pem: bytes) -> Identity:
         """After renewal: same key, new certificate."""
         (self.directory / "node.pem").write_bytes(cert_pem)
@@ -126,6 +134,38 @@ class Identity:
             auth.CertifiedKey(cert, self.certified.private_key),
             self.ca_pem,
         )
+
+
+def coordinator_url(text: str) -> str:
+    """`text` as a coordinator base URL (`https://host:port`), or a ConfigError that says
+    what is wrong with it in words."""
+    problem = coordinator_problem(text)
+    if problem is not None:
+        raise ConfigError(f"The coordinator address {text.strip()!r} {problem}")
+    return text.strip().rstrip("/")
+
+
+def coordinator_problem(text: str) -> str | None:
+    """What is wrong with `text` as a coordinator address (e.g. "must start with
+    https://, like ..."), or None when it is usable."""
+    url = text.strip().rstrip("/")
+    like = "like https://swarm.example.org:8443"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port that is not a number 0-65535
+    except ValueError as exc:
+        return f"is not valid ({exc}), {like}"
+    # Always HTTPS: the node's token goes with every request, and the swarm CA is what the
+    # client checks the coordinator against.
+    if parts.scheme != "https":
+        return f"must start with https://, {like}"
+    if not parts.hostname or "@" in parts.netloc or any(c.isspace() for c in parts.netloc):
+        return f"names no valid host, {like}"
+    if port == 0:
+        return f"has port 0, {like}"
+    if parts.path or parts.query or parts.fragment:
+        return f"has a path; only https://host:port, {like}"
+    return None
 
 
 def join_swarm(code: str, directory: Path | None = None) -> Identity:

@@ -50,7 +50,8 @@ class Settings:
     """0: not chosen yet (the join dialog proposes a default with headroom)."""
     start_on_login: bool = False
     coordinator: str = ""
-    """Set on join (from the invite code); shown, and used to re-join."""
+    """Empty: the coordinator the invite named (kept with the identity). Else its new
+    address (the coordinator moved), used for heartbeats, routes, chat and the API."""
     log_level: str = "INFO"
     log_dir: str = ""
     """Empty: the platform's user log dir."""
@@ -58,6 +59,8 @@ class Settings:
     """Empty: app.identity's default."""
     paused: bool = False
     """Remembered so a paused node stays paused after a restart."""
+    api_port: int = 0
+    """The OpenAI-compatible API on 127.0.0.1:api_port for tools on this PC; 0: off."""
 
     @property
     def logs_path(self) -> Path:

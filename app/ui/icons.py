@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QPainter, QPen, QPixmap
 
-from app.controllers import NodeStatus, ServeState
+from app.node_status import NodeStatus, ServeState
 
 COLORS = {
     ServeState.NOT_JOINED: "#8a8f98",
@@ -14,6 +14,8 @@ COLORS = {
     ServeState.DOWNLOADING: "#3d7bd9",
     ServeState.LOADING: "#d9a23d",
     ServeState.SERVING: "#2e9e5b",
+    ServeState.PAUSING: "#d9a23d",
+    ServeState.MOVING: "#d9a23d",
     ServeState.PAUSED: "#8a8f98",
     ServeState.ERROR: "#d23c3c",
 }
@@ -45,7 +47,7 @@ def state_pixmap(status: NodeStatus, size: int = 64) -> QPixmap:
     p.setPen(Qt.PenStyle.NoPen)
     p.setBrush(QBrush(QColor("white")))
     c = size / 2
-    if state is ServeState.PAUSED:
+    if state in (ServeState.PAUSED, ServeState.PAUSING):
         w, h = size * 0.11, size * 0.38
         p.drawRect(QRectF(c - w * 1.6, c - h / 2, w, h))
         p.drawRect(QRectF(c + w * 0.6, c - h / 2, w, h))
@@ -66,7 +68,7 @@ def state_pixmap(status: NodeStatus, size: int = 64) -> QPixmap:
         p.setFont(font)
         p.setPen(QColor("white"))
         p.drawText(QRectF(0, 0, size, size), Qt.AlignmentFlag.AlignCenter, text)
-    elif state in (ServeState.JOINING, ServeState.WAITING):
+    elif state in (ServeState.JOINING, ServeState.WAITING, ServeState.MOVING):
         for i in range(3):
             p.drawEllipse(QPointF(c + (i - 1) * size * 0.2, c), size * 0.06, size * 0.06)
     p.end()

@@ -1,4 +1,5 @@
-"""Settings: VRAM cap, start on login, coordinator address, log level and logs location."""
+"""Settings: VRAM cap, start on login, coordinator address, the local OpenAI-compatible
+API, log level and logs location."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
+from app.controllers import validate_coordinator
+from app.identity import coordinator_url
 from app.settings import LOG_LEVELS, Settings, set_start_on_login
 
 GIB = 1024**3
@@ -33,13 +37,15 @@ class SettingsDialog(QDialog):
         settings_dir: Path | None = None,
         usable_bytes: int = 0,
         parent: QWidget | None = None,
+        *,
+        joined_coordinator: str = "",
     ) -> None:
         super().__init__(parent)
         self.settings = settings
         self.settings_dir = settings_dir
         self.setWindowTitle("Sangama settings")
         self.setMinimumWidth(520)
-        form = QFormLayout()
+        self.form = form = QFormLayout()
         self.cap = QDoubleSpinBox()
         self.cap.setDecimals(1)
         self.cap.setSuffix(" GiB")
@@ -51,8 +57,27 @@ class SettingsDialog(QDialog):
         self.autostart.setChecked(settings.start_on_login)
         form.addRow("", self.autostart)
         self.coordinator = QLineEdit(settings.coordinator)
-        self.coordinator.setPlaceholderText("set by the invite code when you join")
+        self.coordinator.setPlaceholderText(
+            f"as the invite named: {joined_coordinator}"
+            if joined_coordinator
+            else "as the invite names when you join"
+        )
+        self.coordinator.setToolTip("Only if the coordinator moved: its new https://host:port")
+        self.coordinator_hint = QLabel()
+        self.coordinator_hint.setWordWrap(True)
+        self.coordinator_hint.setStyleSheet("color: #c62828;")
         form.addRow("Coordinator:", self.coordinator)
+        form.addRow("", self.coordinator_hint)
+        self.api_port = QSpinBox()
+        self.api_port.setRange(0, 65535)
+        self.api_port.setSpecialValueText("off")
+        self.api_port.setValue(settings.api_port)
+        self.api_port.setToolTip("An OpenAI-compatible API for tools on this PC; off: none")
+        self.api_hint = QLabel()
+        api_row = QHBoxLayout()
+        api_row.addWidget(self.api_port)
+        api_row.addWidget(self.api_hint, 1)
+        form.addRow("OpenAI API port:", api_row)
         self.log_level = QComboBox()
         self.log_level.addItems(list(LOG_LEVELS))
         self.log_level.setCurrentText(settings.log_level)
@@ -71,10 +96,32 @@ class SettingsDialog(QDialog):
         )
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        self.save_button = buttons.button(QDialogButtonBox.StandardButton.Save)
+        self.coordinator.textChanged.connect(self._check_coordinator)
+        self.api_port.valueChanged.connect(self._show_api)
+        self._check_coordinator(self.coordinator.text())
+        self._show_api(self.api_port.value())
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(note)
         layout.addWidget(buttons)
+
+    @Slot(str)
+    def _check_coordinator(self, text: str) -> None:
+        """A malformed address is said at once, and cannot be saved."""
+        problem = validate_coordinator(text)
+        self.coordinator_hint.setText(problem or "")
+        self.form.setRowVisible(self.coordinator_hint, problem is not None)
+        self.save_button.setEnabled(problem is None)
+        self.adjustSize()  # room for the hint (a dialog does not grow by itself)
+
+    @Slot(int)
+    def _show_api(self, port: int) -> None:
+        self.api_hint.setText(
+            "a port lets OpenAI tools on this PC use the swarm"
+            if port == 0
+            else f"http://127.0.0.1:{port}/v1 (any API key)"
+        )
 
     @Slot()
     def _open_logs(self) -> None:
@@ -89,7 +136,9 @@ class SettingsDialog(QDialog):
         if self.autostart.isChecked() != s.start_on_login:
             set_start_on_login(self.autostart.isChecked())
         s.start_on_login = self.autostart.isChecked()
-        s.coordinator = self.coordinator.text().strip()
+        text = self.coordinator.text().strip()
+        s.coordinator = coordinator_url(text) if text else ""
+        s.api_port = self.api_port.value()
         s.log_level = self.log_level.currentText()
         s.log_dir = self.log_dir.text().strip()
         s.save(self.settings_dir)

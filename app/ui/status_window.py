@@ -1,5 +1,5 @@
 """What this PC does for the swarm: stage and layers, sessions, timings, the path to the
-next hop and a small live throughput plot."""
+next hop, the local OpenAI API and a small live throughput plot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Slot
 from PySide6.QtGui import QCloseEvent, QColor, QPainter, QPaintEvent, QPen, QPolygonF
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
-from app.controllers import NodeController, NodeStatus, ServeState
+from app.controllers import ApiController, NodeController
+from app.node_status import NodeStatus, ServeState
 from app.ui.icons import state_pixmap
 
 
@@ -57,9 +58,12 @@ class ThroughputPlot(QWidget):
 
 
 class StatusWindow(QWidget):
-    def __init__(self, node: NodeController, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, node: NodeController, api: ApiController | None = None, parent: QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self.node = node
+        self.api = api
         self.setWindowTitle("Sangama status")
         self.resize(520, 460)
         self.icon = QLabel()
@@ -84,6 +88,7 @@ class StatusWindow(QWidget):
             ("next", "Next hop"),
             ("sessions", "Sessions"),
             ("timings", "Timings"),
+            ("api", "OpenAI API"),
         ):
             value = QLabel("—")
             value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -108,6 +113,9 @@ class StatusWindow(QWidget):
         layout.addWidget(self.plot, 1)
         node.status_changed.connect(self.show_status)
         self.show_status(node.status)
+        if api is not None:
+            api.changed.connect(self._show_api)
+        self._show_api()
 
     @Slot(object)
     def show_status(self, s: NodeStatus) -> None:
@@ -129,11 +137,20 @@ class StatusWindow(QWidget):
             f["next"].setText(s.next_hop or "last stage: tokens go straight back to the client")
         else:
             f["next"].setText("—")
-        f["sessions"].setText(f"{s.sessions} opened, {s.steps} steps, {s.errors} errors")
+        finishing = (
+            f"; finishing {s.finishing} before the stage is freed"
+            if s.state in (ServeState.PAUSING, ServeState.MOVING)
+            else ""
+        )
+        f["sessions"].setText(f"{s.sessions} opened, {s.steps} steps, {s.errors} errors{finishing}")
         rtt = f", {s.rtt_ms:.1f} ms round trip to the next hop" if s.rtt_ms is not None else ""
         f["timings"].setText(f"{s.compute_ms:.1f} ms last compute{rtt}")
         if s.state is ServeState.SERVING:
             self.plot.add(s.throughput)
+
+    @Slot()
+    def _show_api(self) -> None:
+        self.fields["api"].setText(self.api.text if self.api is not None else "off")
 
     def closeEvent(self, event: QCloseEvent) -> None:
         event.ignore()

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Slot
+from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
@@ -24,17 +24,17 @@ from PySide6.QtWidgets import (
 )
 
 from app.controllers import (
+    ApiController,
     AsyncThread,
     ChatConnector,
     ChatController,
     NodeController,
-    NodeStatus,
-    ServeOptions,
-    ServeState,
     identity_connector,
 )
+from app.coordinated import CoordinatedOptions
 from app.history import History
 from app.identity import default_identity_dir
+from app.node_status import NodeStatus, ServeState
 from app.settings import Settings
 from app.ui.chat_window import ChatWindow
 from app.ui.icons import state_icon
@@ -78,6 +78,7 @@ class NoTrayWindow(QWidget):
     def show_status(self, status: NodeStatus, pause_text: str) -> None:
         self.state_label.setText(status.summary)
         self.buttons["Pause"].setText(pause_text)
+        self.buttons["Pause"].setEnabled(status.state is not ServeState.PAUSING)
         self.setWindowIcon(state_icon(status))
 
     def closeEvent(self, event: QCloseEvent) -> None:
@@ -107,14 +108,21 @@ class DesktopApp(QObject):
         self.runner = AsyncThread()
         self.node = NodeController(
             self.runner,
-            ServeOptions(identity_dir=identity_dir, vram_cap_bytes=settings.vram_cap_bytes),
+            CoordinatedOptions(
+                identity_dir=identity_dir,
+                vram_cap_bytes=settings.vram_cap_bytes,
+                coordinator=settings.coordinator or None,
+            ),
         )
         self._fixed_connector = chat_connector
         self.chat = ChatController(self.runner, chat_connector or self._joined_connector())
+        self.api = ApiController(self.runner)
         self.history = history or History()
         self.chat_window: ChatWindow | None = None
         self.status_window: StatusWindow | None = None
         self.join_dialog: JoinDialog | None = None
+        self.settings_dialog: SettingsDialog | None = None
+        self.error_box: QMessageBox | None = None
         self.quitting = False
 
         has_tray = (
@@ -138,14 +146,24 @@ class DesktopApp(QObject):
         self._status_changed(self.node.status)
         if autostart_serving and self.node.joined and not settings.paused:
             self.node.resume()
+        self._serve_api()
 
     def _joined_connector(self) -> ChatConnector | None:
-        return identity_connector(self.node.options.identity_dir) if self.node.joined else None
+        if not self.node.joined:
+            return None
+        return identity_connector(self.node.options.identity_dir, self.settings.coordinator)
+
+    def _serve_api(self) -> None:
+        """Start, move or stop the local API to match the settings and the identity."""
+        identity = self.node.options.identity_dir if self.node.joined else None
+        self.api.serve(self.settings.api_port, identity, self.settings.coordinator)
 
     # --- state shown ----------------------------------------------------------------------
 
     @property
     def pause_text(self) -> str:
+        if self.node.status.state is ServeState.PAUSING:
+            return "Pausing: finishing conversations…"
         return "Resume contributing" if self._paused_like() else "Pause contributing"
 
     def _paused_like(self) -> bool:
@@ -176,7 +194,7 @@ class DesktopApp(QObject):
         m.addAction("Open chat").triggered.connect(self.open_chat)
         m.addAction("Status").triggered.connect(self.open_status)
         pause = m.addAction(self.pause_text)
-        pause.setEnabled(self.node.joined)
+        pause.setEnabled(self.node.joined and status.state is not ServeState.PAUSING)
         pause.triggered.connect(self.toggle_pause)
         m.addSeparator()
         m.addAction("Join a swarm...").triggered.connect(self.open_join)
@@ -195,8 +213,16 @@ class DesktopApp(QObject):
     # --- commands ------------------------------------------------------------------------
 
     @Slot()
-    def show_error(self) -> None:
-        QMessageBox.warning(None, "Sangama: error", self.node.status.error or "Unknown error")
+    def show_error(self) -> QMessageBox:
+        """The reason, in a box that does not block the tray (one click from the icon)."""
+        if self.error_box is None:
+            self.error_box = QMessageBox(QMessageBox.Icon.Warning, "Sangama: error", "")
+            self.error_box.setStandardButtons(QMessageBox.StandardButton.Ok)
+            self.error_box.setWindowModality(Qt.WindowModality.NonModal)  # chat stays usable
+        self.error_box.setText("Sangama stopped contributing because of this error:")
+        self.error_box.setInformativeText(self.node.status.error or "Unknown error")
+        _raise(self.error_box)
+        return self.error_box
 
     @Slot()
     def open_chat(self) -> ChatWindow:
@@ -208,7 +234,7 @@ class DesktopApp(QObject):
     @Slot()
     def open_status(self) -> StatusWindow:
         if self.status_window is None:
-            self.status_window = StatusWindow(self.node)
+            self.status_window = StatusWindow(self.node, self.api)
         _raise(self.status_window)
         return self.status_window
 
@@ -221,18 +247,38 @@ class DesktopApp(QObject):
 
     @Slot()
     def open_settings(self) -> SettingsDialog:
-        dialog = SettingsDialog(self.settings, self.settings_dir, detect_hardware().usable_bytes)
-        dialog.accepted.connect(self._settings_saved)
+        if self.settings_dialog is not None:
+            self.settings_dialog.close()
+        before = replace(self.settings)
+        dialog = SettingsDialog(
+            self.settings,
+            self.settings_dir,
+            detect_hardware().usable_bytes,
+            joined_coordinator=str(self.node.identity_doc().get("coordinator", "")),
+        )
+        dialog.accepted.connect(lambda: self._settings_saved(before))
+        self.settings_dialog = dialog
         _raise(dialog)
         return dialog
 
-    @Slot()
-    def _settings_saved(self) -> None:
-        _configure_logging(self.settings)
-        self.node.options = replace(self.node.options, vram_cap_bytes=self.settings.vram_cap_bytes)
+    def _settings_saved(self, before: Settings) -> None:
+        s = self.settings
+        _configure_logging(s)
+        self.node.options = replace(
+            self.node.options, vram_cap_bytes=s.vram_cap_bytes, coordinator=s.coordinator or None
+        )
+        if s.coordinator != before.coordinator:
+            # Heartbeats, routes, chat and the API all go to the new address from now on.
+            self.node.restart()
+            if self._fixed_connector is None:
+                self.chat.set_connector(self._joined_connector())
+        if s.coordinator != before.coordinator or s.api_port != before.api_port:
+            self._serve_api()
 
     @Slot()
     def toggle_pause(self) -> None:
+        if self.node.status.state is ServeState.PAUSING:
+            return  # already on its way; the menu item is disabled meanwhile
         if self._paused_like():
             self.settings.paused = False
             self.node.resume()
@@ -247,9 +293,11 @@ class DesktopApp(QObject):
             return
         self.settings.vram_cap_bytes = self.node.options.vram_cap_bytes
         self.settings.paused = False
+        self.settings.coordinator = ""  # the invite named the coordinator of this swarm
         self.settings.save(self.settings_dir)
         if self._fixed_connector is None:
             self.chat.set_connector(self._joined_connector())
+        self._serve_api()
 
     @Slot()
     def quit(self) -> None:
@@ -258,11 +306,13 @@ class DesktopApp(QObject):
             return
         self.quitting = True
         self.chat.shutdown()
+        self.api.shutdown()
         self.node.shutdown()
         self.runner.stop()
         if self.tray is not None:
             self.tray.hide()
-        for w in (self.chat_window, self.status_window, self.join_dialog, self.fallback):
+        windows = (self.chat_window, self.status_window, self.join_dialog, self.settings_dialog)
+        for w in (*windows, self.error_box, self.fallback):
             if w is not None:
                 w.hide()
         app = QApplication.instance()

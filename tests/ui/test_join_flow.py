@@ -11,8 +11,8 @@ import pytest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.controllers import ServeState
 from app.history import History
+from app.node_status import ServeState
 from app.settings import Settings
 from app.ui.tray import DesktopApp
 from coordinator import invites as inv
@@ -91,10 +91,10 @@ def test_join_serve_pause_resume_quit(
         desk.rebuild_menu()
         menu = [a.text() for a in desk.menu.actions()]
         assert "Pause contributing" in menu
-        desk.toggle_pause()
-        assert not desk.node.serving
-        assert desk.node.status.state.value == "paused"
+        desk.toggle_pause()  # returns at once: running sessions (none here) finish first
         assert Settings.load(tmp_path / "settings").paused
+        qtbot.waitUntil(lambda: desk.node.status.state is ServeState.PAUSED, timeout=30000)
+        assert not desk.node.serving
         desk.rebuild_menu()
         assert "Resume contributing" in [a.text() for a in desk.menu.actions()]
         desk.toggle_pause()

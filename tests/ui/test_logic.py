@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from app.controllers import NodeStatus, ServeState, validate_code
+from app.controllers import validate_code, validate_coordinator
+from app.errors import ConfigError
 from app.history import Conversation, History
+from app.identity import coordinator_url
+from app.node_status import NodeStatus, ServeState
 from app.settings import (
     Settings,
     default_cap_bytes,
@@ -22,7 +25,9 @@ GIB = 1024**3
 
 
 def test_settings_round_trip_and_bad_files(tmp_path: Path) -> None:
-    s = Settings(vram_cap_bytes=6 * GIB, coordinator="https://x:1", log_level="DEBUG")
+    s = Settings(
+        vram_cap_bytes=6 * GIB, coordinator="https://x:1", log_level="DEBUG", api_port=8123
+    )
     path = s.save(tmp_path)
     assert Settings.load(tmp_path) == s
     assert "token" not in path.read_text()  # secrets stay in the keyring
@@ -85,3 +90,33 @@ def test_status_summary_words() -> None:
     assert s.summary == "Sangama: serving layers 4-8 (1 session)"
     s = NodeStatus(state=ServeState.ERROR, error="Disk full")
     assert s.summary == "Sangama: error: Disk full"
+    s = NodeStatus(state=ServeState.PAUSING, finishing=2)
+    assert s.summary == "Sangama: pausing, finishing 2 sessions"
+    s = NodeStatus(state=ServeState.MOVING, finishing=1)
+    assert s.summary == "Sangama: changing stage, finishing 1 session"
+    assert NodeStatus(state=ServeState.PAUSING).summary == "Sangama: pausing"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("coordinator.example.org:8443", "must start with https://"),
+        ("http://10.0.0.5:8443", "must start with https://"),
+        ("https://", "names no valid host"),
+        ("https://user@10.0.0.5:8443", "names no valid host"),
+        ("https://10.0.0.5:99999", "not valid"),
+        ("https://10.0.0.5:84x3", "not valid"),
+        ("https://10.0.0.5:8443/api", "has a path"),
+    ],
+)
+def test_a_malformed_coordinator_address_is_refused_in_words(text: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        coordinator_url(text)
+    assert why in (validate_coordinator(text) or "")
+
+
+def test_coordinator_addresses_that_work() -> None:
+    assert coordinator_url(" https://10.0.0.5:8443/ ") == "https://10.0.0.5:8443"
+    assert coordinator_url("https://[2001:db8::1]:8443") == "https://[2001:db8::1]:8443"
+    assert coordinator_url("https://swarm.example.org") == "https://swarm.example.org"
+    assert validate_coordinator("") is None  # empty: the coordinator the invite named

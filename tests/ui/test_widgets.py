@@ -11,8 +11,8 @@ import pytest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.controllers import NodeStatus, ServeState
 from app.history import History
+from app.node_status import NodeStatus, ServeState
 from app.settings import Settings
 from app.ui.icons import state_pixmap
 from app.ui.tray import NO_TRAY_TEXT, DesktopApp
@@ -66,6 +66,16 @@ def test_menu_is_rebuilt_from_state(desk: DesktopApp, artifacts: Path) -> None:
     texts = menu_texts(desk)
     assert texts[:2] == ["Error: the coordinator is unreachable", "Why? Show the error…"]
     assert "Resume contributing" in texts
+    box = desk.show_error()  # the reason, one click away, without blocking the tray
+    assert box.isVisible() and not box.isModal()
+    assert box.informativeText() == "The coordinator is unreachable"
+    assert box.grab().save(str(artifacts / "offscreen_error_box.png"))
+    box.hide()
+    desk.node._apply(NodeStatus(state=ServeState.PAUSING, finishing=2))
+    assert desk.tray.toolTip() == "Sangama: pausing, finishing 2 sessions"
+    desk.rebuild_menu()
+    pausing = next(a for a in desk.menu.actions() if a.text().startswith("Pausing"))
+    assert not pausing.isEnabled()  # on its way already
     desk.node._apply(NodeStatus(state=ServeState.DOWNLOADING, progress=0.5))
     assert desk.tray.toolTip() == "Sangama: downloading (50%)"
     desk.menu.popup(desk.menu.pos())
@@ -129,3 +139,23 @@ def test_status_window_shows_stage_and_plot(desk: DesktopApp, artifacts: Path) -
     assert "0.8 ms round trip" in status.fields["timings"].text()
     assert len(status.plot.samples) == 30
     assert status.grab().save(str(artifacts / "offscreen_status_window.png"))
+
+
+def test_settings_dialog_checks_the_coordinator_and_sets_the_api_port(
+    desk: DesktopApp, tmp_path: Path, artifacts: Path
+) -> None:
+    dialog = desk.open_settings()
+    assert dialog.api_port.value() == 0 and dialog.api_port.text() == "off"
+    dialog.coordinator.setText("coordinator.example.org:8443")
+    assert not dialog.save_button.isEnabled()
+    assert "must start with https://" in dialog.coordinator_hint.text()
+    dialog.coordinator.setText("https://coordinator.example.org:8443/")
+    assert dialog.save_button.isEnabled() and not dialog.form.isRowVisible(dialog.coordinator_hint)
+    dialog.api_port.setValue(8123)
+    assert "http://127.0.0.1:8123/v1" in dialog.api_hint.text()
+    assert dialog.grab().save(str(artifacts / "offscreen_settings_dialog.png"))
+    dialog.save_button.click()
+    saved = Settings.load(tmp_path / "settings")
+    assert saved.coordinator == "https://coordinator.example.org:8443" and saved.api_port == 8123
+    assert desk.node.options.coordinator == saved.coordinator
+    assert desk.api.text == "off"  # not joined: nothing to serve the API as

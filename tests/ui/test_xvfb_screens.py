@@ -1,8 +1,9 @@
 """The real tray under X11: Xvfb + openbox + tint2 (an XEmbed tray host), the app joining a
 real coordinator serving Gemma 3 270M, a real right click on the icon, and screenshots
-of the tray menu, join dialog, chat window (a streamed answer) and status window in
-artifacts/ui/. Needs: xvfb openbox tint2 xdotool imagemagick libxcb-cursor0
-libxcb-icccm4 libxcb-keysyms1 (Debian)."""
+of the tray menu, join dialog, chat window (a streamed answer), status window, settings
+dialog and an error's message (a real left click on the icon) in artifacts/ui/.
+Needs: xvfb openbox tint2 xdotool imagemagick libxcb-cursor0 libxcb-icccm4
+libxcb-keysyms1 (Debian)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,15 @@ pytestmark = [pytest.mark.ui, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("Xvfb", "openbox", "tint2", "xdotool", "import")
-SCENES = ("tray_menu", "join_dialog_refused", "join_dialog", "chat_window", "status_window")
+SCENES = (
+    "tray_menu",
+    "join_dialog_refused",
+    "join_dialog",
+    "chat_window",
+    "status_window",
+    "settings_dialog",
+    "error_message",
+)
 
 
 def _free_display() -> int:
@@ -96,3 +105,7 @@ def test_tray_menu_dialogs_chat_and_status_on_a_real_x_server(
     assert "serving layers 0-17" in tooltip
     footer = next(line for line in r.stdout.splitlines() if line.startswith("FOOTER"))
     assert "tokens/s" in footer and "1 stage" in footer
+    error = next(line for line in r.stdout.splitlines() if line.startswith("ERROR_TOOLTIP"))
+    assert "Sangama: error: " in error and "node.pem" in error
+    box = next(line for line in r.stdout.splitlines() if line.startswith("ERROR_BOX"))
+    assert "node.pem" in box  # the reason, from a real click on the icon

@@ -1,6 +1,7 @@
 """Run under a real X server with a tray host (see test_xvfb_screens.py): the real app,
 a real coordinator serving Gemma 3 270M, this app joining it, serving every layer and
-answering a chat. Screenshots of each scene go to the folder given as argv[1].
+answering a chat, its settings, then an error shown from a click on the icon.
+Screenshots of each scene go to the folder given as argv[1].
 
 Prints `SCENE name path` per screenshot and `DONE` at the end.
 """
@@ -18,8 +19,8 @@ from pathlib import Path
 from PySide6.QtCore import QPoint
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
-from app.controllers import ServeState
 from app.history import History
+from app.node_status import ServeState
 from app.settings import Settings
 from app.ui.tray import DesktopApp
 from coordinator import invites as inv
@@ -134,8 +135,39 @@ def main() -> int:
         pump(4.5)  # two heartbeats
         shoot(out, "status_window", window_crop(status))
 
-        # 5. tray icon tooltip state and a clean Quit
         print(f"TOOLTIP {desk.tray.toolTip()}", flush=True)
+        status.hide()
+
+        # 5. settings: memory cap, start on login, coordinator (the invite's as a hint),
+        # the local API port, logs
+        settings = desk.open_settings()
+        settings.move(QPoint(160, 90))
+        pump(0.5)
+        shoot(out, "settings_dialog", window_crop(settings))
+        settings.reject()
+
+        # 6. an error and its reason, one click on the icon away: paused, the identity's
+        # certificate goes missing, resume fails
+        desk.toggle_pause()
+        wait_until("paused", lambda: desk.node.status.state is ServeState.PAUSED, 60)
+        (work / "identity" / "node.pem").unlink()
+        desk.toggle_pause()
+        wait_until("the error", lambda: desk.node.status.state is ServeState.ERROR, 30)
+        print(f"ERROR_TOOLTIP {desk.tray.toolTip()}", flush=True)
+        centre = desk.tray.geometry().center()
+        subprocess.run(
+            ["xdotool", "mousemove", str(centre.x()), str(centre.y()), "click", "1"], check=True
+        )
+        wait_until("the error message", lambda: desk.error_box is not None, 10)
+        box = desk.error_box
+        assert box is not None
+        wait_until("the error message shown", box.isVisible, 10)
+        box.move(QPoint(240, 200))
+        pump(0.5)
+        print(f"ERROR_BOX {box.informativeText()}", flush=True)
+        shoot(out, "error_message", window_crop(box))
+
+        # 7. a clean Quit
         desk.quit()
         pump(0.5)
         print("DONE", flush=True)

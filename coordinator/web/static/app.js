@@ -360,7 +360,9 @@
       const path = c.path.firstChild;
       path.className = `pill ${node.path}`;
       const rtt = node.stats && typeof node.stats.rtt_ms === "number" ? ` · ${node.stats.rtt_ms.toFixed(1)} ms` : "";
-      setText(path, (node.path || "—") + rtt);
+      const relinks = node.stats && typeof node.stats.relinks === "number" && node.stats.relinks > 0
+        ? ` · re-established ${node.stats.relinks}×` : "";
+      setText(path, (node.path || "—") + rtt + relinks);
       const seen = parseTime(node.last_seen);
       setText(c.seen, ago(seen));
       c.seen.title = fullTime(seen);

@@ -1,0 +1,82 @@
+"""What a serving node is doing, as plain data: reported by the coordinated serve loop
+(`app.coordinated`), shown by the tray and its status window. No Qt here, so the headless
+worker reports through the same type."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class ServeState(enum.Enum):
+    NOT_JOINED = "not joined"
+    JOINING = "joining"
+    WAITING = "waiting for a stage"
+    DOWNLOADING = "downloading"
+    LOADING = "loading"
+    SERVING = "serving"
+    PAUSING = "pausing"
+    """No new sessions; the running ones finish before the stage is freed."""
+    MOVING = "changing stage"
+    """The coordinator assigned another stage; running sessions finish on the old one."""
+    PAUSED = "paused"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    state: ServeState = ServeState.NOT_JOINED
+    node_id: str = ""
+    coordinator: str = ""
+    progress: float = 0.0
+    """0..1 while downloading."""
+    layers: tuple[int, int] | None = None
+    model: str = ""
+    address: str = ""
+    next_hop: str = ""
+    """'node at address (path)', or '' on the last stage."""
+    sessions: int = 0
+    steps: int = 0
+    errors: int = 0
+    throughput: float = 0.0
+    """Tokens (rows) per second through this stage over the last heartbeat."""
+    compute_ms: float = 0.0
+    rtt_ms: float | None = None
+    finishing: int = 0
+    """Sessions still running while PAUSING or MOVING."""
+    error: str = ""
+    """Plain-words reason, in state ERROR (or WAITING when the coordinator is unreachable)."""
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def summary(self) -> str:
+        """One line: the tray tooltip."""
+        s = self.state
+        if s is ServeState.DOWNLOADING:
+            return f"Sangama: downloading ({self.progress * 100:.0f}%)"
+        if s is ServeState.SERVING and self.layers is not None:
+            a, b = self.layers
+            return f"Sangama: serving layers {a}-{b - 1} ({_sessions(self.sessions)})"
+        if s in (ServeState.PAUSING, ServeState.MOVING) and self.finishing:
+            return f"Sangama: {s.value}, finishing {_sessions(self.finishing)}"
+        if s is ServeState.ERROR:
+            return f"Sangama: error: {self.error}"
+        return f"Sangama: {s.value}"
+
+
+StatusReport = Callable[[NodeStatus], None]
+"""Where the serve loop reports each state; may be called from any thread."""
+
+
+def _sessions(n: int) -> str:
+    return f"{n} session{'' if n == 1 else 's'}"
+
+
+def plain_reason(exc: BaseException) -> str:
+    """An exception as words for a person: the coordinator's reason, not a traceback."""
+    text = str(exc).strip()
+    if isinstance(exc, OSError):
+        return f"System error: {text or type(exc).__name__}"
+    return text[0].upper() + text[1:] if text else type(exc).__name__
