@@ -258,7 +258,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.static:
         if args.api_port is not None:
-            from app.openai_api import serve_local_swarm
+            from app.openai_serve import serve_local_swarm
 
             return asyncio.run(serve_local_swarm(args.model, args.cuts, port=args.api_port))
         from app.demo import run_demo
@@ -328,7 +328,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    from app.openai_api import run_api_cli
+    from app.openai_serve import run_api_cli
 
     identity = args.identity
     if identity is None and args.route is None:

@@ -386,7 +386,7 @@ class ApiController(QObject):
     async def _serve(
         self, port: int, identity_dir: Path, coordinator: str | None, stop: asyncio.Event
     ) -> None:
-        from app.openai_api import serve_identity  # FastAPI and uvicorn only when used
+        from app.openai_serve import serve_identity  # FastAPI and uvicorn only when used
 
         loop = asyncio.get_running_loop()
         post = self._mailbox.post

@@ -227,7 +227,7 @@ async def run_demo_swarm(
                 + ", ".join(f"{s['node_id']}{tuple(s['layers'])}" for s in swarm["plan"])
             )
             if api_port is not None:  # keep the swarm up behind the API until Ctrl+C
-                from app.openai_api import serve_identity
+                from app.openai_serve import serve_identity
 
                 _say("")
                 await serve_identity(identity, route, tokenizer_path, port=api_port)

@@ -26,7 +26,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from app.config import Route
 from app.errors import RouteUnavailable, StageTimeout
 from app.local_swarm import LocalSwarm
-from app.openai_api import Backend, StopCutter, SwarmBackend, serve_api
+from app.openai_api import Backend, StopCutter, SwarmBackend
+from app.openai_serve import serve_api
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 

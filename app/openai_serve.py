@@ -1,0 +1,242 @@
+"""Serving the OpenAI-compatible API: uvicorn in the running loop, and the ways to
+start it (`sangama api` as a joined client or on a static route, `sangama demo
+--api-port`, the desktop app)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from app.config import Route
+from app.openai_api import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_PORT,
+    Backend,
+    SwarmBackend,
+    create_openai_app,
+)
+from core.tokenizer import Tokenizer
+from net.channel import NodeCredentials
+from net.quic import QuicTuning
+
+if TYPE_CHECKING:
+    from app.identity import Identity
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: `serve_api`'s caller decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_api(
+    backend: Backend,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[int], None] | None = None,
+    log_level: str = "warning",
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> None:
+    """Serve the API in the running loop until `stop` is set (default: SIGINT or SIGTERM).
+
+    `ready` gets the bound port once the socket listens (useful with port 0). Localhost
+    by default: the API has no authentication of its own (any API key is accepted).
+    """
+    loop = asyncio.get_running_loop()
+    signals: list[signal.Signals] = []
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                signals.append(sig)
+            except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
+                break
+    app = create_openai_app(backend, default_max_tokens=default_max_tokens)
+    sock = _listen_socket(host, port)  # bound here, so "port in use" is a plain OSError
+    bound = int(sock.getsockname()[1])
+    server = _Server(
+        uvicorn.Config(app, host=host, port=bound, log_level=log_level, timeout_graceful_shutdown=5)
+    )
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started and ready is not None:
+            ready(bound)
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sock.close()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+def _listen_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _announce(host: str, n_stages: int) -> Callable[[int], None]:
+    def say(port: int) -> None:
+        print(
+            f"OpenAI-compatible API on http://{host}:{port}/v1 for a {n_stages}-stage swarm "
+            "(any API key); Ctrl+C to stop",
+            flush=True,
+        )
+
+    return say
+
+
+async def serve_identity(
+    identity: Identity,
+    route: Route,
+    tokenizer_path: Path,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    *,
+    max_concurrent: int = 4,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[int], None] | None = None,
+) -> None:
+    """The API as a joined client: links through the coordinator (ICE for peers behind
+    NAT), a fresh route from the coordinator after the old one fails. Until `stop` is set
+    (default: SIGINT or SIGTERM). Used by `sangama api`, `sangama demo --api-port` and the
+    desktop app (submit it to the app's loop with its own `stop` event)."""
+    from app.coordinated import fetch_route
+    from app.links import channel_dialer, start_links
+
+    loop = asyncio.get_running_loop()
+
+    async def refresh() -> Route:
+        new_route, _ = await loop.run_in_executor(None, fetch_route, identity)
+        return new_route
+
+    creds = identity.credentials()
+    tokenizer = Tokenizer.from_gguf(tokenizer_path)
+    try:
+        link_dialer, router = await start_links(identity.client(), creds, QuicTuning())
+        backend = SwarmBackend(
+            creds,
+            route,
+            tokenizer,
+            dialer=channel_dialer(link_dialer),
+            refresh_route=refresh,
+            max_concurrent=max_concurrent,
+        )
+        try:
+            await serve_api(
+                backend, host, port, stop=stop, ready=ready or _announce(host, len(route.stages))
+            )
+        finally:
+            await backend.aclose()
+            await router.stop()
+    finally:
+        tokenizer.close()
+
+
+async def serve_joined_client(
+    identity_dir: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, max_concurrent: int = 4
+) -> int:
+    """`sangama api --identity DIR`: fetch the route, then serve until SIGINT or SIGTERM."""
+    from app.coordinated import fetch_route
+    from app.identity import Identity
+
+    loop = asyncio.get_running_loop()
+    me = await loop.run_in_executor(None, Identity.load, identity_dir)
+    route, tokenizer_path = await loop.run_in_executor(None, fetch_route, me)
+    await serve_identity(me, route, tokenizer_path, host, port, max_concurrent=max_concurrent)
+    return 0
+
+
+async def serve_static(
+    route: Route,
+    creds: NodeCredentials,
+    tokenizer_path: Path,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    max_concurrent: int = 4,
+) -> int:
+    """`sangama api --route R --credentials C`: a static swarm (no coordinator)."""
+    tokenizer = Tokenizer.from_gguf(tokenizer_path)
+    backend = SwarmBackend(creds, route, tokenizer, max_concurrent=max_concurrent)
+    try:
+        await serve_api(backend, host, port, ready=_announce(host, len(route.stages)))
+    finally:
+        await backend.aclose()
+        tokenizer.close()
+    return 0
+
+
+async def serve_local_swarm(
+    model: str, cuts: list[int], host: str = "127.0.0.1", port: int = DEFAULT_PORT
+) -> int:
+    """`sangama demo --static --api-port P`: a loopback swarm behind the API until SIGINT."""
+    from app.local_swarm import LocalSwarm
+
+    print(f"Starting {len(cuts) - 1} workers on loopback (layers cut at {cuts}) ...", flush=True)
+    async with LocalSwarm(model=model, cuts=cuts, threads=1) as swarm:
+        assert swarm.route is not None and swarm.client_credentials is not None
+        tokenizer = Tokenizer.from_gguf(Path(swarm.route.model))
+        backend = SwarmBackend(
+            swarm.client_credentials, swarm.route, tokenizer, tuning=swarm.tuning
+        )
+        try:
+            await serve_api(backend, host, port, ready=_announce(host, len(swarm.workers)))
+        finally:
+            await backend.aclose()
+            tokenizer.close()
+    print("all workers stopped cleanly", flush=True)
+    return 0
+
+
+def run_api_cli(
+    *,
+    identity: Path | None,
+    route_path: Path | None,
+    credentials: Path | None,
+    node_id: str,
+    model: str | None,
+    host: str,
+    port: int,
+    max_concurrent: int = 4,
+) -> int:
+    """`sangama api`: as a joined client (`identity`) or along a static route file."""
+    if identity is not None:
+        return asyncio.run(serve_joined_client(identity, host, port, max_concurrent))
+    from app.credentials import load_credentials
+    from app.errors import ConfigError
+    from core.models import resolve_model
+
+    if route_path is None or credentials is None:
+        raise ConfigError("give --identity (a joined client) or --route with --credentials")
+    route = Route.load(route_path)
+    creds = load_credentials(credentials, node_id)
+    tokenizer_path = resolve_model(model or route.model)
+    return asyncio.run(serve_static(route, creds, tokenizer_path, host, port, max_concurrent))
