@@ -132,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quic", choices=["aioquic", "qh3"], default="aioquic")
     p.add_argument("--relay-only", action="store_true", help="reach peers only via the relay")
+    p.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="URL",
+        help="talk to this coordinator instead of the one the invite named (it moved)",
+    )
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="on stop or a new assignment, let running sessions finish this long (default 20)",
+    )
 
     p = sub.add_parser("chat", help="ask the swarm; stream the answer")
     p.add_argument("--prompt", required=True)
@@ -282,8 +295,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return run_worker(args.config)
     from app.config import parse_address
     from app.coordinated import CoordinatedOptions, run_coordinated
-    from app.identity import default_identity_dir
+    from app.identity import coordinator_url, default_identity_dir
 
+    if not (0 <= args.drain <= 3600):
+        raise ConfigError(f"--drain must be 0..3600 seconds, not {args.drain}")
     return run_coordinated(
         CoordinatedOptions(
             identity_dir=args.identity or args.identity_dir or default_identity_dir(),
@@ -294,6 +309,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             threads=args.threads,
             quic_library=args.quic,
             relay_only=args.relay_only,
+            coordinator=coordinator_url(args.coordinator) if args.coordinator else None,
+            drain_s=args.drain,
         )
     )
 

@@ -1,0 +1,29 @@
+"""`sangama worker` refuses bad coordinated-mode options in one line, before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--coordinator", "http://swarm.example.org:8443"], "must start with https://"),
+        (["--coordinator", "https://swarm.example.org:99999"], "is not valid"),
+        (["--drain", "-1"], "--drain must be 0..3600 seconds"),
+        (["--drain", "nan"], "--drain must be 0..3600 seconds"),
+    ],
+)
+def test_worker_refuses_bad_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], says: str
+) -> None:
+    assert main(["worker", "--identity", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sangama worker: error:") and says in err, err
+    assert len(err.splitlines()) == 1
