@@ -50,7 +50,7 @@ class WorkerConfig:
     """"aioquic" or "qh3" (see net.quic)."""
     return_logits: bool = False
     """Diagnostics: the last stage sends the logits each token was chosen from."""
-    idle_timeout: float = 8.0
+    idle_timeout: float = 5.0
     """Seconds of silence after which a link's path counts as dead (QUIC idle timeout)."""
     relink_timeout: float = 20.0
     """How long a worker tries to re-establish a lost link to its next stage (direct,
@@ -90,7 +90,7 @@ class WorkerConfig:
                 max_datagram_size=int(doc.get("max_datagram_size", 1200)),
                 return_logits=bool(doc.get("return_logits", False)),
                 quic_library=str(doc.get("quic_library", "aioquic")),
-                idle_timeout=float(doc.get("idle_timeout", 8.0)),
+                idle_timeout=float(doc.get("idle_timeout", 5.0)),
                 relink_timeout=float(doc.get("relink_timeout", 20.0)),
                 resume_grace=float(doc.get("resume_grace", 30.0)),
             )

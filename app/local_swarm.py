@@ -55,7 +55,7 @@ class LocalSwarm:
     max_datagram_size: int = 1200
     return_logits: bool = False
     quic_library: str = "aioquic"
-    idle_timeout: float = 8.0
+    idle_timeout: float = 5.0
     """Seconds of silence before a link counts as dead (tests shorten it)."""
     link_delays_ms: list[float] | None = None
     """One-way delay per link, WAN emulation through net.delay_proxy: client->stage0,

@@ -75,10 +75,10 @@ QUIC_LIBRARIES = ("aioquic", "qh3")
 @dataclass(frozen=True)
 class QuicTuning:
     max_datagram_size: int = 1200
-    idle_timeout: float = 8.0
+    idle_timeout: float = 5.0
     """A path silent this long is dead: the link closes and is re-established (worker
     links resume their sessions), so this bounds how long a generation stalls."""
-    keepalive: float = 2.0
+    keepalive: float = 1.25
     """Seconds between PINGs on an idle link: keeps NAT mappings and detects dead peers."""
     pace: bool = False
     library: str = "aioquic"
