@@ -34,7 +34,7 @@ from app.worker import StageWorker
 from coordinator.client import CoordinatorClient
 from coordinator.downloads import DownloadProgress, download_pieces, format_progress
 from coordinator.errors import CoordinatorError
-from core.hardware import detect_hardware
+from core.hardware import detect_hardware, memory_in_use
 from core.manifest import EMBEDDING
 from core.types import LayerRange
 from net.quic import QuicTuning
@@ -309,6 +309,7 @@ async def _heartbeats(
         identity = await _renew_if_due(identity, client, worker)
         rtt = await worker.next_hop_rtt()
         rtt_ms = next(iter(rtt.values()), None)
+        memory = await loop.run_in_executor(None, memory_in_use)
         now = time.monotonic()
         beat_report = {
             **report_doc,
@@ -323,6 +324,9 @@ async def _heartbeats(
                 "errors": stats.errors,
                 "rtt_ms": rtt_ms,
                 "relinks": worker.next_hop_relinks,
+                "queue_ms": stats.last_queue_ms,
+                "memory_bytes": memory.bytes,
+                "memory_kind": memory.kind,
                 "resumed": stats.sessions_resumed,
             },
         }
@@ -333,6 +337,8 @@ async def _heartbeats(
             errors=stats.errors,
             throughput=(stats.rows - last_rows) / max(now - last_t, 1e-6),
             compute_ms=stats.last_compute_ms,
+            queue_ms=stats.last_queue_ms,
+            memory=memory.describe(),
             rtt_ms=rtt_ms,
             next_hop=f"{hop_text} ({worker.next_hop_path})" if hop_text else "",
         )

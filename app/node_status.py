@@ -43,6 +43,10 @@ class NodeStatus:
     throughput: float = 0.0
     """Tokens (rows) per second through this stage over the last heartbeat."""
     compute_ms: float = 0.0
+    queue_ms: float = 0.0
+    """How long the last batch's rows waited for the engine."""
+    memory: str = ""
+    """What this process holds, e.g. "3.1 GiB of VRAM" (core.hardware.memory_in_use)."""
     rtt_ms: float | None = None
     finishing: int = 0
     """Sessions still running while PAUSING or MOVING."""

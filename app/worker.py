@@ -80,6 +80,8 @@ class WorkerStats:
     tokens: int = 0
     """Tokens sampled here (last stage only)."""
     last_compute_ms: float = 0.0
+    last_queue_ms: float = 0.0
+    """How long the rows of the last batch waited for the engine (the longest)."""
 
 
 class StageWorker:
@@ -385,6 +387,7 @@ class StageWorker:
                 compute_ms = (time.perf_counter() - started) * 1e3
                 self.stats.batches += 1
                 self.stats.last_compute_ms = compute_ms
+                self.stats.last_queue_ms = max((started - p.arrived) * 1e3 for p in batch)
                 self.stats.rows += sum(p.request.n_rows for p in batch)
                 for p, result in zip(batch, results, strict=True):
                     self._emit(p, result, compute_ms, (started - p.arrived) * 1e3)

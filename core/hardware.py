@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import psutil
@@ -46,6 +49,53 @@ class Nvml(Protocol):
     def nvmlDeviceGetName(self, handle: object, /) -> str | bytes: ...
 
     def nvmlDeviceGetMemoryInfo(self, handle: object, /) -> NvmlMemory: ...
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object, /) -> Sequence[NvmlProcess]: ...
+
+
+class NvmlProcess(Protocol):
+    """The part of pynvml's process info we read."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def usedGpuMemory(self) -> int | None: ...  # pynvml's name
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """What this process holds: GPU memory where NVML sees it on a GPU, else RAM."""
+
+    kind: str
+    """"VRAM" or "RAM"."""
+    bytes: int
+
+    def describe(self) -> str:
+        return f"{_gib(self.bytes)} of {self.kind}"
+
+
+def memory_in_use(pid: int | None = None, nvml: Nvml | None = None) -> MemoryUse:
+    """This process's memory for the status window and heartbeats; never raises."""
+    pid = os.getpid() if pid is None else pid
+    with contextlib.suppress(Exception):  # no NVML, no GPU, a broken driver: RAM below
+        module = nvml if nvml is not None else _import_pynvml()
+        module.nvmlInit()
+        try:
+            used = 0
+            for index in range(module.nvmlDeviceGetCount()):
+                handle = module.nvmlDeviceGetHandleByIndex(index)
+                for proc in module.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if proc.pid == pid and proc.usedGpuMemory:
+                        used += int(proc.usedGpuMemory)
+        finally:
+            _shutdown_quietly(module)
+        if used:
+            return MemoryUse("VRAM", used)
+    try:
+        return MemoryUse("RAM", int(psutil.Process(pid).memory_info().rss))
+    except psutil.Error:
+        return MemoryUse("RAM", 0)
 
 
 def detect_hardware(nvml: Nvml | None = None) -> HardwareReport:

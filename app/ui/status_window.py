@@ -87,6 +87,7 @@ class StatusWindow(QWidget):
             ("address", "Listening on"),
             ("next", "Next hop"),
             ("sessions", "Sessions"),
+            ("memory", "Memory"),
             ("timings", "Timings"),
             ("api", "OpenAI API"),
         ):
@@ -144,7 +145,10 @@ class StatusWindow(QWidget):
         )
         f["sessions"].setText(f"{s.sessions} opened, {s.steps} steps, {s.errors} errors{finishing}")
         rtt = f", {s.rtt_ms:.1f} ms round trip to the next hop" if s.rtt_ms is not None else ""
-        f["timings"].setText(f"{s.compute_ms:.1f} ms last compute{rtt}")
+        f["timings"].setText(
+            f"{s.compute_ms:.1f} ms compute and {s.queue_ms:.1f} ms waiting in the last step{rtt}"
+        )
+        f["memory"].setText(f"{s.memory} in use by Sangama" if s.memory else "—")
         if s.state is ServeState.SERVING:
             self.plot.add(s.throughput)
 

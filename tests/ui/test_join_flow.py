@@ -76,6 +76,9 @@ def test_join_serve_pause_resume_quit(
         assert status.layers == (0, 4)
         assert desk.tray is not None and "serving layers 0-3" in desk.tray.toolTip()
         assert Settings.load(tmp_path / "settings").vram_cap_bytes == dialog.cap_bytes
+        # The first heartbeat while serving reports what this process holds (no GPU: RAM).
+        qtbot.waitUntil(lambda: " GiB of " in desk.node.status.memory, timeout=20000)
+        assert desk.node.status.memory.endswith(("of RAM", "of VRAM"))
 
         # a used code: the coordinator's reason, in words
         dialog.hide()

@@ -130,6 +130,8 @@ def test_status_window_shows_stage_and_plot(desk: DesktopApp, artifacts: Path) -
         sessions=3,
         steps=120,
         compute_ms=4.2,
+        queue_ms=0.3,
+        memory="1.2 GiB of VRAM",
         rtt_ms=0.8,
     )
     for i in range(30):
@@ -137,6 +139,8 @@ def test_status_window_shows_stage_and_plot(desk: DesktopApp, artifacts: Path) -
     assert status.fields["stage"].text().startswith("layers 6–11 (6 layers)")
     assert "worker-2" in status.fields["next"].text()
     assert "0.8 ms round trip" in status.fields["timings"].text()
+    assert "0.3 ms waiting" in status.fields["timings"].text()
+    assert status.fields["memory"].text() == "1.2 GiB of VRAM in use by Sangama"
     assert len(status.plot.samples) == 30
     assert status.grab().save(str(artifacts / "offscreen_status_window.png"))
 

@@ -118,6 +118,7 @@ def main() -> int:
         chat = desk.open_chat()
         chat.move(QPoint(60, 40))
         chat.prompt.setPlainText("What is the capital of France? Answer in one sentence.")
+        chat.max_tokens.setValue(40)  # the question and the whole answer fit in the shot
         done: list[object] = []
         desk.chat.finished.connect(done.append)
         desk.chat.failed.connect(done.append)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from core.hardware import detect_hardware, format_report
+from core.hardware import MemoryUse, detect_hardware, format_report, memory_in_use
 from core.types import GpuInfo, HardwareReport
 
 pytestmark = pytest.mark.unit
@@ -25,6 +25,12 @@ class FakeMemory:
     free: int
 
 
+@dataclass(frozen=True)
+class FakeProcess:
+    pid: int
+    usedGpuMemory: int | None  # pynvml's name
+
+
 @dataclass
 class FakeNvml:
     """Just enough of pynvml; records init/shutdown so tests can check the pairing."""
@@ -35,6 +41,8 @@ class FakeNvml:
     memory_error: Exception | None = None
     inits: int = 0
     shutdowns: int = 0
+    processes: list[tuple[int, int, int | None]] = field(default_factory=list)
+    """(gpu index, pid, bytes used) as NVML lists compute processes."""
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -63,6 +71,10 @@ class FakeNvml:
             raise self.memory_error
         _, total, free = self.gpus[handle]
         return FakeMemory(total=total, free=free)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object, /) -> list[FakeProcess]:
+        assert isinstance(handle, int)
+        return [FakeProcess(pid, used) for gpu, pid, used in self.processes if gpu == handle]
 
 
 def assert_system_memory_only(report: HardwareReport) -> None:
@@ -167,3 +179,21 @@ def test_format_report_without_gpu_shows_the_note() -> None:
 
     assert "GPU" not in text.replace("no NVIDIA GPU found", "")
     assert "usable for layers: 3.0 GiB (no NVIDIA GPU found (NVML: x))" in text
+
+
+def test_memory_in_use_sums_this_process_over_gpus_via_nvml() -> None:
+    nvml = FakeNvml(
+        gpus=[("A", 16 * GIB, 8 * GIB), ("B", 16 * GIB, 8 * GIB)],
+        processes=[(0, 4242, 3 * GIB), (1, 4242, 2 * GIB), (1, 99, 7 * GIB), (0, 4242, None)],
+    )
+    use = memory_in_use(4242, nvml)
+    assert use == MemoryUse("VRAM", 5 * GIB)
+    assert use.describe() == "5.0 GiB of VRAM"
+    assert nvml.inits == nvml.shutdowns == 1
+
+
+def test_memory_in_use_falls_back_to_this_process_rss() -> None:
+    for nvml in (FakeNvml(init_error=FakeNvmlError("no driver")), FakeNvml(gpus=[])):
+        use = memory_in_use(None, nvml)
+        assert use.kind == "RAM"
+        assert use.bytes > 10 * 1024**2  # this Python process, numpy and all
