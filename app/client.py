@@ -35,6 +35,9 @@ from net.tensors import WireDtype
 
 DEFAULT_CHUNK = 64
 
+ChannelDialer = Callable[[str, tuple[str, int]], Awaitable[Channel]]
+"""(node id, address) -> an authenticated channel to it."""
+
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -61,7 +64,7 @@ class SwarmClient:
         tuning: QuicTuning = QuicTuning(),
         first_token_timeout: float = 60.0,
         step_timeout: float = 40.0,
-        dialer: Callable[[str, tuple[str, int]], Awaitable[Channel]] | None = None,
+        dialer: ChannelDialer | None = None,
         relink_timeout: float = 20.0,
     ) -> None:
         self.creds = creds
@@ -85,14 +88,10 @@ class SwarmClient:
     async def connect(self) -> None:
         self._closing = False
         try:
-            self._last = await self._dial(self.route.last.node_id, self.route.last.address)
-            if len(self.route.stages) == 1:
-                self._first = self._last
-            else:
-                self._first = await self._dial(self.route.first.node_id, self.route.first.address)
-        except (NetError, OSError) as exc:
+            await self._open_missing(self._dial)
+        except RouteUnavailable:
             await self.close()
-            raise RouteUnavailable(str(exc)) from exc
+            raise
 
     async def _dial(self, node_id: str, address: tuple[str, int], timeout: float = 10.0) -> Channel:
         if self._dialer is not None:
@@ -123,42 +122,39 @@ class SwarmClient:
     async def _relink(self, reason: str) -> None:
         """Dial the lost link(s) again and resume every running generation on them."""
         try:
-            await self._redial_missing()
+            await self._open_missing(self._dial_patiently)
         except RouteUnavailable as exc:
             for q in self._queues.values():
                 q.put_nowait(_Failure(RouteUnavailable(f"link lost ({reason}): {exc}")))
             return
         self.relinks += 1
 
-    async def _redial_missing(self) -> None:
-        # Loop: the other link may die while one is being redialled.
-        while self._first is None or self._last is None:
-            await self._redial_once()
-
-    async def _redial_once(self) -> None:
+    async def _open_missing(self, dial: ChannelDialer) -> None:
+        """Dial whichever link is missing (the other may die meanwhile, hence the loop);
+        the first stage then gets each running session's OPEN and unconfirmed STEPs again."""
         route = self.route
         try:
-            if self._last is None:
-                self._last = await dial_until(
-                    lambda t: self._dial(route.last.node_id, route.last.address, t),
-                    self.relink_timeout,
-                    f"last stage {route.last.node_id}",
-                    stop_when_unreachable=self._dialer is None,
-                )
-            if self._first is None:
-                if len(route.stages) == 1:
-                    self._first = self._last
-                else:
-                    self._first = await dial_until(
-                        lambda t: self._dial(route.first.node_id, route.first.address, t),
-                        self.relink_timeout,
-                        f"first stage {route.first.node_id}",
-                        stop_when_unreachable=self._dialer is None,
-                    )
-                for frame in self._sent.replay():
-                    self._first.send(frame)
+            while self._first is None or self._last is None:
+                if self._last is None:
+                    self._last = await dial(route.last.node_id, route.last.address)
+                if self._first is None:
+                    if len(route.stages) == 1:
+                        self._first = self._last
+                    else:
+                        self._first = await dial(route.first.node_id, route.first.address)
+                    for frame in self._sent.replay():
+                        self._first.send(frame)
         except (NetError, OSError, TimeoutError) as exc:
             raise RouteUnavailable(str(exc)) from exc
+
+    async def _dial_patiently(self, node_id: str, address: tuple[str, int]) -> Channel:
+        """Dial again until `relink_timeout`, unless the stage is gone (see app.redial)."""
+        return await dial_until(
+            lambda time_left: self._dial(node_id, address, time_left),
+            self.relink_timeout,
+            f"stage {node_id}",
+            stop_when_unreachable=self._dialer is None,
+        )
 
     def _send_first(self, frame: wire.Frame) -> None:
         """To the first stage now, or, while its link is redialled, with the replay."""
@@ -197,7 +193,8 @@ class SwarmClient:
         if self._first is None or self._last is None:
             if self._closing:
                 raise RouteUnavailable("the client is closed")
-            await self._redial_missing()  # not connected yet, or a link died while idle
+            # Not connected yet, or a link died while idle.
+            await self._open_missing(self._dial_patiently)
         if not prompt:
             raise ValueError("empty prompt")
         name = uuid.uuid4().hex

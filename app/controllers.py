@@ -446,6 +446,15 @@ class ChatConnection:
                 await close()
         self.tokenizer.close()
 
+    async def connected(self) -> ChatConnection:
+        """Connect the client; on failure release everything gathered so far."""
+        try:
+            await self.client.connect()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
 
 ChatConnector = Callable[[], Awaitable[ChatConnection]]
 
@@ -466,13 +475,7 @@ def identity_connector(identity_dir: Path, coordinator: str | None = None) -> Ch
         )
         tokenizer = await loop.run_in_executor(None, Tokenizer.from_gguf, tokenizer_path)
         client = SwarmClient(identity.credentials(), route, dialer=channel_dialer(link_dialer))
-        conn = ChatConnection(client, tokenizer, len(route.stages), [router.stop])
-        try:
-            await client.connect()
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
+        return await ChatConnection(client, tokenizer, len(route.stages), [router.stop]).connected()
 
     return connect
 
@@ -486,13 +489,7 @@ def direct_connector(
         loop = asyncio.get_running_loop()
         tokenizer = await loop.run_in_executor(None, Tokenizer.from_gguf, tokenizer_gguf)
         client = SwarmClient(creds, route, tuning)
-        conn = ChatConnection(client, tokenizer, len(route.stages))
-        try:
-            await client.connect()
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
+        return await ChatConnection(client, tokenizer, len(route.stages)).connected()
 
     return connect
 

@@ -60,7 +60,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from app.client import SwarmClient
+from app.client import ChannelDialer, SwarmClient
 from app.config import Route
 from app.errors import ClientError, RouteUnavailable, StageFailed, StageTimeout
 from app.openai_requests import (
@@ -78,7 +78,7 @@ from app.openai_requests import (
 )
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
-from net.channel import Channel, NodeCredentials
+from net.channel import NodeCredentials
 from net.errors import ErrorCode
 from net.quic import QuicTuning
 from net.tensors import WireDtype
@@ -148,7 +148,7 @@ class SwarmBackend:
         model_name: str | None = None,
         context_length: int | None = DEFAULT_CONTEXT,
         tuning: QuicTuning = QuicTuning(),
-        dialer: Callable[[str, tuple[str, int]], Awaitable[Channel]] | None = None,
+        dialer: ChannelDialer | None = None,
         refresh_route: Callable[[], Awaitable[Route]] | None = None,
         max_concurrent: int = 4,
         wire_dtype: WireDtype = WireDtype.F32,
