@@ -169,3 +169,74 @@ class HardwareReport:
         if self.gpus:
             return sum(g.free_bytes for g in self.gpus)
         return self.system_available_bytes
+
+
+@dataclass(frozen=True)
+class ComputeDevice:
+    """One device llama.cpp can run layers on, as its backend registry lists it."""
+
+    name: str
+    """ggml's device name: "CPU", "Vulkan0", "CUDA0"."""
+    description: str
+    """What the hardware calls itself: "AMD EPYC 7B13", "NVIDIA GeForce RTX 4090"."""
+    kind: str
+    """"cpu", "gpu", "igpu" (integrated GPU) or "accel"."""
+    total_bytes: int
+    free_bytes: int
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("gpu", "igpu")
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    """Which of a stage's layers run on a GPU, and the device memory that takes."""
+
+    device: str | None
+    """ggml device name the layers go to; None: everything on the CPU."""
+    n_gpu_layers: int
+    n_layer: int
+    weight_bytes: int
+    """Weights placed on the device."""
+    kv_bytes: int
+    """KV cache of the offloaded layers for every admitted session at full context."""
+    reserve_bytes: int
+    """Compute buffers and driver overhead kept free on the device."""
+    cap_bytes: int
+    """The most device memory the volunteer lets this stage take."""
+    reason: str
+
+    @property
+    def device_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.reserve_bytes if self.n_gpu_layers else 0
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device is not None and self.n_gpu_layers > 0
+
+
+@dataclass(frozen=True)
+class BackendReport:
+    """What runs where in this process: the CPU kernels chosen and the devices seen."""
+
+    cpu_variant: str
+    """The CPU module llama.cpp loaded ("zen4", "haswell", ...) or "built-in"."""
+    cpu_features: tuple[str, ...]
+    devices: tuple[ComputeDevice, ...]
+    disabled_buffer_types: tuple[str, ...]
+    """Extra weight layouts Sangama refuses to use (AMX), see docs/engine.md."""
+    dynamic: bool
+    """True for the shipped build (backends loaded as modules at start-up)."""
+
+    @property
+    def gpus(self) -> tuple[ComputeDevice, ...]:
+        return tuple(d for d in self.devices if d.is_gpu)
+
+    def describe(self, plan: OffloadPlan | None = None) -> str:
+        """One line: the backend that runs the stage's layers."""
+        if plan is not None and plan.on_gpu:
+            gpu = next((d for d in self.devices if d.name == plan.device), None)
+            label = gpu.description if gpu is not None else str(plan.device)
+            return f"{plan.device} ({label}), {plan.n_gpu_layers}/{plan.n_layer} layers"
+        return f"CPU ({self.cpu_variant})"

@@ -1,0 +1,157 @@
+"""Build the engine wheel once: llama-cpp-python with run-time CPU dispatch, cached per recipe.
+
+One wheel serves every x86-64 CPU: llama.cpp is built with `GGML_BACKEND_DL` and
+`GGML_CPU_ALL_VARIANTS` (`GGML_NATIVE` off), so `libggml-cpu-<variant>` modules ship side
+by side and the engine loads the best one the CPU supports (core/backends.py). Variants
+that differ from a kept neighbour by one rarely used feature are dropped to halve the
+build time, and the AMX variant (sapphirerapids) is never built: its AMX matrix kernels
+crash on some Xeons (docs/engine.md), and AMX CPUs run the zen4 variant instead
+(AVX-512 with VBMI, VNNI and BF16) with weight repacking intact.
+
+The wheel lands in `<cache>/wheelhouse/<recipe digest>/`; the digest covers everything
+that changes the binary (version, CMake flags, variant list, this file), so a changed
+recipe builds a new wheel and an unchanged one is reused by the tests, the demo and the
+installers. Usage: `python installers/engine/build_wheel.py [--print-dir] [--gpu vulkan]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+LLAMA_CPP_PYTHON = "0.3.36"
+KEPT_VARIANTS = ("x64", "sse42", "sandybridge", "haswell", "skylakex", "icelake", "zen4", "alderlake")
+DROPPED_VARIANTS = (
+    "ivybridge",
+    "piledriver",
+    "cannonlake",
+    "cascadelake",
+    "cooperlake",
+    "sapphirerapids",
+)
+BASE_CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_BACKEND_DL=ON",
+    "-DGGML_CPU_ALL_VARIANTS=ON",
+    "-DLLAVA_BUILD=OFF",
+    # The dynamically loaded modules go beside libllama.so, where the engine looks.
+    "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib",
+)
+GPU_CMAKE_ARGS = {"vulkan": ("-DGGML_VULKAN=ON",), "cuda": ("-DGGML_CUDA=ON",)}
+
+
+def cache_root() -> Path:
+    env = os.environ.get("SANGAMA_WHEELHOUSE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sangama" / "wheelhouse"
+
+
+def recipe(gpu: tuple[str, ...]) -> dict[str, object]:
+    cmake = list(BASE_CMAKE_ARGS)
+    for name in gpu:
+        cmake += GPU_CMAKE_ARGS[name]
+    if "cuda" in gpu:
+        cmake.append(f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures()}")
+    return {
+        "llama_cpp_python": LLAMA_CPP_PYTHON,
+        "cmake_args": cmake,
+        "cpu_variants": list(KEPT_VARIANTS),
+        "gpu": list(gpu),
+        "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    }
+
+
+def cuda_architectures() -> str:
+    # Turing, Ampere (consumer), Ada, Blackwell (consumer): the cards volunteers own.
+    return os.environ.get("SANGAMA_CUDA_ARCHS", "75-real;86-real;89-real;120")
+
+
+def wheel_dir(gpu: tuple[str, ...]) -> Path:
+    digest = hashlib.sha256(json.dumps(recipe(gpu), sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / digest
+
+
+def find_wheel(directory: Path) -> Path | None:
+    wheels = sorted(directory.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}-*.whl"))
+    return wheels[-1] if wheels else None
+
+
+def patch_variants(cmake_lists: Path) -> None:
+    """Drop the unwanted CPU variants from ggml's list; fail loudly if the list moved."""
+    text = cmake_lists.read_text()
+    for name in DROPPED_VARIANTS:
+        marker = f"ggml_add_cpu_backend_variant({name} "
+        lines = [ln for ln in text.splitlines() if marker in ln]
+        if len(lines) != 1:
+            raise SystemExit(f"variant {name!r} not found once in {cmake_lists}; update the recipe")
+        text = text.replace(lines[0], f"        # dropped by Sangama's recipe: {name}")
+    for name in KEPT_VARIANTS:
+        if f"ggml_add_cpu_backend_variant({name}" not in text:
+            raise SystemExit(f"variant {name!r} missing from {cmake_lists}; update the recipe")
+    cmake_lists.write_text(text)
+
+
+def build(gpu: tuple[str, ...], jobs: int) -> Path:
+    out = wheel_dir(gpu)
+    existing = find_wheel(out)
+    if existing is not None:
+        return existing
+    with tempfile.TemporaryDirectory(prefix="sangama-engine-") as tmp_name:
+        tmp = Path(tmp_name)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+             ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(tmp)],
+            check=True,
+        )
+        sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        src = tmp / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
+        patch_variants(src / "vendor/llama.cpp/ggml/src/CMakeLists.txt")
+        env = dict(os.environ)
+        env["CMAKE_ARGS"] = " ".join(recipe(gpu)["cmake_args"])  # type: ignore[arg-type]
+        env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs)
+        staging = tmp / "wheels"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
+             str(src), "-w", str(staging)],
+            check=True,
+            env=env,
+        )
+        wheel = next(staging.glob("llama_cpp_python-*.whl"))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "recipe.json").write_text(json.dumps(recipe(gpu), indent=2, sort_keys=True))
+        # Copy then rename: a half-written wheel is never visible under its final name.
+        part = out / (wheel.name + ".part")
+        shutil.copyfile(wheel, part)
+        part.replace(out / wheel.name)
+    found = find_wheel(out)
+    assert found is not None
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="append", choices=sorted(GPU_CMAKE_ARGS), default=[])
+    parser.add_argument("--print-dir", action="store_true", help="print the wheel folder only")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    gpu = tuple(sorted(set(args.gpu)))
+    if args.print_dir:
+        print(wheel_dir(gpu))
+        return
+    print(build(gpu, args.jobs))
+
+
+if __name__ == "__main__":
+    main()
