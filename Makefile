@@ -1,15 +1,16 @@
 # The two commands: `make demo` and `make test`. Each creates .venv if missing and
-# installs what it needs. The first install compiles llama-cpp-python (~13 min on 2 cores);
-# pip caches the wheel, so later installs take seconds.
+# installs what it needs. The engine (llama-cpp-python with one CPU module per CPU
+# generation, see docs/engine.md) is built once per machine into a cached wheelhouse
+# (~25 min on 2 cores the first time); later installs take seconds.
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sangama-installed
-# Skip the multimodal library Sangama does not use. Installers build with
-# -DGGML_NATIVE=OFF so the binaries run on other CPUs (see installers/README.md).
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+ENGINE := installers/engine/build_wheel.py
+# GPU backends to build into the engine wheel, e.g. ENGINE_GPU="--gpu vulkan".
+ENGINE_GPU ?=
 
-.PHONY: demo test lint venv clean bench
+.PHONY: demo test lint venv clean bench engine-wheel engine-wheel-cuda engine-native
 
 demo: $(STAMP)
 	$(BIN)/sangama demo
@@ -28,12 +29,31 @@ bench: $(STAMP)
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The shipped engine: run-time CPU dispatch (+ ENGINE_GPU), cached by recipe digest.
+engine-wheel:
+	$(PYTHON) $(ENGINE) $(ENGINE_GPU)
+
+# The CUDA engine for NVIDIA cards (hours on 2 cores; never part of `make test`).
+engine-wheel-cuda:
+	$(PYTHON) $(ENGINE) --gpu cuda
+
+# A -march=native build in .venv-native, only for bench/engine.py's side-by-side figures.
+engine-native: $(STAMP)
+	$(PYTHON) $(ENGINE) --native
+	test -x .venv-native/bin/python || $(PYTHON) -m venv .venv-native
+	.venv-native/bin/python -m pip install --quiet --force-reinstall \
+	    "$$($(PYTHON) $(ENGINE) --native --print-wheel)"
+	.venv-native/bin/python -m pip install --quiet -e .
+
+$(STAMP): pyproject.toml $(ENGINE)
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	$(PYTHON) $(ENGINE) $(ENGINE_GPU)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --no-deps --force-reinstall \
+	    "$$($(PYTHON) $(ENGINE) $(ENGINE_GPU) --print-wheel)"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-native .pytest_cache .mypy_cache .ruff_cache

@@ -57,6 +57,10 @@ class WorkerConfig:
     then ICE, then the relay) before failing the sessions that crossed it."""
     resume_grace: float = 30.0
     """How long sessions of a lost upstream worker link wait here to be resumed."""
+    use_gpu: bool = True
+    """Offload the stage's blocks to a GPU where one is found."""
+    device_cap_bytes: int = 0
+    """The most GPU memory the stage may take (the volunteer's VRAM cap); 0: all free."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):

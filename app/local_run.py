@@ -30,12 +30,19 @@ def build_pipeline(
     n_batch: int,
     threads: int,
     c_callback: bool,
+    use_gpu: bool = True,
 ) -> LocalPipeline:
     stages: list[Stage] = []
     try:
         for path, layers in zip(paths, ranges, strict=True):
             spec = StageSpec(
-                layers, n_layer, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=1, n_threads=threads
+                layers,
+                n_layer,
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_seq_max=1,
+                n_threads=threads,
+                use_gpu=use_gpu,
             )
             stages.append(Stage.from_file(path, spec, c_callback=c_callback))
     except BaseException:

@@ -58,6 +58,8 @@ async def start_worker(
         n_batch=config.row_budget,
         n_seq_max=config.max_sessions,
         n_threads=config.threads,
+        use_gpu=config.use_gpu,
+        device_cap_bytes=config.device_cap_bytes,
     )
     stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
     worker = StageWorker(config, stage, creds, dialer)

@@ -1,8 +1,12 @@
-"""Engine benchmark: whole model vs the same model chained as stages, in one process.
+"""Engine benchmark: whole model vs the same model chained as stages, for each engine build.
 
 Prints a table like the seeds' and, with --json, one JSON object. Measures decode
 ms/token and a 64-token prefill, split per stage, with the C capture callback and the
-Python one. Not a test: numbers depend on the machine.
+Python one. Each engine build runs in its own process, one after the other in the same
+run: the shipped wheel (run-time CPU dispatch, .venv), the shipped wheel with weight
+repacking off (what the blanket AMX work-around would have cost), and a -march=native
+build (.venv-native, from `make engine-native`) where it exists. Not a test: numbers
+depend on the machine.
 
     .venv/bin/python bench/engine.py [--model default] [--cuts 0,6,12,18] [--tokens 64] [--json]
 """
@@ -11,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,7 +81,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--one-build", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.one_build:
+        return _all_builds(args)
 
     model = resolve_model(args.model)
     tok = Tokenizer.from_gguf(model)
@@ -128,7 +137,14 @@ def main() -> int:
     whole = rows[0]["decode_ms_per_token"]
     for row in rows:
         row["decode_vs_whole"] = whole / row["decode_ms_per_token"]
+    from core.backends import backend_report
+
+    backend = backend_report()
     report = {
+        "build": f"CPU {backend.cpu_variant}"
+        + (", dynamic" if backend.dynamic else ", built-in")
+        + ("" if os.environ.get("SANGAMA_WEIGHT_REPACK", "1") != "0" else ", no repack"),
+        "disabled_buffer_types": list(backend.disabled_buffer_types),
         "model": model.name,
         "cuts": cuts,
         "threads": args.threads,
@@ -155,6 +171,68 @@ def main() -> int:
             f"{row['decode_tokens_per_s']:7.1f} "
             f"{row['decode_vs_whole']:8.2f} {row['prefill_64_ms']:8.1f} ms  {per}"
         )
+    return 0
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _builds() -> list[tuple[str, str, dict[str, str]]]:
+    """(label, interpreter, extra environment) of every build to measure, shipped first."""
+    shipped = str(ROOT / ".venv" / "bin" / "python")
+    if not Path(shipped).exists():
+        shipped = sys.executable
+    builds = [
+        ("shipped", shipped, {}),
+        ("shipped, repack off", shipped, {"SANGAMA_WEIGHT_REPACK": "0"}),
+    ]
+    native = ROOT / ".venv-native" / "bin" / "python"
+    if native.exists():
+        builds.append(("native", str(native), {}))
+    return builds
+
+
+def _all_builds(args: argparse.Namespace) -> int:
+    passthrough = [
+        "--model", args.model, "--cuts", args.cuts, "--tokens", str(args.tokens),
+        "--repeats", str(args.repeats), "--threads", str(args.threads),
+    ]
+    reports = []
+    for label, python, extra in _builds():
+        env = {**os.environ, **extra}
+        out = subprocess.run(
+            [python, __file__, "--one-build", "--json", *passthrough],
+            check=True, capture_output=True, text=True, env=env,
+        ).stdout
+        report = json.loads(out)
+        report["label"] = label
+        reports.append(report)
+    whole = reports[0]["rows"][0]["decode_ms_per_token"]
+    for report in reports:
+        for row in report["rows"]:
+            row["decode_vs_shipped_whole"] = whole / row["decode_ms_per_token"]
+    if args.json:
+        print(json.dumps({"builds": reports}, indent=1))
+        return 0
+    first = reports[0]
+    print(
+        f"Engine benchmark: {first['model']}, cuts {first['cuts']}, {args.threads} threads, "
+        f"{args.tokens} decode tokens x {args.repeats} (median); one process per build"
+    )
+    print(
+        f"{'build':22} {'configuration':30} {'decode ms/tok':>13} {'tok/s':>7} "
+        f"{'vs shipped':>10} {'prefill 64':>10}"
+    )
+    for report in reports:
+        name = f"{report['label']} ({report['build'].split(',')[0]})"
+        for row in report["rows"]:
+            print(
+                f"{name:22} {row['config']:30} {row['decode_ms_per_token']:13.2f} "
+                f"{row['decode_tokens_per_s']:7.1f} {row['decode_vs_shipped_whole']:10.2f} "
+                f"{row['prefill_64_ms']:8.1f} ms"
+            )
+    disabled = first["disabled_buffer_types"]
+    print(f"weight layouts refused: {', '.join(disabled) if disabled else 'none on this CPU'}")
     return 0
 
 

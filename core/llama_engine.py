@@ -12,21 +12,20 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import shutil
-import subprocess
 import threading
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import llama_cpp as _llama_cpp_pkg
 import llama_cpp.llama_cpp as _ll
 import numpy as np
 import numpy.typing as npt
-import platformdirs
 
+from core.backends import device_handle, ensure_backends, lib_path
+from core.capture_lib import load_capture_lib
 from core.errors import DecodeError, EngineLayoutError, ModelLoadError, TokenizerError
+from core.offload import StageSizes, plan_offload
+from core.types import BackendReport, OffloadPlan
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +63,10 @@ class GgmlTensor(ctypes.Structure):
 
 
 _NAME_OFFSET: int = GgmlTensor.name.offset
-_LIB_DIR = Path(_llama_cpp_pkg.__file__).parent / "lib"
-
-
-def _lib_path(stem: str) -> Path:
-    for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):
-        if (_LIB_DIR / name).exists():
-            return _LIB_DIR / name
-    raise ModelLoadError(f"{stem} library not found in {_LIB_DIR}")
 
 
 def _load_ggml_base() -> Any:
-    lib = ctypes.CDLL(str(_lib_path("ggml-base")))
+    lib = ctypes.CDLL(str(lib_path("ggml-base")))
     lib.ggml_backend_tensor_get.argtypes = [
         ctypes.c_void_p,
         ctypes.c_void_p,
@@ -111,27 +102,16 @@ def check_tensor_layout() -> None:
 
 _init_lock = threading.Lock()
 _initialised = False
-_log_callback: Any = None
 
 
 def _init_backend() -> None:
-    global _initialised, _log_callback
+    global _initialised
     with _init_lock:
         if _initialised:
             return
         check_tensor_layout()
-
-        def _to_logging(level: int, text: bytes, _ud: Any) -> None:
-            # llama.cpp is chatty at load; keep its lines at DEBUG unless they are errors.
-            if text and level == 4:  # GGML_LOG_LEVEL_ERROR (5 is a continuation line)
-                log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())
-            elif text and log.isEnabledFor(logging.DEBUG):
-                log.debug("llama.cpp: %s", text.decode(errors="replace").rstrip())
-
-        _log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
-            _to_logging
-        )
-        LL.llama_log_set(_log_callback, None)
+        # Quiet logging and backend modules first: placement reads buffer types at load.
+        ensure_backends()
         LL.llama_backend_init()
         _initialised = True
 
@@ -150,59 +130,28 @@ class _CaptureState(ctypes.Structure):
     ]
 
 
-_capture_lib: Any = None
-_capture_lib_error: str | None = None
-
-
-def _build_capture_lib() -> Any:
-    """Compile csrc/capture_cb.c once per machine into the user cache; None if impossible."""
-    global _capture_lib, _capture_lib_error
-    if _capture_lib is not None or _capture_lib_error is not None:
-        return _capture_lib
-    src = resources.files("core").joinpath("csrc/capture_cb.c").read_bytes()
-    cache = Path(platformdirs.user_cache_dir("sangama")) / "native"
-    out = cache / f"capture_cb-{abs(hash(src)) & 0xFFFFFFFF:08x}.so"
-    try:
-        if not out.exists():
-            cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-            if cc is None:
-                raise OSError("no C compiler on PATH")
-            cache.mkdir(parents=True, exist_ok=True)
-            c_file = cache / "capture_cb.c"
-            c_file.write_bytes(src)
-            base = _lib_path("ggml-base")
-            tmp = out.with_suffix(".tmp")
-            subprocess.run(
-                [
-                    cc,
-                    "-O2",
-                    "-shared",
-                    "-fPIC",
-                    str(c_file),
-                    "-o",
-                    str(tmp),
-                    f"-L{base.parent}",
-                    "-lggml-base",
-                    f"-Wl,-rpath,{base.parent}",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-            tmp.replace(out)
-        _ggml_base  # noqa: B018 - libggml-base must be loaded before the callback library
-        _capture_lib = ctypes.CDLL(str(out))
-    except (OSError, subprocess.SubprocessError) as exc:
-        _capture_lib_error = str(exc)
-        log.info("C capture callback unavailable (%s); using the Python callback", exc)
-    return _capture_lib
-
-
 def c_capture_available() -> bool:
-    return _build_capture_lib() is not None
+    return load_capture_lib() is not None
 
 
 # ---------------------------------------------------------------- engine
+
+
+def stage_sizes(path: Path, with_head: bool) -> StageSizes:
+    """Per-block weights and KV per position of a stage GGUF, for the offload plan."""
+    from gguf import GGUFReader
+
+    from core.gguf_slices import read_facts
+
+    facts = read_facts(GGUFReader(str(path)))
+    head = facts.head_bytes + (facts.embedding_bytes if facts.tied_output else 0)
+    return StageSizes(
+        block_bytes=facts.bytes_per_layer,
+        kv_bytes_per_token=facts.kv_bytes_per_token_per_layer,
+        head_bytes=head if with_head else 0,
+        n_embd=facts.n_embd,
+    )
+
 
 
 @dataclass(frozen=True)
@@ -217,6 +166,10 @@ class EngineConfig:
     """True on non-first stages: rows arrive as hidden states, not tokens."""
     c_callback: bool = True
     """Use the compiled capture callback where a C compiler is available."""
+    use_gpu: bool = True
+    """Offload blocks to a GPU where one is found (SANGAMA_DEVICE=cpu turns it off)."""
+    device_cap_bytes: int = 0
+    """The most GPU memory this stage may take; 0: all free memory."""
 
 
 class LlamaStageEngine:
@@ -225,8 +178,22 @@ class LlamaStageEngine:
     def __init__(self, path: Path, config: EngineConfig) -> None:
         _init_backend()
         self.config = config
+        self.backend: BackendReport = ensure_backends()
+        self.offload: OffloadPlan = self._plan(path, config)
         mp = LL.llama_model_default_params()
-        mp.n_gpu_layers = 0
+        mp.n_gpu_layers = self.offload.n_gpu_layers
+        # Diagnostics only (bench/engine.py): no repacked weight layouts at all, the
+        # blanket work-around for AMX that Sangama does not need (docs/engine.md).
+        if os.environ.get("SANGAMA_WEIGHT_REPACK") == "0":
+            mp.use_extra_bufts = False
+        if self.offload.on_gpu:
+            # Pin the stage to the chosen device; llama.cpp would otherwise split the
+            # blocks over every GPU it sees.
+            assert self.offload.device is not None
+            self._devices = (ctypes.c_void_p * 2)(device_handle(self.offload.device), None)
+            mp.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+            mp.split_mode = 0  # LLAMA_SPLIT_MODE_NONE
+            mp.main_gpu = 0
         self._model: Any = LL.llama_model_load_from_file(str(path).encode(), mp)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {path}")
@@ -247,6 +214,17 @@ class LlamaStageEngine:
             self.close()
             raise
 
+    def _plan(self, path: Path, config: EngineConfig) -> OffloadPlan:
+        sizes = stage_sizes(path, with_head=not config.capture_hidden)
+        return plan_offload(
+            self.backend.devices,
+            sizes,
+            n_ctx=config.n_ctx,
+            n_batch=config.n_batch,
+            cap_bytes=config.device_cap_bytes,
+            use_gpu=config.use_gpu and os.environ.get("SANGAMA_DEVICE", "") != "cpu",
+        )
+
     def _setup_context(self, config: EngineConfig) -> None:
         cp = LL.llama_context_default_params()
         cp.n_ctx = config.n_ctx
@@ -263,7 +241,7 @@ class LlamaStageEngine:
         self._cstate: _CaptureState | None = None
         self.uses_c_callback = False
         if config.capture_hidden:
-            lib = _build_capture_lib() if config.c_callback else None
+            lib = load_capture_lib() if config.c_callback else None
             if lib is not None:
                 self._capture_buf = np.empty((config.n_batch, self.n_embd), dtype=np.float32)
                 self._cstate = _CaptureState(

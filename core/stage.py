@@ -124,6 +124,8 @@ class Stage:
             capture_hidden=not spec.is_last,
             embd_input=not spec.is_first,
             c_callback=c_callback,
+            use_gpu=spec.use_gpu,
+            device_cap_bytes=spec.device_cap_bytes,
         )
         return cls(LlamaStageEngine(path, config), spec)
 

@@ -62,6 +62,17 @@ class ModelFacts:
     bos_token: int | None = None
     eos_tokens: tuple[int, ...] = ()
     name: str = ""
+    allowed_cuts: tuple[int, ...] | None = None
+    """Layer boundaries where a stage may start or end and stay exact (0 and n_layer
+    included); None: every boundary (manifests written before this field existed)."""
+    cut_reason: str = ""
+    """Why cuts are restricted, for refusals and the operator."""
+    global_tensors: tuple[str, ...] = ()
+    """Names of the model's non-block tensors, so a stage without the embedding or head
+    piece can still write the placeholders llama.cpp requires."""
+
+    def cut_allowed(self, position: int) -> bool:
+        return self.allowed_cuts is None or position in self.allowed_cuts
 
     def stage_weight_bytes(self, layers: LayerRange) -> int:
         """Bytes of weights a stage holding `layers` loads (block bytes plus end pieces)."""
@@ -121,8 +132,14 @@ class StageSpec:
     n_batch: int = 256
     n_seq_max: int = 8
     n_threads: int = 2
+    use_gpu: bool = True
+    """Offload the stage's blocks to a GPU where the engine finds one."""
+    device_cap_bytes: int = 0
+    """The most GPU memory the stage may take (the volunteer's cap); 0: all free."""
 
     def __post_init__(self) -> None:
+        if self.device_cap_bytes < 0:
+            raise ValueError("device_cap_bytes must be >= 0 (0: all free device memory)")
         if self.layers.stop > self.n_layer_total:
             raise ValueError(f"{self.layers} exceeds the model's {self.n_layer_total} layers")
         if not (1 <= self.n_seq_max <= 256):
@@ -208,6 +225,11 @@ class OffloadPlan:
     reason: str
 
     @property
+    def layers_on_device(self) -> int:
+        """Blocks on the device (n_gpu_layers counts the output layer as one more)."""
+        return min(self.n_gpu_layers, self.n_layer)
+
+    @property
     def device_bytes(self) -> int:
         return self.weight_bytes + self.kv_bytes + self.reserve_bytes if self.n_gpu_layers else 0
 
@@ -238,5 +260,5 @@ class BackendReport:
         if plan is not None and plan.on_gpu:
             gpu = next((d for d in self.devices if d.name == plan.device), None)
             label = gpu.description if gpu is not None else str(plan.device)
-            return f"{plan.device} ({label}), {plan.n_gpu_layers}/{plan.n_layer} layers"
+            return f"{plan.device} ({label}), {plan.layers_on_device}/{plan.n_layer} layers"
         return f"CPU ({self.cpu_variant})"

@@ -28,7 +28,11 @@ import tempfile
 from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"
-KEPT_VARIANTS = ("x64", "sse42", "sandybridge", "haswell", "skylakex", "icelake", "zen4", "alderlake")
+# Bump when a change here changes the binary without changing a flag or a variant.
+RECIPE_REVISION = 1
+KEPT_VARIANTS = (
+    "x64", "sse42", "sandybridge", "haswell", "skylakex", "icelake", "zen4", "alderlake",
+)
 DROPPED_VARIANTS = (
     "ivybridge",
     "piledriver",
@@ -45,6 +49,7 @@ BASE_CMAKE_ARGS = (
     # The dynamically loaded modules go beside libllama.so, where the engine looks.
     "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib",
 )
+NATIVE_CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF")
 GPU_CMAKE_ARGS = {"vulkan": ("-DGGML_VULKAN=ON",), "cuda": ("-DGGML_CUDA=ON",)}
 
 
@@ -56,7 +61,10 @@ def cache_root() -> Path:
     return Path(base) / "sangama" / "wheelhouse"
 
 
-def recipe(gpu: tuple[str, ...]) -> dict[str, object]:
+def recipe(gpu: tuple[str, ...], native: bool = False) -> dict[str, object]:
+    if native:
+        # Only for bench/engine.py: the machine's own build, as llama.cpp builds by default.
+        return {"llama_cpp_python": LLAMA_CPP_PYTHON, "cmake_args": NATIVE_CMAKE_ARGS}
     cmake = list(BASE_CMAKE_ARGS)
     for name in gpu:
         cmake += GPU_CMAKE_ARGS[name]
@@ -67,7 +75,7 @@ def recipe(gpu: tuple[str, ...]) -> dict[str, object]:
         "cmake_args": cmake,
         "cpu_variants": list(KEPT_VARIANTS),
         "gpu": list(gpu),
-        "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "revision": RECIPE_REVISION,
     }
 
 
@@ -76,9 +84,11 @@ def cuda_architectures() -> str:
     return os.environ.get("SANGAMA_CUDA_ARCHS", "75-real;86-real;89-real;120")
 
 
-def wheel_dir(gpu: tuple[str, ...]) -> Path:
-    digest = hashlib.sha256(json.dumps(recipe(gpu), sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / digest
+def wheel_dir(gpu: tuple[str, ...], native: bool = False) -> Path:
+    text = json.dumps(recipe(gpu, native), sort_keys=True).encode()
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    # A native build fits only the CPU that made it: keep it apart, named as such.
+    return cache_root() / (f"native-{digest}" if native else digest)
 
 
 def find_wheel(directory: Path) -> Path | None:
@@ -101,8 +111,8 @@ def patch_variants(cmake_lists: Path) -> None:
     cmake_lists.write_text(text)
 
 
-def build(gpu: tuple[str, ...], jobs: int) -> Path:
-    out = wheel_dir(gpu)
+def build(gpu: tuple[str, ...], jobs: int, native: bool = False) -> Path:
+    out = wheel_dir(gpu, native)
     existing = find_wheel(out)
     if existing is not None:
         return existing
@@ -117,9 +127,10 @@ def build(gpu: tuple[str, ...], jobs: int) -> Path:
         with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data")
         src = tmp / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
-        patch_variants(src / "vendor/llama.cpp/ggml/src/CMakeLists.txt")
+        if not native:
+            patch_variants(src / "vendor/llama.cpp/ggml/src/CMakeLists.txt")
         env = dict(os.environ)
-        env["CMAKE_ARGS"] = " ".join(recipe(gpu)["cmake_args"])  # type: ignore[arg-type]
+        env["CMAKE_ARGS"] = " ".join(recipe(gpu, native)["cmake_args"])  # type: ignore[arg-type]
         env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs)
         staging = tmp / "wheels"
         subprocess.run(
@@ -130,7 +141,7 @@ def build(gpu: tuple[str, ...], jobs: int) -> Path:
         )
         wheel = next(staging.glob("llama_cpp_python-*.whl"))
         out.mkdir(parents=True, exist_ok=True)
-        (out / "recipe.json").write_text(json.dumps(recipe(gpu), indent=2, sort_keys=True))
+        (out / "recipe.json").write_text(json.dumps(recipe(gpu, native), indent=2, sort_keys=True))
         # Copy then rename: a half-written wheel is never visible under its final name.
         part = out / (wheel.name + ".part")
         shutil.copyfile(wheel, part)
@@ -143,14 +154,24 @@ def build(gpu: tuple[str, ...], jobs: int) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="append", choices=sorted(GPU_CMAKE_ARGS), default=[])
+    parser.add_argument("--native", action="store_true", help="a -march=native build (bench)")
     parser.add_argument("--print-dir", action="store_true", help="print the wheel folder only")
+    parser.add_argument(
+        "--print-wheel", action="store_true", help="print the built wheel's path; fail if none"
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
     gpu = tuple(sorted(set(args.gpu)))
     if args.print_dir:
-        print(wheel_dir(gpu))
+        print(wheel_dir(gpu, args.native))
         return
-    print(build(gpu, args.jobs))
+    if args.print_wheel:
+        wheel = find_wheel(wheel_dir(gpu, args.native))
+        if wheel is None:
+            raise SystemExit(f"no engine wheel in {wheel_dir(gpu, args.native)}: build it first")
+        print(wheel)
+        return
+    print(build(gpu, args.jobs, args.native))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def prompt_ids(gemma_path: Path) -> list[int]:
     return ids
 
 
-def test_swarm_equals_whole_model_and_bf16_reports_its_deviation(
+def test_swarm_equals_whole_model_and_bf16_keeps_the_answer(
     gemma_path: Path, prompt_ids: list[int]
 ) -> None:
     n = 16
@@ -76,11 +76,24 @@ def test_swarm_equals_whole_model_and_bf16_reports_its_deviation(
     assert float(np.abs(logits - ref_logits).max()) == 0.0
     # Every event carries one timing per stage, in chain order.
     assert all([t.stage for t in ev.timings] == [0, 6, 12] for ev in f32)
-    bf16_logits = np.stack([ev.logits for ev in bf16 if ev.logits is not None])
-    m = min(len(bf16_logits), len(ref_logits))
-    deviation = float(np.abs(bf16_logits[:m] - ref_logits[:m]).max())
-    print(f"bf16 wire: max |logit deviation| {deviation:.3f} over {m} steps")
-    assert 0.0 < deviation < 10.0  # bf16 rounds hidden states: some deviation, not garbage
+    # bf16 keeps 8 mantissa bits of each hidden state. What that must keep, whatever the
+    # CPU's kernels: the first tokens of a short factual answer, and logits of the same
+    # context pointing the same way. Once a token differs the contexts differ, so logits
+    # are compared only while the tokens agree.
+    bf16_tokens = [t for ev in bf16 for t in ev.tokens]
+    assert bf16_tokens[:4] == ref_tokens[:4]
+    pairs = zip(bf16_tokens, ref_tokens, strict=False)
+    agree = next((i for i, (a, b) in enumerate(pairs) if a != b), n)
+    bf16_logits = np.stack([ev.logits for ev in bf16 if ev.logits is not None])[: agree + 1]
+    same = ref_logits[: len(bf16_logits)]
+    deviation = float(np.abs(bf16_logits - same).max())
+    cosine = float(
+        (bf16_logits[0] @ same[0]) / (np.linalg.norm(bf16_logits[0]) * np.linalg.norm(same[0]))
+    )
+    print(f"bf16 wire: {agree}/{n} tokens equal; max |logit deviation| {deviation:.3f} while"
+          f" equal; first-step cosine {cosine:.5f}")
+    assert deviation > 0.0, "the bf16 wire must really round the hidden states"
+    assert cosine > 0.99
 
 
 def test_a_killed_worker_gives_the_client_a_typed_error_not_a_hang(
