@@ -14,9 +14,11 @@ How, in order:
 2. Which k nodes and in what order: the feasible sequence with the shortest sum of RTTs
    between consecutive stages, by exhaustive search for small chains, else nearest-
    neighbour starts improved by 2-opt, relocation and swaps with nodes outside the chain.
-3. Where to cut: any layer boundary. First make the slowest stage as fast as possible
-   (layers / compute_speed: the busiest stage bounds throughput), then, among those
-   splits, make the fullest node as empty as possible (headroom for more sessions).
+3. Where to cut: any layer boundary the model allows (`ModelSpec.allowed_cuts`: some
+   architectures are exact only at some boundaries). First make the slowest stage as
+   fast as possible (layers / compute_speed: the busiest stage bounds throughput), then,
+   among those splits, make the fullest node as empty as possible (headroom for more
+   sessions).
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ class ModelSpec:
     """Extra weights the last stage holds, e.g. Qwen3.5's MTP draft layer (~5.7 GB)."""
     compute_ms_per_layer: float = DEFAULT_COMPUTE_MS_PER_LAYER
     """Estimated GPU time of one layer for one token on a node of compute_speed 1.0."""
+    allowed_cuts: tuple[int, ...] | None = None
+    """Boundaries a stage may start or end at (0 and n_layer included), from the manifest;
+    None: every boundary."""
 
     def __post_init__(self) -> None:
         if self.n_layer < 1:
@@ -82,6 +87,19 @@ class ModelSpec:
             raise ValueError("sizes must be >= 0")
         if not (math.isfinite(self.compute_ms_per_layer) and self.compute_ms_per_layer >= 0):
             raise ValueError("compute_ms_per_layer must be finite and >= 0")
+        cuts = self.allowed_cuts
+        if cuts is not None and (
+            not cuts
+            or cuts[0] != 0
+            or cuts[-1] != self.n_layer
+            or any(b <= a for a, b in pairwise(cuts))
+        ):
+            raise ValueError("allowed_cuts must increase strictly from 0 to n_layer")
+
+    @property
+    def cut_points(self) -> tuple[int, ...]:
+        """Every boundary a stage may start or end at, 0 and n_layer included."""
+        return self.allowed_cuts or tuple(range(self.n_layer + 1))
 
     @classmethod
     def from_facts(
@@ -99,6 +117,7 @@ class ModelSpec:
             tied_output=facts.tied_output,
             draft_bytes=draft_bytes,
             compute_ms_per_layer=compute_ms_per_layer,
+            allowed_cuts=facts.allowed_cuts,
         )
 
     def stage_weight_bytes(self, layers: LayerRange) -> int:
@@ -214,6 +233,9 @@ class _Costs:
     model: ModelSpec
     prefix: tuple[int, ...]
     """prefix[i]: weights + KV of layers [0, i), so a middle stage is a difference."""
+    cuts: tuple[int, ...]
+    """Allowed boundaries, increasing; `cut_mask` has bit p set for each."""
+    cut_mask: int
     _ends: dict[tuple[int, int], tuple[int, ...]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -225,7 +247,16 @@ class _Costs:
         prefix = [0]
         for w, kv in zip(model.bytes_per_layer, model.kv_bytes_per_token_per_layer, strict=True):
             prefix.append(prefix[-1] + w + per * kv)
-        return _Costs(model, tuple(prefix))
+        cuts = model.cut_points
+        return _Costs(model, tuple(prefix), cuts, sum(1 << c for c in cuts))
+
+    def allows(self, position: int) -> bool:
+        return bool(self.cut_mask >> position & 1)
+
+    @property
+    def units(self) -> int:
+        """The most stages a chain can have: one per span between allowed cuts."""
+        return len(self.cuts) - 1
 
     @property
     def n_layer(self) -> int:
@@ -247,7 +278,9 @@ class _Costs:
         # Below the last layer need() is prefix[b] plus constants: binary search.
         room = cap - PROCESS_OVERHEAD_BYTES - (self.model.embedding_bytes if a == 0 else 0)
         b = bisect_right(self.prefix, self.prefix[a] + room) - 1
-        return max(a, min(b, limit, self.n_layer - 1))
+        b = max(a, min(b, limit, self.n_layer - 1))
+        # Down to the nearest boundary the model allows (a itself when none is left).
+        return max(a, self.cuts[bisect_right(self.cuts, b) - 1])
 
     def ends(self, cap: int, hi: int) -> tuple[int, ...]:
         """ends[a]: furthest(a, cap, hi - 1) for every a < hi, i.e. where a stage that is
@@ -298,7 +331,7 @@ def _advance(costs: _Costs, reach: int, cap: int, limit: int, hi: int) -> int:
         b = min(ends[a], limit)
         if b > a:
             out |= ((1 << (b - a)) - 1) << (a + 1)
-    return out
+    return out & costs.cut_mask
 
 
 def _bits(mask: int) -> Iterable[int]:
@@ -557,7 +590,7 @@ def _split(costs: _Costs, seq: Sequence[NodeInfo], lo: int, hi: int) -> list[int
     k = len(seq)
 
     def compute(i: int, a: int, b: int) -> float | None:
-        if costs.need(a, b) > seq[i].capacity_bytes:
+        if not costs.allows(b) or costs.need(a, b) > seq[i].capacity_bytes:
             return None
         return (b - a) / seq[i].compute_speed
 
@@ -588,8 +621,9 @@ def _shortfall(costs: _Costs, healthy: Sequence[NodeInfo], min_stages: int) -> M
     n = costs.n_layer
     largest_node = max((h.capacity_bytes for h in healthy), default=0)
     stages = max(min_stages, 1, 2 if costs.need(0, n) > largest_node else 1)
-    # need(j, j+1) is the least any stage holding layer j can need: larger stages only add.
-    piece, layer = max((costs.need(j, j + 1), j) for j in range(n))
+    # need(a, b) between neighbouring allowed cuts is the least any stage holding those
+    # layers can need: larger stages only add.
+    piece, layer = max((costs.need(a, b), a) for a, b in pairwise(costs.cuts))
     return MemoryShortfall(
         needed_bytes=_least_total(costs, stages),
         available_bytes=sum(h.capacity_bytes for h in healthy),
@@ -637,6 +671,8 @@ def _keep_or_repair(
     from outside the kept chain; None when that is not possible."""
     if not previous.covers(costs.n_layer):
         return None
+    if any(not costs.allows(s.layers.stop) for s in previous.stages):
+        return None  # cut where this model is not exact: plan afresh
     by_id = {h.node_id: h for h in healthy}
     broken = [
         i
@@ -685,7 +721,7 @@ def _fresh(
 ) -> Plan:
     n = costs.n_layer
     largest_first = sorted(healthy, key=lambda h: (-h.capacity_bytes, h.node_id))
-    most = min(len(healthy), n)
+    most = min(len(healthy), costs.units)
 
     def fits(k: int) -> bool:
         top = largest_first[:k]
@@ -735,8 +771,11 @@ def plan(
     ids = [n.node_id for n in nodes]
     if len(set(ids)) != len(ids):
         raise PlacementError("two nodes share a node_id")
-    if min_stages > model.n_layer:
-        raise PlacementError(f"min_stages={min_stages} exceeds the model's {model.n_layer} layers")
+    if min_stages > len(model.cut_points) - 1:
+        raise PlacementError(
+            f"min_stages={min_stages} exceeds the {len(model.cut_points) - 1} stages "
+            f"the model's {model.n_layer} layers can be cut into"
+        )
     healthy = sorted((n for n in nodes if n.healthy), key=lambda n: n.node_id)
     costs = _Costs.of(model, sessions_per_stage, context_tokens)
     report = _shortfall(costs, healthy, min_stages)

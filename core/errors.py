@@ -11,6 +11,23 @@ class SliceError(CoreError):
     """A model could not be cut into pieces, or a stage could not be assembled."""
 
 
+class UnsupportedModelError(SliceError):
+    """The model has a tensor, key or architecture that a chain could not reproduce exactly."""
+
+
+class CutNotAllowedError(SliceError):
+    """A stage boundary falls where the model's manifest says a cut would not be exact."""
+
+    def __init__(self, position: int, allowed: tuple[int, ...], reason: str) -> None:
+        super().__init__(
+            f"a stage boundary at layer {position} is not exact for this model ({reason}); "
+            f"allowed boundaries: {list(allowed)}"
+        )
+        self.position = position
+        self.allowed = allowed
+        self.reason = reason
+
+
 class PieceCorruptError(SliceError):
     """A piece on disk does not match the sha256 or size its manifest promises."""
 

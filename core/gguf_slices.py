@@ -22,13 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
-from core.errors import SliceError
+from core import gguf_layout as layout
+from core.errors import CutNotAllowedError, SliceError
 from core.manifest import (
     BLOCK,
     EMBEDDING,
     HEAD,
+    SHARED,
     Manifest,
     PieceInfo,
     block_piece_name,
@@ -39,8 +41,6 @@ from core.types import LayerRange, ModelFacts
 
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")
 _TOKENIZER_PREFIX = "tokenizer."
-_EMBEDDING_TENSORS = ("token_embd.weight",)
-_HEAD_TENSORS = ("output_norm.weight", "output.weight")
 
 # Default sliding-window period per architecture, as llama.cpp's loaders assume it when
 # the GGUF has no explicit per-layer array (llama_hparams::set_swa_pattern).
@@ -119,13 +119,15 @@ def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
     names = set()
     for t in reader.tensors:
         names.add(t.name)
+        place = layout.tensor_place(arch, t.name)
         m = _BLOCK_TENSOR.match(t.name)
-        if m and int(m.group(1)) < n_layer:
+        if place == BLOCK and m and int(m.group(1)) < n_layer:
             block_bytes[int(m.group(1))] += int(t.n_bytes)
-        elif t.name in _EMBEDDING_TENSORS:
+        elif place == EMBEDDING:
             embedding_bytes += int(t.n_bytes)
-        elif t.name in _HEAD_TENSORS:
+        elif place == HEAD:
             head_bytes += int(t.n_bytes)
+        # SHARED tensors (rope factors) are kilobytes: not worth a memory line.
 
     kv_bytes = []
     for il in range(n_layer):
@@ -138,6 +140,9 @@ def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
     eos = _value(reader, "tokenizer.ggml.eos_token_id")
     eot = _value(reader, "tokenizer.ggml.eot_token_id")
     eos_tokens = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
+    metadata = {name: f.contents() for name, f in _fields(reader).items()}
+    layout.check_keys(arch, metadata)
+    policy = layout.cut_policy(arch, n_layer, metadata, kinds)
     return ModelFacts(
         architecture=arch,
         n_layer=n_layer,
@@ -153,6 +158,9 @@ def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
         bos_token=int(bos) if bos is not None else None,
         eos_tokens=eos_tokens,
         name=name or str(_value(reader, "general.name", "")),
+        allowed_cuts=policy.cuts,
+        global_tensors=tuple(sorted(n for n in names if not n.startswith("blk."))),
+        cut_reason=policy.reason,
     )
 
 
@@ -197,23 +205,24 @@ def slice_model(model_path: Path, out_dir: Path, name: str = "") -> Manifest:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     blocks: dict[int, list[Any]] = {i: [] for i in range(facts.n_layer)}
-    embedding, head = [], []
+    by_place: dict[str, list[Any]] = {EMBEDDING: [], HEAD: [], SHARED: []}
     for t in reader.tensors:
+        place = layout.tensor_place(facts.architecture, t.name)
         m = _BLOCK_TENSOR.match(t.name)
-        if m and int(m.group(1)) in blocks:
+        if place == BLOCK and m and int(m.group(1)) in blocks:
             blocks[int(m.group(1))].append(t)
-        elif t.name in _EMBEDDING_TENSORS:
-            embedding.append(t)
-        elif t.name in _HEAD_TENSORS:
-            head.append(t)
+        elif place == BLOCK:
+            raise SliceError(f"tensor {t.name!r} names a block beyond block_count")
         else:
-            raise SliceError(f"tensor {t.name!r} belongs to no piece; architecture not supported")
+            by_place[place].append(t)
 
     plan: list[tuple[str, str, int | None, list[Any], bool]] = [
-        (EMBEDDING, EMBEDDING, None, embedding, True),
+        (EMBEDDING, EMBEDDING, None, by_place[EMBEDDING], True),
         *((block_piece_name(i), BLOCK, i, blocks[i], False) for i in range(facts.n_layer)),
-        (HEAD, HEAD, None, head, False),
+        (HEAD, HEAD, None, by_place[HEAD], False),
     ]
+    if by_place[SHARED]:  # only models with global per-layer tensors get this piece
+        plan.append((SHARED, SHARED, None, by_place[SHARED], False))
     pieces = []
     for piece_name, kind, layer, tensors, with_tokenizer in plan:
         path = out_dir / f"{piece_name}.gguf"
@@ -254,36 +263,42 @@ def _stage_kinds_keys(
     return written
 
 
-def assemble_stage(
-    manifest: Manifest, pieces_dir: Path, layers: LayerRange, out_path: Path
-) -> Path:
-    """Verify the needed pieces, then write the stage GGUF for `layers` to `out_path`."""
-    facts = manifest.facts
-    needed = manifest.pieces_for(layers)
-    paths = {p.name: verify_piece(Path(pieces_dir), p) for p in needed}  # all checks first
-    readers = {name: GGUFReader(str(path)) for name, path in paths.items()}
+def check_cuts(facts: ModelFacts, layers: LayerRange) -> None:
+    """Raise CutNotAllowedError when `layers` starts or ends where a cut is not exact."""
+    for position in (layers.start, layers.stop):
+        if not facts.cut_allowed(position):
+            assert facts.allowed_cuts is not None
+            raise CutNotAllowedError(position, facts.allowed_cuts, facts.cut_reason)
 
-    first, last = layers.start == 0, layers.stop == facts.n_layer
+
+def _stage_metadata(
+    w: GGUFWriter, facts: ModelFacts, layers: LayerRange, base_fields: dict[str, Any]
+) -> None:
+    """Every non-tokenizer key for the stage, each by its role in gguf_layout."""
     arch = facts.architecture
-    base = readers[block_piece_name(layers.start)]
-    base_fields = _fields(base)
+    first = layers.start == 0
     kinds = list(facts.layer_kinds[layers.start : layers.stop])
-
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(out_path.suffix + ".part")
-    w = GGUFWriter(str(tmp), arch=arch)
-    rewritten = _stage_kinds_keys(w, arch, kinds, base_fields)
-    rewritten |= {f"{arch}.block_count", f"{arch}.full_attention_interval"}
-    if not first:
-        rewritten.add(f"{arch}.vocab_size")  # rewritten below with the stage's own size
+    handled = _stage_kinds_keys(w, arch, kinds, base_fields)
     for name, field in base_fields.items():
-        if name in rewritten:
+        role = layout.key_role(arch, name)
+        if name in handled or role == layout.TOKENIZER:
+            continue
+        if role == layout.REWRITE:
+            if name == f"{arch}.leading_dense_block_count":
+                # Dense layers lead the model: the stage keeps those it holds, counted anew.
+                lead = int(field.contents()) - layers.start
+                w.add_uint32(name, max(0, min(len(layers), lead)))
+            elif name == f"{arch}.attention.sliding_window" or (
+                name == f"{arch}.vocab_size" and first
+            ):
+                _copy_field(w, name, field)
+            continue  # block_count, vocab_size, full_attention_interval: written below
+        if role == layout.FIRST_ONLY and not first:
             continue
         if (
-            field.types[0] == GGUFValueType.ARRAY
+            role == layout.PER_LAYER
+            and field.types[0] == GGUFValueType.ARRAY
             and len(field.data) == facts.n_layer
-            and (name.startswith(f"{arch}."))
         ):
             # Per-layer hyperparameter arrays follow the blocks they describe.
             vals = field.contents()[layers.start : layers.stop]
@@ -295,6 +310,55 @@ def assemble_stage(
     w.add_uint32(SANGAMA_LAYER_STOP, layers.stop)
     w.add_uint32(SANGAMA_N_LAYER_TOTAL, facts.n_layer)
 
+
+def _dummy_shape(facts: ModelFacts, name: str, n_vocab_stage: int) -> tuple[int, ...]:
+    """Numpy shape of a global tensor as llama.cpp checks it for this stage."""
+    return {
+        "output_norm.weight": (facts.n_embd,),
+        "output_norm.bias": (facts.n_embd,),
+        "output.bias": (n_vocab_stage,),
+        "output.weight": (n_vocab_stage, facts.n_embd),
+        "position_embd.weight": (facts.n_ctx_train, facts.n_embd),
+    }[name]
+
+
+def _stage_head(w: GGUFWriter, facts: ModelFacts, n_vocab_stage: int) -> None:
+    """The head a non-last stage must carry for llama.cpp to load it; never evaluated,
+    as the capture stops the graph after the stage's last block."""
+    w.add_tensor("output_norm.weight", np.ones(facts.n_embd, dtype=np.float32))
+    for name, fill in layout.DUMMY_HEAD.items():
+        if name in facts.global_tensors and name != "output_norm.weight":
+            shape = _dummy_shape(facts, name, n_vocab_stage)
+            w.add_tensor(name, np.full(shape, fill, dtype=np.float32))
+    if "output.weight" in facts.global_tensors and facts.architecture in layout.OUTPUT_REQUIRED:
+        # Zero Q4_0 blocks: the smallest encoding of a full-vocabulary matrix.
+        if facts.n_embd % 32 == 0:
+            raw = np.zeros((n_vocab_stage, facts.n_embd // 32 * 18), dtype=np.uint8)
+            w.add_tensor("output.weight", raw, raw_dtype=GGMLQuantizationType.Q4_0)
+        else:
+            w.add_tensor("output.weight", np.zeros((n_vocab_stage, facts.n_embd), np.float16))
+
+
+def assemble_stage(
+    manifest: Manifest, pieces_dir: Path, layers: LayerRange, out_path: Path
+) -> Path:
+    """Verify the needed pieces, then write the stage GGUF for `layers` to `out_path`.
+    Raises CutNotAllowedError, before reading any piece, for a range the manifest forbids."""
+    facts = manifest.facts
+    check_cuts(facts, layers)
+    needed = manifest.pieces_for(layers)
+    paths = {p.name: verify_piece(Path(pieces_dir), p) for p in needed}  # all checks first
+    readers = {name: GGUFReader(str(path)) for name, path in paths.items()}
+
+    first, last = layers.start == 0, layers.stop == facts.n_layer
+    arch = facts.architecture
+    base = readers[block_piece_name(layers.start)]
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(out_path.suffix + ".part")
+    w = GGUFWriter(str(tmp), arch=arch)
+    _stage_metadata(w, facts, layers, _fields(base))
     if first:
         for name, field in _fields(readers[EMBEDDING]).items():
             if name.startswith(_TOKENIZER_PREFIX):
@@ -302,6 +366,7 @@ def assemble_stage(
     else:
         w.add_tokenizer_model("none")
         w.add_vocab_size(facts.n_vocab if last else 1)
+    n_vocab_stage = facts.n_vocab if first or last else 1
 
     for layer in layers:
         for t in readers[block_piece_name(layer)].tensors:
@@ -312,16 +377,26 @@ def assemble_stage(
 
     if first or last:
         for t in readers[EMBEDDING].tensors:
-            _copy_tensor(w, t.name, t)
+            if first or t.name not in layout.NEUTRAL_IF_NOT_FIRST:
+                _copy_tensor(w, t.name, t)
+            else:
+                # Added to the stage's input: zero keeps the incoming hidden state exact.
+                w.add_tensor(t.name, np.zeros(t.data.shape, dtype=np.float16))
     else:
         # A one-token vocabulary: the stage never embeds tokens nor computes logits.
         w.add_tensor("token_embd.weight", np.zeros((1, facts.n_embd), dtype=np.float32))
+        for name in layout.NEUTRAL_IF_NOT_FIRST:
+            if name in facts.global_tensors:
+                shape = _dummy_shape(facts, name, n_vocab_stage)
+                w.add_tensor(name, np.zeros(shape, dtype=np.float16))
+    if SHARED in readers:
+        for t in readers[SHARED].tensors:
+            _copy_tensor(w, t.name, t)
     if last:
         for t in readers[HEAD].tensors:
             _copy_tensor(w, t.name, t)
     else:
-        # llama.cpp requires output_norm; the capture callback stops the graph before it.
-        w.add_tensor("output_norm.weight", np.ones(facts.n_embd, dtype=np.float32))
+        _stage_head(w, facts, n_vocab_stage)
     _finish(w)
     tmp.replace(out_path)
     return out_path

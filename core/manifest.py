@@ -21,12 +21,14 @@ MANIFEST_FILE = "manifest.json"
 EMBEDDING = "embedding"
 HEAD = "head"
 BLOCK = "block"
+SHARED = "shared"
+"""Global tensors every stage needs (rope factors); only models that have them get one."""
 
 
 @dataclass(frozen=True)
 class PieceInfo:
     name: str
-    """Stable id: "embedding", "head" or "blk.007"."""
+    """Stable id: "embedding", "head", "shared" or "blk.007"."""
     file: str
     kind: str
     layer: int | None
@@ -63,6 +65,8 @@ class Manifest:
             names.insert(0, EMBEDDING)
         if last:
             names.append(HEAD)
+        if any(p.name == SHARED for p in self.pieces):
+            names.insert(0, SHARED)
         return [self.piece(n) for n in names]
 
     def to_json(self) -> str:
@@ -88,6 +92,11 @@ class Manifest:
                     "bytes_per_layer": tuple(f["bytes_per_layer"]),
                     "kv_bytes_per_token_per_layer": tuple(f["kv_bytes_per_token_per_layer"]),
                     "eos_tokens": tuple(f["eos_tokens"]),
+                    "global_tensors": tuple(f.get("global_tensors", ())),
+                    # Absent in older manifests: every cut allowed.
+                    "allowed_cuts": None
+                    if f.get("allowed_cuts") is None
+                    else tuple(int(c) for c in f["allowed_cuts"]),
                 }
             )
             pieces = tuple(PieceInfo(**p) for p in doc["pieces"])

@@ -7,6 +7,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from tests.support.tiny_families import Dims, write_family_model
+
 
 def write_tiny_model(
     path: Path,
@@ -19,9 +21,11 @@ def write_tiny_model(
     n_vocab: int = 512,
     seed: int = 0,
 ) -> Path:
-    """A `llama` or `qwen3` model with a dummy vocabulary of `n_vocab` tokens."""
+    """A `llama` or `qwen3` model with a dummy vocabulary of `n_vocab` tokens; other
+    architectures come from tests.support.tiny_families."""
     if arch not in ("llama", "qwen3"):
-        raise ValueError(f"unsupported tiny architecture {arch!r}")
+        dims = Dims(n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab)
+        return write_family_model(path, arch, dims, seed)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_name(f"tiny-{arch}")
