@@ -73,17 +73,6 @@ class ModelFacts:
 
     def cut_allowed(self, position: int) -> bool:
         return self.allowed_cuts is None or position in self.allowed_cuts
-    allowed_cuts: tuple[int, ...] | None = None
-    """Layer boundaries where a stage may start or end and stay exact (0 and n_layer
-    included); None: every boundary (manifests written before this field existed)."""
-    cut_reason: str = ""
-    """Why cuts are restricted, for refusals and the operator."""
-    global_tensors: tuple[str, ...] = ()
-    """Names of the model's non-block tensors, so a stage without the embedding or head
-    piece can still write the placeholders llama.cpp requires."""
-
-    def cut_allowed(self, position: int) -> bool:
-        return self.allowed_cuts is None or position in self.allowed_cuts
 
     def stage_weight_bytes(self, layers: LayerRange) -> int:
         """Bytes of weights a stage holding `layers` loads (block bytes plus end pieces)."""
