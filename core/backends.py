@@ -34,9 +34,11 @@ __all__ = ["LIB_DIR", "backend_report", "ensure_backends", "lib_path", "refused_
 
 LIB_DIR = Path(_llama_cpp_pkg.__file__).parent / "lib"
 
-# Weight layouts Sangama never lets llama.cpp use, by ggml buffer-type name.
+# Weight layouts Sangama never lets llama.cpp use, by ggml buffer-type name. The
+# variable replaces the list (comma-separated; empty allows AMX): for measuring an
+# upstream fix and for testing the mechanism on CPUs without AMX. See docs/engine.md.
 _REFUSED_BUFFER_TYPES = ("AMX",)
-_ALLOW_AMX_ENV = "SANGAMA_ALLOW_AMX"  # for measuring upstream fixes only; see docs/engine.md
+_REFUSE_ENV = "SANGAMA_REFUSE_BUFFER_TYPES"
 
 _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 
@@ -59,9 +61,10 @@ def lib_path(stem: str) -> Path:
 
 
 def refused_buffer_types() -> tuple[str, ...]:
-    if os.environ.get(_ALLOW_AMX_ENV) == "1":
-        return ()
-    return _REFUSED_BUFFER_TYPES
+    env = os.environ.get(_REFUSE_ENV)
+    if env is None:
+        return _REFUSED_BUFFER_TYPES
+    return tuple(name.strip() for name in env.split(",") if name.strip())
 
 
 class _Feature(ctypes.Structure):
