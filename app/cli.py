@@ -15,7 +15,7 @@ from app.errors import AppError, ConfigError
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteError
 from core.errors import CoreError
-from core.types import LayerRange, SamplingParams
+from core.types import BackendReport, LayerRange, SamplingParams
 from net.errors import NetError
 
 # The bundled Gemma 3 270M is a base model: it continues text rather than following chat
@@ -188,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--hours", type=int, default=24 * 7)
 
-    sub.add_parser("hardware", help="show the memory this machine can offer")
+    p = sub.add_parser(
+        "hardware", help="show the memory this machine can offer and what llama.cpp runs on"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     _COMMANDS.update(add_swarm_commands(sub))
     return parser
 
@@ -378,10 +381,31 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
-    from core.hardware import detect_hardware, format_report
+    from app.hardware_view import format_hardware, hardware_document
+    from core.hardware import detect_hardware
 
-    print(format_report(detect_hardware()))
-    return 0
+    backend = _backend_report()
+    hardware = detect_hardware()
+    if args.json:
+        print(json.dumps(hardware_document(hardware, backend), indent=1))
+    else:
+        print(format_hardware(hardware, backend))
+    # The memory report still printed; the status says the engine cannot run here.
+    return 1 if isinstance(backend, str) else 0
+
+
+def _backend_report() -> BackendReport | str:
+    """core.backends' report, or why the engine library could not be loaded (a string):
+    this command is what a volunteer runs to find that out, so it must not crash."""
+    from core.errors import ModelLoadError
+
+    try:
+        from core.backends import backend_report
+
+        report: BackendReport = backend_report()
+        return report
+    except (ModelLoadError, ImportError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _stream_to_stdout(text: str) -> None:

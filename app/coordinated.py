@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from app.compute import stage_compute
 from app.config import Hop, Route, WorkerConfig, format_address, parse_address
 from app.identity import Identity, default_identity_dir, join_swarm
 from app.links import (
@@ -264,11 +265,26 @@ async def serve_coordinated(
             serve_ice_offers(router, worker.server, ice)
             router.start()
             hop_text = f"{hop['node_id']} at {hop['address']}" if hop else ""
-            serving = replace(status, state=ServeState.SERVING, progress=1.0, next_hop=hop_text)
+            compute = stage_compute(worker.stage)
+            serving = replace(
+                status,
+                state=ServeState.SERVING,
+                progress=1.0,
+                next_hop=hop_text,
+                compute=compute,
+            )
             report(serving)
-            log.info("serving layers %s as %s on %s", layers, identity.node_id, address)
+            log.info(
+                "serving layers %s as %s on %s (%s)",
+                layers,
+                identity.node_id,
+                address,
+                compute.backend if compute is not None else "backend not reported",
+            )
+            # Fixed for the stage's life (the offload plan is made once, at load).
+            stage_doc = {**report_doc, **(compute.heartbeat_fields() if compute else {})}
             identity, serving = await _heartbeats(
-                identity, client, worker, assignment, report_doc, stop, report, serving
+                identity, client, worker, assignment, stage_doc, stop, report, serving
             )
             # Stopping or moving: running conversations end here first, not mid-answer.
             leaving = ServeState.PAUSING if stop.is_set() else ServeState.MOVING

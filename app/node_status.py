@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.compute import StageCompute
+
 
 class ServeState(enum.Enum):
     NOT_JOINED = "not joined"
@@ -47,6 +49,8 @@ class NodeStatus:
     """How long the last batch's rows waited for the engine."""
     memory: str = ""
     """What this process holds, e.g. "3.1 GiB of VRAM" (core.hardware.memory_in_use)."""
+    compute: StageCompute | None = None
+    """What runs the stage (backend, device memory, layers on the GPU), once it loaded."""
     rtt_ms: float | None = None
     finishing: int = 0
     """Sessions still running while PAUSING or MOVING."""

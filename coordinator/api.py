@@ -19,7 +19,7 @@ from fastapi import Path as PathParam
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_core import to_json
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +40,8 @@ MAX_BODY_BYTES = 1 << 20
 _TOO_BIG = f"request body larger than {MAX_BODY_BYTES} bytes"
 SESSION_COOKIE = "sangama_session"
 ADMIN_TOKEN = "admin_token_hash"
+MAX_LAYERS = 100_000
+"""Bound on reported layer counts: far above any model, well inside a 32-bit column."""
 
 
 # ---------------------------------------------------------------- request/response shapes
@@ -125,6 +127,18 @@ class HeartbeatIn(_In):
     compute_ms: float = Field(default=0.0, ge=0.0, le=1e9)
     stats: dict[str, Any] = Field(default_factory=dict)
     path: str = Field(default="direct", pattern="^(direct|punched|relayed)$")
+    # What runs the node's stage (app.compute.StageCompute); empty while it serves none.
+    backend: str = Field(default="", max_length=200, description='e.g. "CPU (zen4)"')
+    device_bytes_used: int = Field(default=0, ge=0, le=1 << 50)
+    device_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    gpu_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
+    n_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
+
+    @model_validator(mode="after")
+    def _layers_within_stage(self) -> HeartbeatIn:
+        if self.gpu_layers > self.n_layers:
+            raise ValueError("gpu_layers cannot exceed the stage's n_layers")
+        return self
 
 
 class NextHopOut(BaseModel):
@@ -168,6 +182,11 @@ class NodeOut(BaseModel):
     path: str
     layers: tuple[int, int] | None
     last_seen: dt.datetime | None
+    backend: str
+    device_bytes_used: int
+    device_cap_bytes: int
+    gpu_layers: int
+    n_layers: int
 
 
 class SwarmOut(BaseModel):
@@ -546,6 +565,11 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
                 path=n.path,
                 layers=None if stage is None else (stage.layers.start, stage.layers.stop),
                 last_seen=None if n.last_seen is None else as_utc(n.last_seen),
+                backend=n.backend,
+                device_bytes_used=n.device_bytes_used,
+                device_cap_bytes=n.device_cap_bytes,
+                gpu_layers=n.gpu_layers,
+                n_layers=n.n_layers,
             )
         )
     addresses = {n.node_id: n.address for n in nodes}

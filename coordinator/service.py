@@ -130,6 +130,12 @@ class Heartbeat:
     stats: dict[str, Any] = field(default_factory=dict)
     path: str = "direct"
     """How this node reaches its next hop: direct, punched or relayed."""
+    backend: str = ""
+    """What runs its stage's layers, e.g. "CPU (zen4)"; "" while it serves no stage."""
+    device_bytes_used: int = 0
+    device_cap_bytes: int = 0
+    gpu_layers: int = 0
+    n_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -312,6 +318,11 @@ class Coordinator:
             node.hardware = beat.hardware
             node.stats = beat.stats
             node.path = beat.path[:32]
+            node.backend = beat.backend[:200]
+            node.device_bytes_used = max(0, beat.device_bytes_used)
+            node.device_cap_bytes = max(0, beat.device_cap_bytes)
+            node.gpu_layers = max(0, beat.gpu_layers)
+            node.n_layers = max(0, beat.n_layers)
             node.last_seen = now
             s.execute(delete(Rtt).where(Rtt.src == node_id))
             for peer, ms in list(beat.rtt_ms.items())[:256]:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     JSON,
@@ -28,6 +28,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+if TYPE_CHECKING:  # alembic is imported only when migrating
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -70,6 +73,12 @@ class Node(Base):
     hardware: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     stats: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     path: Mapped[str] = mapped_column(String(32), default="direct")
+    # What runs the node's stage, as its last heartbeat said (migration 0002).
+    backend: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    device_bytes_used: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    device_cap_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    gpu_layers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    n_layers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_seen: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -126,15 +135,21 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-def migrate(url: str) -> None:
-    """Create or upgrade the schema to the newest migration."""
-    from alembic import command
+def alembic_config(url: str) -> Config:
+    """Alembic's configuration for this database (also for tests that step through)."""
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    command.upgrade(cfg, "head")
+    return cfg
+
+
+def migrate(url: str) -> None:
+    """Create or upgrade the schema to the newest migration."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), "head")
 
 
 class Store:

@@ -1,5 +1,6 @@
-"""What this PC does for the swarm: stage and layers, sessions, timings, the path to the
-next hop, the local OpenAI API and a small live throughput plot."""
+"""What this PC does for the swarm: stage and layers, what runs them (backend, device
+memory, layers on the GPU), sessions, timings, the path to the next hop, the local
+OpenAI API and a small live throughput plot."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ class StatusWindow(QWidget):
         self.node = node
         self.api = api
         self.setWindowTitle("Sangama status")
-        self.resize(520, 460)
+        self.resize(520, 540)  # room for the plot below the compute rows
         self.icon = QLabel()
         self.headline = QLabel()
         font = self.headline.font()
@@ -88,6 +89,9 @@ class StatusWindow(QWidget):
             ("next", "Next hop"),
             ("sessions", "Sessions"),
             ("memory", "Memory"),
+            ("backend", "Runs on"),
+            ("device_memory", "Device memory"),
+            ("gpu_layers", "GPU layers"),
             ("timings", "Timings"),
             ("api", "OpenAI API"),
         ):
@@ -149,6 +153,10 @@ class StatusWindow(QWidget):
             f"{s.compute_ms:.1f} ms compute and {s.queue_ms:.1f} ms waiting in the last step{rtt}"
         )
         f["memory"].setText(f"{s.memory} in use by Sangama" if s.memory else "—")
+        c = s.compute  # only while a stage is loaded; gone when it is freed
+        f["backend"].setText(c.backend if c is not None else "—")
+        f["device_memory"].setText(c.memory_text if c is not None else "—")
+        f["gpu_layers"].setText(c.layers_text if c is not None else "—")
         if s.state is ServeState.SERVING:
             self.plot.add(s.throughput)
 

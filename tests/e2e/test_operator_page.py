@@ -142,6 +142,11 @@ def test_operator_page_flow(
         tokens=48,
         compute_ms=12.5,
         stats={"compute_ms": 12.5, "steps": 48, "sessions": 1, "errors": 0},
+        backend=f"Vulkan0 (NVIDIA GeForce RTX 4090), 6/{N_LAYER} layers",
+        device_bytes_used=3 << 30,
+        device_cap_bytes=8 << 30,
+        gpu_layers=6,
+        n_layers=N_LAYER,
     )
     assert beat["assignment"]["layers"] == [0, N_LAYER]
 
@@ -153,6 +158,11 @@ def test_operator_page_flow(
     expect(row.get_by_test_id("node-capacity")).to_have_text("8.0 GiB")
     expect(row.get_by_test_id("node-address")).to_have_text("127.0.0.1:9")
     expect(row.get_by_test_id("node-path")).to_have_text("direct")
+    expect(row.get_by_test_id("node-backend")).to_have_text(
+        f"Vulkan0 (NVIDIA GeForce RTX 4090), 6/{N_LAYER} layers"
+    )
+    expect(row.get_by_test_id("node-device-memory")).to_have_text("3.0 / 8.0 GiB device memory")
+    expect(row.get_by_test_id("node-gpu-layers")).to_have_text(f"6/{N_LAYER} layers on GPU")
 
     segment = tid("coverage-segment")
     expect(segment).to_have_count(1)
@@ -218,7 +228,9 @@ def test_three_stage_swarm_renders(
         nodes = [join_swarm(code, root / f"node{i}") for i in range(3)]
         for i, identity in enumerate(nodes):
             stats = {"compute_ms": 4.0 + 3 * i, "steps": 10} if i != 1 else {}
-            _node_heartbeat(identity, tokens=10 * (i + 1), stats=stats)
+            # The middle node serves nothing yet: no backend to show.
+            compute = {"backend": "CPU (haswell)", "n_layers": 3} if i != 1 else {}
+            _node_heartbeat(identity, tokens=10 * (i + 1), stats=stats, **compute)
 
         page = browser_page
         tid = page.get_by_test_id
@@ -241,6 +253,9 @@ def test_three_stage_swarm_renders(
         expect(tid("stage-timing")).to_have_count(3)
         expect(tid("stage-ms").filter(has_text="no data")).to_have_count(1)
         expect(tid("node-health").filter(has_text="healthy")).to_have_count(3)
+        expect(tid("node-backend").filter(has_text="CPU (haswell)")).to_have_count(2)
+        expect(tid("node-backend").filter(has_text="—")).to_have_count(1)
+        expect(tid("node-gpu-layers").filter(has_text="0/3 layers on GPU")).to_have_count(2)
 
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "operator-page-3-stages.png"), full_page=True)

@@ -180,3 +180,7 @@ def test_workers_join_get_stages_and_a_spare_takes_over(
     swarm = coord.admin.swarm()
     health = {n["node_id"]: n["health"] for n in swarm["nodes"]}
     assert health[next(iter(set(chain) - set(new_chain)))] in ("stale", "gone")
+    # The stage that served throughout said what runs it (app/compute.py, by heartbeat).
+    survivor = next(n for n in swarm["nodes"] if n["node_id"] in set(chain) & set(new_chain))
+    assert survivor["backend"], survivor
+    assert 0 < survivor["n_layers"] < 8 and survivor["gpu_layers"] <= survivor["n_layers"]

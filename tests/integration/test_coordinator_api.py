@@ -251,3 +251,89 @@ def test_heartbeat_reports_the_path_type(http: TestClient, coord: Coordinator) -
         ).status_code
         == 422
     )
+
+
+COMPUTE = {
+    "backend": "Vulkan0 (NVIDIA GeForce RTX 4090), 6/8 layers",
+    "device_bytes_used": 3 << 30,
+    "device_cap_bytes": 8 << 30,
+    "gpu_layers": 6,
+    "n_layers": 8,
+}
+
+
+def _swarm_node(http: TestClient, node_id: str) -> dict[str, object]:
+    nodes = http.get("/api/v1/swarm", headers=_admin()).json()["nodes"]
+    return dict(next(n for n in nodes if n["node_id"] == node_id))
+
+
+def test_heartbeat_says_what_runs_the_stage(http: TestClient) -> None:
+    a = _join(http, _invite(http))
+    url, headers = f"/api/v1/nodes/{a['node_id']}/heartbeat", _node_headers(a)
+    beat = {"address": "127.0.0.1:7001", "capacity_bytes": 1 << 30}
+    assert http.post(url, headers=headers, json={**beat, **COMPUTE}).status_code == 200
+    node = _swarm_node(http, a["node_id"])
+    assert {k: node[k] for k in COMPUTE} == COMPUTE
+    # A beat without them (the stage was freed) says nothing runs here any more.
+    assert http.post(url, headers=headers, json=beat).status_code == 200
+    node = _swarm_node(http, a["node_id"])
+    assert node["backend"] == "" and node["gpu_layers"] == node["device_bytes_used"] == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"gpu_layers": 9, "n_layers": 8},
+        {"gpu_layers": -1},
+        {"n_layers": 1 << 40},
+        {"device_bytes_used": 1 << 60},
+        {"device_cap_bytes": -5},
+        {"backend": "x" * 201},
+        {"backend": "CPU\x00(zen4)"},
+        {"backend": 3},
+    ],
+)
+def test_heartbeat_refuses_impossible_compute_facts(
+    http: TestClient, bad: dict[str, object]
+) -> None:
+    a = _join(http, _invite(http))
+    r = http.post(
+        f"/api/v1/nodes/{a['node_id']}/heartbeat",
+        headers=_node_headers(a),
+        json={**COMPUTE, **bad},
+    )
+    assert r.status_code == 422, r.text
+    assert _swarm_node(http, a["node_id"])["backend"] == ""
+
+
+def test_nodes_from_before_migration_0002_read_as_serving_nothing(db_url: str) -> None:
+    from alembic import command
+    from sqlalchemy import text
+
+    from coordinator.store import Node, alembic_config, make_engine
+
+    config = alembic_config(db_url)
+    command.upgrade(config, "0001")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO nodes (node_id, role, token_hash, address, capacity_bytes,"
+                " vram_cap_bytes, hardware, stats, path, revoked, created_at) VALUES ('w-1',"
+                " 'worker', 'h', '', 0, 0, '{}', '{}', 'direct', false, CURRENT_TIMESTAMP)"
+            )
+        )
+    engine.dispose()
+    migrate(db_url)
+    store = Store(db_url)
+    with store.session() as s:
+        node = s.get(Node, "w-1")
+        assert node is not None
+        assert (node.backend, node.device_bytes_used, node.device_cap_bytes) == ("", 0, 0)
+        assert (node.gpu_layers, node.n_layers) == (0, 0)
+    store.close()
+    command.downgrade(config, "0001")  # and back: the columns go, the node stays
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT node_id FROM nodes")).scalars().all() == ["w-1"]
+    engine.dispose()

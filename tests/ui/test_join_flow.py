@@ -79,6 +79,10 @@ def test_join_serve_pause_resume_quit(
         # The first heartbeat while serving reports what this process holds (no GPU: RAM).
         qtbot.waitUntil(lambda: " GiB of " in desk.node.status.memory, timeout=20000)
         assert desk.node.status.memory.endswith(("of RAM", "of VRAM"))
+        # What runs the stage, from the engine: its backend and its 4 layers.
+        compute = desk.node.status.compute
+        assert compute is not None and compute.backend, compute
+        assert compute.layers_text.endswith("/4 layers on GPU")
 
         # a used code: the coordinator's reason, in words
         dialog.hide()

@@ -11,6 +11,7 @@ import pytest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
+from app.compute import StageCompute
 from app.history import History
 from app.node_status import NodeStatus, ServeState
 from app.settings import Settings
@@ -132,6 +133,9 @@ def test_status_window_shows_stage_and_plot(desk: DesktopApp, artifacts: Path) -
         compute_ms=4.2,
         queue_ms=0.3,
         memory="1.2 GiB of VRAM",
+        compute=StageCompute(
+            "Vulkan0 (NVIDIA GeForce RTX 4090), 4/6 layers", 3 << 29, 8 << 30, 4, 6
+        ),
         rtt_ms=0.8,
     )
     for i in range(30):
@@ -141,8 +145,13 @@ def test_status_window_shows_stage_and_plot(desk: DesktopApp, artifacts: Path) -
     assert "0.8 ms round trip" in status.fields["timings"].text()
     assert "0.3 ms waiting" in status.fields["timings"].text()
     assert status.fields["memory"].text() == "1.2 GiB of VRAM in use by Sangama"
+    assert status.fields["backend"].text() == "Vulkan0 (NVIDIA GeForce RTX 4090), 4/6 layers"
+    assert status.fields["device_memory"].text() == "1.5 / 8.0 GiB device memory"
+    assert status.fields["gpu_layers"].text() == "4/6 layers on GPU"
     assert len(status.plot.samples) == 30
     assert status.grab().save(str(artifacts / "offscreen_status_window.png"))
+    desk.node._apply(replace(s, state=ServeState.WAITING, compute=None))  # stage freed
+    assert status.fields["backend"].text() == status.fields["gpu_layers"].text() == "—"
 
 
 def test_settings_dialog_checks_the_coordinator_and_sets_the_api_port(

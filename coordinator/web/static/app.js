@@ -321,6 +321,10 @@
         layers: el("td", { "data-testid": "node-layers" }),
         vram: el("td", { className: "num", "data-testid": "node-vram" }),
         capacity: el("td", { className: "num", "data-testid": "node-capacity" }),
+        compute: el("td", { className: "compute" },
+          el("div", { "data-testid": "node-backend" }),
+          el("div", { className: "muted", "data-testid": "node-device-memory" }),
+          el("div", { className: "muted", "data-testid": "node-gpu-layers" })),
         address: el("td", { className: "mono", "data-testid": "node-address" }),
         path: el("td", {}, el("span", { className: "pill", "data-testid": "node-path" })),
         seen: el("td", { "data-testid": "node-last-seen" }),
@@ -356,6 +360,7 @@
       }
       setText(c.vram, gib(node.vram_cap_bytes));
       setText(c.capacity, gib(node.capacity_bytes));
+      renderCompute(c.compute, node);
       setText(c.address, node.address || "—");
       const path = c.path.firstChild;
       path.className = `pill ${node.path}`;
@@ -370,7 +375,22 @@
       show(row._revoke, node.health !== "revoked");
     };
 
-    syncRows($("swarm-body"), nodes, (n) => n.node_id, make, update, "No node has joined yet. Create a worker invite below.", 10);
+    syncRows($("swarm-body"), nodes, (n) => n.node_id, make, update, "No node has joined yet. Create a worker invite below.", 11);
+  }
+
+  /** What runs the node's stage, worded as the tray's status window does (app/compute.py). */
+  function renderCompute(cell, node) {
+    const [backend, memory, layers] = cell.children;
+    const serving = Boolean(node.backend);
+    setText(backend, serving ? node.backend : "—");
+    backend.title = serving ? node.backend : "no stage loaded";
+    const used = (node.device_bytes_used / GIB).toFixed(1);
+    setText(memory, node.device_cap_bytes > 0
+      ? `${used} / ${(node.device_cap_bytes / GIB).toFixed(1)} GiB device memory`
+      : `${used} GiB device memory`);
+    setText(layers, `${node.gpu_layers}/${node.n_layers} layers on GPU`);
+    show(memory, serving);
+    show(layers, serving);
   }
 
   function renderTimings(swarm, index) {
