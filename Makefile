@@ -7,8 +7,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sangama-installed
 ENGINE := installers/engine/build_wheel.py
-# GPU backends to build into the engine wheel, e.g. ENGINE_GPU="--gpu vulkan".
-ENGINE_GPU ?=
+# GPU backends built into the engine wheel (Vulkan: any vendor, see docs/engine.md);
+# ENGINE_GPU= builds a CPU-only wheel.
+ENGINE_GPU ?= --gpu vulkan
 
 .PHONY: demo test lint venv clean bench engine-wheel engine-wheel-cuda engine-native
 

@@ -250,6 +250,7 @@ async def serve_coordinated(
             threads=options.threads,
             max_sessions=options.max_sessions,
             quic_library=options.quic_library,
+            device_cap_bytes=options.vram_cap_bytes,
         )
         creds = identity.credentials()
         ice = await loop.run_in_executor(

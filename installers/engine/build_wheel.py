@@ -111,6 +111,34 @@ def patch_variants(cmake_lists: Path) -> None:
     cmake_lists.write_text(text)
 
 
+# Debian 12 ships Vulkan headers 1.3.239; ggml-vulkan asks VK_EXT_layer_settings (1.3.261)
+# only to tune the validation layer, so older headers build without that request.
+_LAYER_SETTINGS_OLD = (
+    "    vk::LayerSettingsCreateInfoEXT layer_setting_info(settings);\n"
+    "    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info,"
+    " layers, extensions, &layer_setting_info);\n"
+)
+_LAYER_SETTINGS_START = "    VkBool32 enable_best_practice = layer_settings;\n"
+
+
+def patch_vulkan_headers(vulkan_cpp: Path) -> None:
+    """Guard ggml-vulkan's one use of VK_EXT_layer_settings by the header version."""
+    text = vulkan_cpp.read_text()
+    if text.count(_LAYER_SETTINGS_START) != 1 or text.count(_LAYER_SETTINGS_OLD) != 1:
+        raise SystemExit(f"VK_EXT_layer_settings block moved in {vulkan_cpp}; update the recipe")
+    start = text.index(_LAYER_SETTINGS_START)
+    end = text.index(_LAYER_SETTINGS_OLD) + len(_LAYER_SETTINGS_OLD)
+    guarded = (
+        "#if VK_HEADER_VERSION >= 261\n"
+        + text[start:end]
+        + "#else\n"
+        + "    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info,"
+        + " layers, extensions);\n"
+        + "#endif\n"
+    )
+    vulkan_cpp.write_text(text[:start] + guarded + text[end:])
+
+
 def build(gpu: tuple[str, ...], jobs: int, native: bool = False) -> Path:
     out = wheel_dir(gpu, native)
     existing = find_wheel(out)
@@ -129,6 +157,8 @@ def build(gpu: tuple[str, ...], jobs: int, native: bool = False) -> Path:
         src = tmp / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
         if not native:
             patch_variants(src / "vendor/llama.cpp/ggml/src/CMakeLists.txt")
+        if "vulkan" in gpu:
+            patch_vulkan_headers(src / "vendor/llama.cpp/ggml/src/ggml-vulkan/ggml-vulkan.cpp")
         env = dict(os.environ)
         env["CMAKE_ARGS"] = " ".join(recipe(gpu, native)["cmake_args"])  # type: ignore[arg-type]
         env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs)

@@ -27,7 +27,8 @@ class Keep(logging.Handler):
 logging.getLogger().addHandler(Keep()); logging.getLogger().setLevel(logging.DEBUG)
 from core.llama_engine import EngineConfig, LlamaStageEngine
 from core.models import resolve_model
-engine = LlamaStageEngine(resolve_model("default"), EngineConfig(n_ctx=128, n_batch=16, n_seq_max=1))
+config = EngineConfig(n_ctx=128, n_batch=16, n_seq_max=1)
+engine = LlamaStageEngine(resolve_model("default"), config)
 r = engine.backend
 print(json.dumps({
     "variant": r.cpu_variant, "dynamic": r.dynamic, "disabled": list(r.disabled_buffer_types),
