@@ -155,7 +155,10 @@ class Settings:
     min_stages: int = 1
     spares: int = 0
     sessions_per_stage: int = 8
-    context_tokens: int = 2048
+    context_tokens: int = 256
+    """Positions of KV per session. A worker's KV cache is one shared pool (llama.cpp's
+    unified cache) of max_sessions x this = 8 x 256 = its n_ctx of 2048, so placement
+    counts the memory the stage really allocates (app/config.py WorkerConfig)."""
     turn_server: tuple[str, int] | None = None
     """The swarm's relay (coturn), if any: nodes get short-lived credentials for it."""
     turn_secret: str = field(default="", repr=False)
