@@ -1,0 +1,193 @@
+"""Bytes to frames: one whole frame parsed, then validated; every refusal a FrameError.
+
+The body parser is shared with net.wire_decoder, which cuts frames out of a stream.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from net.errors import ErrorCode, FrameError
+from net.frames import (
+    Challenge,
+    Close,
+    Error,
+    Frame,
+    Hello,
+    Open,
+    Ping,
+    Pong,
+    Proof,
+    SamplingSpec,
+    StageTiming,
+    Step,
+    Tokens,
+    Welcome,
+)
+from net.tensors import WireDtype
+from net.wire_checks import as_enum, validate
+from net.wire_format import DEFAULT_LIMITS, HEADER, VERSION, FrameType, Limits
+
+
+class _Reader:
+    """Reads a body; running short or leaving bytes behind is MALFORMED."""
+
+    def __init__(self, body: memoryview) -> None:
+        self.body = body  # a view: only `raw` copies, so hidden rows are copied once
+        self.offset = 0
+
+    def unpack(self, st: struct.Struct) -> tuple[int | float, ...]:
+        self._need(st.size)
+        values: tuple[int | float, ...] = st.unpack_from(self.body, self.offset)
+        self.offset += st.size
+        return values
+
+    def u(self, st: struct.Struct) -> int:
+        (value,) = self.unpack(st)
+        assert isinstance(value, int)
+        return value
+
+    def f64(self) -> float:
+        (value,) = self.unpack(_F64)
+        assert isinstance(value, float)
+        return value
+
+    def flag(self, what: str) -> bool:
+        value = self.u(_U8)
+        if value > 1:
+            raise FrameError(ErrorCode.MALFORMED, f"{what} flag is {value}, not 0 or 1")
+        return value == 1
+
+    def raw(self, n: int) -> bytes:
+        self._need(n)
+        data = bytes(self.body[self.offset : self.offset + n])
+        self.offset += n
+        return data
+
+    def string(self) -> str:
+        raw = self.raw(self.u(_U16))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError(ErrorCode.MALFORMED, "string is not valid UTF-8") from None
+
+    def ints(self) -> tuple[int, ...]:
+        n = self.u(_U32)
+        self._need(4 * n)  # before building a format for a count a peer chose
+        values: tuple[int, ...] = struct.unpack_from(f"<{n}i", self.body, self.offset)
+        self.offset += 4 * n
+        return values
+
+    def blob(self) -> bytes:
+        return self.raw(self.u(_U32))
+
+    def timings(self) -> tuple[StageTiming, ...]:
+        n = self.u(_U32)
+        self._need(_TIMING.size * n)
+        out = []
+        for _ in range(n):
+            stage, compute, queue, hop = self.unpack(_TIMING)
+            out.append(StageTiming(int(stage), float(compute), float(queue), float(hop)))
+        return tuple(out)
+
+    def finish(self) -> None:
+        if self.offset != len(self.body):
+            raise FrameError(
+                ErrorCode.MALFORMED, f"{len(self.body) - self.offset} trailing bytes in body"
+            )
+
+    def _need(self, n: int) -> None:
+        if self.offset + n > len(self.body):
+            raise FrameError(ErrorCode.MALFORMED, "body ends inside a field")
+
+
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_F64 = struct.Struct(">d")
+_TIMING = struct.Struct(">Iddd")
+
+
+def _read_open(r: _Reader) -> Open:
+    session, model = r.string(), r.string()
+    dtype = as_enum(WireDtype, r.u(_U8), ErrorCode.BAD_DTYPE, "wire dtype")
+    temperature, top_k, top_p, min_p = r.f64(), r.u(_U32), r.f64(), r.f64()
+    penalty, window, seed = r.f64(), r.u(_U32), r.u(_U64)
+    sampling = SamplingSpec(temperature, top_k, top_p, min_p, penalty, window, seed)
+    return Open(session, model, dtype, sampling, r.string(), r.u(_U32), r.u(_U32))
+
+
+def _read_step(r: _Reader) -> Step:
+    session, step_id, start = r.string(), r.u(_U64), r.u(_U32)
+    dtype = as_enum(WireDtype, r.u(_U8), ErrorCode.BAD_DTYPE, "wire dtype")
+    n_rows, width, tokens = r.u(_U32), r.u(_U32), r.ints()
+    hidden = r.blob() if r.flag("hidden") else None
+    drafts = r.ints()
+    keep_until = r.u(_U32) if r.flag("keep_until") else None
+    timings, sent_at_ns = r.timings(), r.u(_U64)
+    return Step(session, step_id, start, tokens, hidden, n_rows, width, dtype, drafts,
+                keep_until, timings, sent_at_ns)  # fmt: skip
+
+
+def _read_tokens(r: _Reader) -> Tokens:
+    session, step_id, tokens, drafts = r.string(), r.u(_U64), r.ints(), r.ints()
+    n_accepted, finished = r.u(_U32), r.flag("finished")
+    return Tokens(session, step_id, tokens, drafts, n_accepted, finished, r.timings(), r.blob())
+
+
+def _read_error(r: _Reader) -> Error:
+    session = r.string()
+    code = as_enum(ErrorCode, r.u(_U16), ErrorCode.BAD_VALUE, "error code")
+    return Error(session, code, r.string())
+
+
+_READERS: dict[FrameType, Callable[[_Reader], Frame]] = {
+    FrameType.OPEN: _read_open,
+    FrameType.STEP: _read_step,
+    FrameType.TOKENS: _read_tokens,
+    FrameType.CLOSE: lambda r: Close(r.string(), r.string()),
+    FrameType.ERROR: _read_error,
+    FrameType.PING: lambda r: Ping(r.u(_U64)),
+    FrameType.PONG: lambda r: Pong(r.u(_U64)),
+    FrameType.HELLO: lambda r: Hello(),
+    FrameType.CHALLENGE: lambda r: Challenge(r.blob()),
+    FrameType.PROOF: lambda r: Proof(r.blob()),
+    FrameType.WELCOME: lambda r: Welcome(r.string()),
+}
+
+
+def check_length(length: int, limits: Limits) -> None:
+    if HEADER.size + length > limits.max_frame_bytes:
+        raise FrameError(
+            ErrorCode.TOO_LARGE,
+            f"frame of {HEADER.size + length} bytes > {limits.max_frame_bytes}",
+        )
+
+
+def check_header(version: int, ftype: int) -> FrameType:
+    if version != VERSION:
+        raise FrameError(ErrorCode.UNSUPPORTED_VERSION, f"version {version}, we speak {VERSION}")
+    return as_enum(FrameType, ftype, ErrorCode.MALFORMED, "frame type")
+
+
+def parse_body(ftype: FrameType, body: memoryview, limits: Limits) -> Frame:
+    reader = _Reader(body)
+    frame = _READERS[ftype](reader)
+    reader.finish()
+    validate(frame, limits)
+    return frame
+
+
+def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Frame:
+    """Exactly one whole frame from `data`, validated; anything else is a FrameError."""
+    if len(data) < HEADER.size:
+        raise FrameError(ErrorCode.MALFORMED, f"{len(data)} bytes is shorter than a header")
+    length, version, ftype = HEADER.unpack_from(data)
+    check_length(length, limits)
+    if HEADER.size + length != len(data):
+        raise FrameError(
+            ErrorCode.MALFORMED, f"header says {length} body bytes, {len(data) - HEADER.size} given"
+        )
+    return parse_body(check_header(version, ftype), memoryview(data)[HEADER.size :], limits)

@@ -1,0 +1,127 @@
+"""Frames to bytes: validated first, then packed in the layout of net.wire_format."""
+
+from __future__ import annotations
+
+import struct
+
+from net.errors import ErrorCode, FrameError
+from net.frames import (
+    Challenge,
+    Close,
+    Error,
+    Frame,
+    Hello,
+    Open,
+    Ping,
+    Pong,
+    Proof,
+    StageTiming,
+    Step,
+    Tokens,
+    Welcome,
+)
+from net.wire_checks import validate
+from net.wire_format import DEFAULT_LIMITS, HEADER, VERSION, FrameType, Limits
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def pack(self, fmt: str, *values: object) -> None:
+        self.parts.append(struct.pack(fmt, *values))
+
+    def string(self, value: str) -> None:
+        raw = value.encode("utf-8")
+        self.parts += (struct.pack(">H", len(raw)), raw)
+
+    def ints(self, values: tuple[int, ...]) -> None:
+        self.parts += (struct.pack(">I", len(values)), struct.pack(f"<{len(values)}i", *values))
+
+    def blob(self, value: bytes) -> None:
+        self.parts += (struct.pack(">I", len(value)), value)
+
+    def timings(self, values: tuple[StageTiming, ...]) -> None:
+        self.pack(">I", len(values))
+        for t in values:
+            self.pack(">Iddd", t.stage, t.compute_ms, t.queue_ms, t.recv_to_send_ms)
+
+
+def encode(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """One whole frame as bytes; refuses (FrameError) any frame `decode` would refuse."""
+    validate(frame, limits)
+    data = _pack(frame)
+    if len(data) > limits.max_frame_bytes:
+        raise FrameError(
+            ErrorCode.TOO_LARGE, f"frame is {len(data)} bytes > {limits.max_frame_bytes}"
+        )
+    return data
+
+
+def _pack(frame: Frame) -> bytes:
+    """Bytes of `frame` without validation (tests use it to build refusable frames)."""
+    w = _Writer()
+    ftype = _pack_body(frame, w)
+    length = sum(map(len, w.parts))
+    return b"".join([HEADER.pack(length, VERSION, ftype), *w.parts])  # one copy of the rows
+
+
+def _pack_body(frame: Frame, w: _Writer) -> FrameType:
+    match frame:
+        case Open():
+            s = frame.sampling
+            w.string(frame.session)
+            w.string(frame.model)
+            w.pack(">B", frame.wire_dtype)
+            w.pack(">dIdddIQ", s.temperature, s.top_k, s.top_p, s.min_p,
+                   s.repetition_penalty, s.repetition_window, s.seed)  # fmt: skip
+            w.string(frame.reply_to)
+            w.pack(">II", frame.max_tokens, frame.prompt_len)
+            return FrameType.OPEN
+        case Step():
+            w.string(frame.session)
+            w.pack(">QIBII", frame.step_id, frame.start, frame.wire_dtype, frame.n_rows,
+                   frame.width)  # fmt: skip
+            w.ints(frame.tokens)
+            w.pack(">B", frame.hidden is not None)
+            if frame.hidden is not None:
+                w.blob(frame.hidden)
+            w.ints(frame.drafts)
+            w.pack(">B", frame.keep_until is not None)
+            if frame.keep_until is not None:
+                w.pack(">I", frame.keep_until)
+            w.timings(frame.timings)
+            w.pack(">Q", frame.sent_at_ns)
+            return FrameType.STEP
+        case Tokens():
+            w.string(frame.session)
+            w.pack(">Q", frame.step_id)
+            w.ints(frame.tokens)
+            w.ints(frame.drafts)
+            w.pack(">IB", frame.n_accepted, frame.finished)
+            w.timings(frame.timings)
+            w.blob(frame.logits_sample)
+            return FrameType.TOKENS
+        case Close():
+            w.string(frame.session)
+            w.string(frame.reason)
+            return FrameType.CLOSE
+        case Error():
+            w.string(frame.session)
+            w.pack(">H", frame.code)
+            w.string(frame.message)
+            return FrameType.ERROR
+        case Ping() | Pong():
+            w.pack(">Q", frame.nonce)
+            return FrameType.PING if isinstance(frame, Ping) else FrameType.PONG
+        case Hello():
+            return FrameType.HELLO
+        case Challenge():
+            w.blob(frame.nonce)
+            return FrameType.CHALLENGE
+        case Proof():
+            w.blob(frame.data)
+            return FrameType.PROOF
+        case Welcome():
+            w.string(frame.node_id)
+            return FrameType.WELCOME
