@@ -272,6 +272,6 @@ class SwarmClient:
             if isinstance(item, _Failure):
                 raise item.error
             if isinstance(item, wire.Error):
-                raise StageFailed(item.code.name, item.message)
+                raise StageFailed(item.code, item.message)
             if isinstance(item, wire.Tokens) and item.step_id == step_id:
                 return item

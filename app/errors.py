@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from net.errors import ErrorCode
+
 
 class AppError(Exception):
     """Base of errors raised on purpose by `app`."""
@@ -22,10 +24,20 @@ class RouteUnavailable(ClientError):
 class StageFailed(ClientError):
     """A stage reported an error for our session (code and message from the wire)."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
+    def __init__(self, error_code: ErrorCode, message: str) -> None:
+        super().__init__(f"{error_code.name}: {message}")
+        self.error_code = error_code
+        """The wire's code, for decisions (reroute on STAGE_ERROR, ...)."""
         self.message = message
+
+    @property
+    def code(self) -> str:
+        """The code's name ("OVERLOADED"), for logs and callers that match on text."""
+        return self.error_code.name
+
+    def __reduce__(self) -> tuple[type[StageFailed], tuple[ErrorCode, str]]:
+        # Picklable despite the two-argument init (the default would pass only the text).
+        return (StageFailed, (self.error_code, self.message))
 
 
 class StageTimeout(ClientError):

@@ -249,7 +249,7 @@ class SwarmBackend:
                 await self._drop(client)  # the route is gone: reconnect on the next request
                 raise
             except StageFailed as exc:
-                if exc.code == ErrorCode.STAGE_ERROR.name:  # e.g. a stage lost its next hop
+                if exc.error_code is ErrorCode.STAGE_ERROR:  # e.g. a stage lost its next hop
                     await self._reroute(client)
                 raise
             finally:

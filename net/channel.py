@@ -103,6 +103,11 @@ class Channel:
     def close(self, reason: str = "closed") -> None:
         self.link.close(reason)
 
+    def release(self, session: str) -> None:
+        """The application is done with `session` on this link (ended, refused, or taken
+        over by another link): the link stops treating it as its own."""
+        self.conn.release(session)
+
     def _flush(self) -> None:
         data = self.conn.data_to_send()
         if data and not self.link.closed.done():
