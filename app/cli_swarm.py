@@ -80,15 +80,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         assignment = client.assignment()
         if assignment:
-            hop = assignment.get("next_hop")
-            nxt = f"next hop {hop['node_id']} at {hop['address']}" if hop else "last stage"
-            print(f"stage       layers {assignment['layers'][0]}-{assignment['layers'][1]} ({nxt})")
+            hop = assignment.next_hop
+            nxt = f"next hop {hop.node_id} at {hop.address}" if hop else "last stage"
+            print(f"stage       layers {assignment.layers[0]}-{assignment.layers[1]} ({nxt})")
         elif me.role == "worker":
             print("stage       none assigned (waiting, or kept as a spare)")
         route = client.route()
-        chain = " -> ".join(
-            f"{s['node_id']}[{s['layers'][0]},{s['layers'][1]})" for s in route["stages"]
-        )
+        chain = " -> ".join(f"{s.node_id}[{s.layers[0]},{s.layers[1]})" for s in route.stages)
         print(f"route       {chain}")
     except CoordinatorError as exc:
         print(f"coordinator: {exc}")
@@ -110,8 +108,8 @@ def _db_args(q: argparse.ArgumentParser) -> None:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from app.config import parse_address
-    from coordinator.server import CoordinatorOptions, default_data_dir, serve
-    from coordinator.service import Settings
+    from coordinator.server.serve import CoordinatorOptions, default_data_dir, serve
+    from coordinator.server.service import Settings
 
     options = CoordinatorOptions(
         host=args.host,
@@ -135,9 +133,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 def cmd_invite(args: argparse.Namespace) -> int:
     from coordinator import invites as inv
-    from coordinator.server import default_data_dir, default_db_url
-    from coordinator.service import CA_CERT, create_invite
-    from coordinator.store import Store, migrate
+    from coordinator.errors import NotFound
+    from coordinator.server.invite_book import create_invite, list_invites, revoke_invite
+    from coordinator.server.serve import default_data_dir, default_db_url
+    from coordinator.server.service import CA_CERT
+    from coordinator.server.store import Store, migrate
     from net import auth
 
     url = args.db or default_db_url(args.data or default_data_dir())
@@ -169,24 +169,18 @@ def cmd_invite(args: argparse.Namespace) -> int:
             print(f"invite {invite_id}: {args.role}, {args.uses} use(s), expires in {args.expires}")
             print(code)
         elif args.invite_command == "list":
-            from coordinator.store import Invite
-
-            with store.session() as s:
-                for row in s.query(Invite).order_by(Invite.id):
-                    state = "revoked" if row.revoked else f"{row.uses_left}/{row.max_uses} left"
-                    print(
-                        f"{row.id:4} {row.role:7} {state:12} "
-                        f"expires {row.expires_at:%Y-%m-%d %H:%M} {row.note}"
-                    )
+            for row in reversed(list_invites(store)):  # oldest first, as the ids were given
+                state = "revoked" if row.revoked else f"{row.uses_left}/{row.max_uses} left"
+                print(
+                    f"{row.id:4} {row.role:7} {state:12} "
+                    f"expires {row.expires_at:%Y-%m-%d %H:%M} {row.note}"
+                )
         else:
-            from coordinator.store import Invite
-
-            with store.session() as s:
-                found = s.get(Invite, args.id)
-                if found is None:
-                    print(f"sangama invite: error: no invite {args.id}", file=sys.stderr)
-                    return 2
-                found.revoked = True
+            try:
+                revoke_invite(store, args.id)
+            except NotFound:
+                print(f"sangama invite: error: no invite {args.id}", file=sys.stderr)
+                return 2
             print(f"invite {args.id} revoked")
         return 0
     finally:

@@ -46,7 +46,7 @@ class StageCompute:
         return cls(backend.describe(plan), plan.device_bytes, cap, plan.layers_on_device, n_layers)
 
     def heartbeat_fields(self) -> dict[str, Any]:
-        """The heartbeat's keys (coordinator.api.HeartbeatIn)."""
+        """Fields of the heartbeat (coordinator.contract.Heartbeat) that describe the stage."""
         return {
             "backend": self.backend,
             "device_bytes_used": self.device_bytes_used,

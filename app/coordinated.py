@@ -15,7 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,15 @@ from app.links import (
 from app.node_status import NodeStatus, ServeState, StatusReport, plain_reason
 from app.serve import report_stopped, start_worker, stop_event
 from app.worker import StageWorker
-from coordinator.client import CoordinatorClient
-from coordinator.downloads import DownloadProgress, download_pieces, format_progress
+from coordinator.client.downloads import DownloadProgress, download_pieces, format_progress
+from coordinator.client.session import CoordinatorClient
+from coordinator.contract import (
+    Assignment,
+    Heartbeat,
+    HeartbeatAnswer,
+    manifest_path,
+    pieces_path,
+)
 from coordinator.errors import CoordinatorError
 from core.hardware import detect_hardware, memory_in_use
 from core.manifest import EMBEDDING
@@ -114,23 +121,23 @@ async def _renew_if_due(
     return renewed
 
 
-def _beat(client: CoordinatorClient, report: dict[str, Any]) -> dict[str, Any]:
-    return client.heartbeat(**report)
+def _beat(client: CoordinatorClient, report: Heartbeat) -> HeartbeatAnswer:
+    return client.heartbeat(report)
 
 
 async def _wait_for_assignment(
     client: CoordinatorClient,
-    report_doc: dict[str, Any],
+    report_beat: Heartbeat,
     stop: asyncio.Event,
     report: StatusReport,
     base: NodeStatus,
-) -> dict[str, Any] | None:
+) -> Assignment | None:
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         try:
-            beat = await loop.run_in_executor(None, _beat, client, report_doc)
-            if beat.get("assignment"):
-                return dict(beat["assignment"])
+            beat = await loop.run_in_executor(None, _beat, client, report_beat)
+            if beat.assignment is not None:
+                return beat.assignment
             report(replace(base, state=ServeState.WAITING))
         except CoordinatorError as exc:
             log.warning("coordinator: %s", exc)
@@ -143,15 +150,15 @@ async def _wait_for_assignment(
 async def prepare_pieces(
     identity: Identity,
     client: CoordinatorClient,
-    assignment: dict[str, Any],
+    assignment: Assignment,
     progress: Callable[[DownloadProgress], None] | None = None,
 ) -> Path:
     """Download the assigned stage's pieces (verified) into the identity's cache; progress
     goes to `progress` (default: a line per finished piece on stderr)."""
     loop = asyncio.get_running_loop()
-    manifest = await loop.run_in_executor(None, client.manifest, assignment["manifest_url"])
-    layers = LayerRange(*assignment["layers"])
-    pieces_dir: Path = identity.directory / "pieces" / str(assignment["model"])
+    manifest = await loop.run_in_executor(None, client.manifest, assignment.manifest_url)
+    layers = LayerRange(*assignment.layers)
+    pieces_dir: Path = identity.directory / "pieces" / assignment.model
     pieces_dir.mkdir(parents=True, exist_ok=True)
     needed = manifest.pieces_for(layers)
     report = progress or _print_progress()
@@ -169,14 +176,14 @@ def fetch_route(identity: Identity, model: str = "default") -> tuple[Route, Path
     """The coordinator's current route, and a GGUF with the tokenizer (the embedding
     piece, downloaded and verified once)."""
     client = identity.client()
-    doc = client.route(model)
-    route = Route.from_dict({"model": doc["model"], "stages": doc["stages"]})
-    base = f"/api/v1/models/{doc['model']}"
-    manifest = client.manifest(f"{base}/manifest")
-    pieces_dir = identity.directory / "pieces" / doc["model"]
+    answer = client.route(model)
+    # Route.from_dict checks every address (ConfigError for one that cannot be dialled).
+    route = Route.from_dict(asdict(answer))
+    manifest = client.manifest(manifest_path(answer.model))
+    pieces_dir = identity.directory / "pieces" / answer.model
     (path,) = download_pieces(
         client.session,
-        f"{client.base_url}{base}/pieces",
+        client.url(pieces_path(answer.model)),
         [manifest.piece(EMBEDDING)],
         pieces_dir,
         progress=_print_progress(),
@@ -211,22 +218,22 @@ async def serve_coordinated(
         port = free_udp_port(host)  # kept across rebuilds: the coordinator knows this address
     address = options.advertise or format_address((host, port))
     capacity, hardware = await loop.run_in_executor(None, _capacity, options.vram_cap_bytes)
-    report_doc: dict[str, Any] = {
-        "address": address,
-        "capacity_bytes": capacity,
-        "vram_cap_bytes": options.vram_cap_bytes,
-        "hardware": hardware,
-    }
+    report_beat = Heartbeat(
+        address=address,
+        capacity_bytes=capacity,
+        vram_cap_bytes=options.vram_cap_bytes,
+        hardware=hardware,
+    )
     while not stop.is_set():
-        assignment = await _wait_for_assignment(client, report_doc, stop, report, base)
+        assignment = await _wait_for_assignment(client, report_beat, stop, report, base)
         if assignment is None:
             return
-        layers = LayerRange(*assignment["layers"])
+        layers = LayerRange(*assignment.layers)
         status = replace(
             base,
             state=ServeState.DOWNLOADING,
             layers=(layers.start, layers.stop),
-            model=str(assignment["model"]),
+            model=assignment.model,
             address=address,
         )
         report(status)
@@ -239,14 +246,14 @@ async def serve_coordinated(
         if stop.is_set():  # paused while downloading: nothing to load
             return
         report(replace(status, state=ServeState.LOADING, progress=1.0))
-        hop = assignment.get("next_hop")
+        hop = assignment.next_hop
         config = WorkerConfig(
             node_id=identity.node_id,
             listen=(host, port),
             model=str(pieces_dir),
             layers=layers,
             credentials=identity.directory,
-            next_hop=Hop(hop["node_id"], parse_address(hop["address"])) if hop else None,
+            next_hop=Hop(hop.node_id, parse_address(hop.address)) if hop else None,
             threads=options.threads,
             max_sessions=options.max_sessions,
             quic_library=options.quic_library,
@@ -265,7 +272,7 @@ async def serve_coordinated(
         try:
             serve_ice_offers(router, worker.server, ice)
             router.start()
-            hop_text = f"{hop['node_id']} at {hop['address']}" if hop else ""
+            hop_text = f"{hop.node_id} at {hop.address}" if hop else ""
             compute = stage_compute(worker.stage)
             serving = replace(
                 status,
@@ -283,9 +290,9 @@ async def serve_coordinated(
                 compute.backend if compute is not None else "backend not reported",
             )
             # Fixed for the stage's life (the offload plan is made once, at load).
-            stage_doc = {**report_doc, **(compute.heartbeat_fields() if compute else {})}
+            stage_beat = replace(report_beat, **(compute.heartbeat_fields() if compute else {}))
             identity, serving = await _heartbeats(
-                identity, client, worker, assignment, stage_doc, stop, report, serving
+                identity, client, worker, assignment, stage_beat, stop, report, serving
             )
             # Stopping or moving: running conversations end here first, not mid-answer.
             leaving = ServeState.PAUSING if stop.is_set() else ServeState.MOVING
@@ -307,8 +314,8 @@ async def _heartbeats(
     identity: Identity,
     client: CoordinatorClient,
     worker: StageWorker,
-    assignment: dict[str, Any],
-    report_doc: dict[str, Any],
+    assignment: Assignment,
+    report_beat: Heartbeat,
     stop: asyncio.Event,
     report: StatusReport,
     serving: NodeStatus,
@@ -328,13 +335,13 @@ async def _heartbeats(
         rtt_ms = next(iter(rtt.values()), None)
         memory = await loop.run_in_executor(None, memory_in_use)
         now = time.monotonic()
-        beat_report = {
-            **report_doc,
-            "rtt_ms": rtt,
-            "path": worker.next_hop_path,
-            "tokens": stats.tokens - last_tokens,  # the coordinator sums these per period
-            "compute_ms": stats.last_compute_ms,
-            "stats": {
+        beat_report = replace(
+            report_beat,
+            rtt_ms=rtt,
+            path=worker.next_hop_path,
+            tokens=stats.tokens - last_tokens,  # the coordinator sums these per period
+            compute_ms=stats.last_compute_ms,
+            stats={
                 "compute_ms": stats.last_compute_ms,
                 "steps": stats.steps,
                 "sessions": stats.sessions_opened,
@@ -346,7 +353,7 @@ async def _heartbeats(
                 "memory_kind": memory.kind,
                 "resumed": stats.sessions_resumed,
             },
-        }
+        )
         serving = replace(
             serving,
             sessions=stats.sessions_opened,
@@ -366,8 +373,8 @@ async def _heartbeats(
         except CoordinatorError as exc:
             log.warning("heartbeat failed: %s", exc)
             continue
-        worker.set_revoked(frozenset(int(s) for s in beat.get("revoked_serials", [])))
-        if beat.get("assignment") != assignment:
+        worker.set_revoked(frozenset(int(s) for s in beat.revoked_serials))
+        if beat.assignment != assignment:
             log.info("assignment changed; rebuilding the stage")
             break
     return identity, serving

@@ -12,7 +12,7 @@ from app.credentials import load_credentials
 from app.demo_swarm import print_report, stream_answer
 from app.errors import ConfigError
 from app.local_swarm import LocalSwarm
-from coordinator.client import CoordinatorClient
+from coordinator.client.session import CoordinatorClient
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams

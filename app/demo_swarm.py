@@ -25,7 +25,7 @@ from app.errors import AppError
 from app.identity import join_swarm
 from app.links import channel_dialer, start_links
 from app.processes import Child, spawn_sangama
-from coordinator.server import ADMIN_TOKEN_FILE
+from coordinator.server.serve import ADMIN_TOKEN_FILE
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.quic import QuicTuning

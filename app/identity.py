@@ -18,7 +18,9 @@ import platformdirs
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from app.errors import ConfigError
-from coordinator.client import CoordinatorClient, Joined, join
+from coordinator.client.session import CoordinatorClient, join
+from coordinator.contract import JoinAnswer
+from coordinator.invites import InviteCode
 from net import auth
 from net.channel import NodeCredentials
 
@@ -173,14 +175,15 @@ def join_swarm(code: str, directory: Path | None = None) -> Identity:
     directory = directory or default_identity_dir()
     directory.mkdir(parents=True, exist_ok=True)
     key: Ed25519PrivateKey = auth.new_private_key()
-    joined: Joined = join(code, key)
-    (directory / "ca.pem").write_bytes(joined.ca_certificate_pem)
-    (directory / "node.pem").write_bytes(joined.certificate_pem)
+    invite = InviteCode.decode(code)
+    joined: JoinAnswer = join(invite, key)
+    (directory / "ca.pem").write_bytes(joined.ca_certificate_pem.encode())
+    (directory / "node.pem").write_bytes(joined.certificate_pem.encode())
     _store_secret(directory, "node-key", auth.private_key_pem(key).decode())
     _store_secret(directory, "node-token", joined.token)
     (directory / IDENTITY_FILE).write_text(
         json.dumps(
-            {"node_id": joined.node_id, "role": joined.role, "coordinator": joined.coordinator},
+            {"node_id": joined.node_id, "role": joined.role, "coordinator": invite.coordinator},
             indent=1,
         )
     )

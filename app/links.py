@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from coordinator.client import CoordinatorClient
+from coordinator.client.session import CoordinatorClient
 from coordinator.errors import CoordinatorError
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
 from net.errors import NetError
@@ -60,15 +60,15 @@ def advertised_candidates(advertise: str | None) -> tuple[Addr, ...]:
 
 def ice_config(client: CoordinatorClient, advertise: tuple[Addr, ...] = ()) -> IceConfig:
     """STUN/TURN servers and short-lived credentials from the coordinator."""
-    doc = client.turn()
-    if not doc:
+    creds = client.turn()
+    if creds is None:
         return IceConfig(extra_host_candidates=advertise)
-    host, port = str(doc["host"]), int(doc["port"])
+    host, port = creds.host, creds.port
     return IceConfig(
         stun_server=(host, port),
         turn_server=(host, port),
-        turn_username=str(doc["username"]),
-        turn_password=str(doc["password"]),
+        turn_username=creds.username,
+        turn_password=creds.password,
         extra_host_candidates=advertise,
     )
 
@@ -106,16 +106,16 @@ class SignalRouter:
                 continue
             for m in messages:
                 try:
-                    offer = IceOffer.from_dict(m["payload"])
+                    offer = IceOffer.from_dict(m.payload)
                 except (IceError, KeyError, TypeError, ValueError) as exc:
-                    log.warning("ignoring a malformed signal from %s: %s", m.get("sender"), exc)
+                    log.warning("ignoring a malformed signal from %s: %s", m.sender, exc)
                     continue
-                kind, link = str(m["kind"]), str(m["link"])
+                kind, link = m.kind, m.link
                 base, _, round_ = link.rpartition(".")
                 fresh = (kind, link) not in self._queues
-                self._queue(kind, link).put_nowait((str(m["sender"]), offer))
+                self._queue(kind, link).put_nowait((m.sender, offer))
                 if kind == "offer" and round_ == "1" and fresh and self.on_new_offer is not None:
-                    task = loop.create_task(self.on_new_offer(str(m["sender"]), base))
+                    task = loop.create_task(self.on_new_offer(m.sender, base))
                     self._handlers.add(task)  # keep a reference until it finishes
                     task.add_done_callback(self._handlers.discard)
 

@@ -5,7 +5,10 @@ thread, so the network stays responsive while a batch computes. Each engine step
 the queued rows of all sessions (core.scheduling), evaluates them in one llama_decode,
 and forwards every session's output immediately: hidden states to the next stage, or,
 on the last stage, sampled tokens straight to the client (push-forward, DESIGN §2).
-Imports no Qt: the CLI runs it headless and the tray app reuses it.
+
+Who owns a session, when a repeated OPEN resumes it, which steps were taken already and
+when the stage refuses are decided by app.session_rules (no IO); this loop carries out
+the actions it returns. Imports no Qt: the CLI runs it headless and the tray app reuses it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,29 @@ import numpy as np
 
 from app.config import WorkerConfig
 from app.downstream import Dialer, Downstream
+from app.session_rules import Action as RuleAction
+from app.session_rules import (
+    Begin,
+    CancelGrace,
+    Drain,
+    End,
+    Failed,
+    FrameReceived,
+    GraceExpired,
+    LinkClosed,
+    LinkLost,
+    LinkReady,
+    Refused,
+    Release,
+    Replayed,
+    Resumed,
+    Send,
+    SessionRules,
+    Shutdown,
+    Take,
+    TokensReady,
+)
+from app.session_rules import Event as RuleEvent
 from app.wire_convert import sampling_from_wire
 from core.errors import CoreError
 from core.sampling import make_rng, sample
@@ -38,23 +64,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Session:
+    """What the engine side keeps of a session; its links and ownership are in the rules."""
+
     open: wire.Open
-    owner: Channel | None
-    """Where this session's frames come from; errors go back this way. None while the
-    upstream worker re-establishes a lost link (the session waits to be resumed)."""
-    owner_id: str
-    """The upstream node: only it may resume the session over a new link."""
-    reply: Channel | None = None
-    """Last stage: the client's own channel, for TOKENS (None while the client redials)."""
-    last_reply: wire.Tokens | None = None
-    """Last stage: the latest TOKENS, sent again when the client's link is replaced."""
     history: list[int] = field(default_factory=list)
     generated: int = 0
     rng: np.random.Generator | None = None
     params: SamplingParams | None = None
     """Last stage: the session's sampling settings, decoded once at OPEN."""
-    last_step_id: int = -1
-    """Highest step taken; a replayed step at or below it was already handled."""
     expiry: asyncio.TimerHandle | None = None
     """While a link of the session is lost: drops it unless the link comes back in time."""
 
@@ -120,12 +137,12 @@ class StageWorker:
             else None
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._rules: SessionRules[Channel] = SessionRules(self.is_last)
+        """Ownership, resume, de-duplication, admission: decided there, carried out here."""
         self._sessions: dict[str, _Session] = {}
-        self._peers: dict[str, Channel] = {}
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
         self._engine_task: asyncio.Task[None] | None = None
-        self._draining = False
         self._idle = asyncio.Event()
         self._idle.set()
         self.address: tuple[str, int] | None = None
@@ -177,7 +194,7 @@ class StageWorker:
 
         Pausing a volunteer's PC this way lets conversations finish instead of breaking
         them. Returns how many sessions were still open (`stop` ends those)."""
-        self._draining = True
+        self._feed(Drain())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
         return len(self._sessions)
@@ -185,8 +202,7 @@ class StageWorker:
     async def stop(self) -> None:
         if self._engine_task is not None:
             self._engine_task.cancel()
-        for name in list(self._sessions):
-            self._drop(name, forward_close=True, reason="worker shutting down")
+        self._feed(Shutdown("worker shutting down"))
         if self._downstream is not None:
             await self._downstream.close()
         self._server.close()
@@ -198,83 +214,73 @@ class StageWorker:
 
     def _channel_ready(self, channel: Channel) -> None:
         assert channel.peer is not None
-        self._peers[channel.peer.node_id] = channel
         channel.on_frame = self._upstream_frame
         channel.on_close = self._channel_closed
-        if self.is_last:
-            self._reattach_client(channel)
-
-    def _reattach_client(self, channel: Channel) -> None:
-        """A client redialled the last stage: its sessions' TOKENS go this way now, and
-        the latest TOKENS again, in case they were lost with the old path."""
-        assert channel.peer is not None
-        for name, s in self._sessions.items():
-            if s.open.reply_to != channel.peer.node_id or s.reply is channel:
-                continue
-            s.reply = channel
-            if s.last_reply is not None:
-                self._send(channel, s.last_reply)
-            self._relinked(name, s)
+        self._feed(LinkReady(channel, channel.peer.node_id))
 
     def _channel_closed(self, channel: Channel, reason: str) -> None:
-        peer = channel.peer
-        if peer is not None and self._peers.get(peer.node_id) is channel:
-            del self._peers[peer.node_id]
-        for name, s in list(self._sessions.items()):
-            if s.owner is not channel and s.reply is not channel:
-                continue
-            if s.owner is channel:
-                s.owner = None
-            if s.reply is channel:
-                s.reply = None
-            self._orphan(name, s, reason)
+        self._feed(LinkClosed(channel, reason))
 
     def _upstream_frame(self, channel: Channel, frame: wire.Frame) -> None:
+        assert channel.peer is not None
+        if isinstance(frame, wire.Error):
+            log.info("peer %s reports: %s", channel.peer, frame.message)
+            return
         try:
-            if isinstance(frame, wire.Open):
-                self._on_open(channel, frame)
-            elif isinstance(frame, wire.Step):
-                self._on_step(channel, frame)
-            elif isinstance(frame, wire.Close):
-                self._drop(frame.session, forward_close=True, reason=frame.reason)
-            elif isinstance(frame, wire.Error):
-                log.info("peer %s reports: %s", channel.peer, frame.message)
-        except FrameError as exc:
+            self._feed(FrameReceived(channel, channel.peer.node_id, frame))
+        except FrameError as exc:  # a check of the worker's own (shape, dtype, ...)
             session = getattr(frame, "session", "")
-            self._send(channel, wire.Error(session, exc.code, exc.message))
-            current = self._sessions.get(session)
-            if current is not None and current.owner is channel:
-                self._fail(session, exc.code, exc.message)
-            elif session:
-                # Not this peer's session (a forged or stale id): refuse, touch nothing.
-                channel.conn.release(session)
+            self._feed(Refused(channel, session, exc.code, exc.message))
 
     def _downstream_frame(self, _channel: Channel, frame: wire.Frame) -> None:
-        if isinstance(frame, wire.Error) and frame.session in self._sessions:
+        if isinstance(frame, wire.Error) and frame.session in self._rules:
             # An error further down the chain: pass it back towards the client.
             self._fail(frame.session, frame.code, frame.message, forward_close=False)
 
     def _downstream_lost(self, reason: str) -> None:
-        for name in list(self._sessions):
+        for name in self._rules.sessions:
             self._fail(name, ErrorCode.STAGE_ERROR, reason, forward_close=False)
+
+    # ------------------------------------------------------------ carrying out the rules
+
+    def _apply(self, actions: list[RuleAction[Channel]]) -> None:
+        for action in actions:
+            match action:
+                case Send(link, frame):
+                    self._send(link, frame)
+                case Release(link, session):
+                    link.release(session)
+                case Begin(frame):
+                    self._begin(frame)
+                case Take(step, opened):
+                    self._take(step, opened)
+                case Replayed():
+                    self.stats.replayed_steps += 1  # resent after a resume; handled already
+                case Resumed(session, owner):
+                    self.stats.sessions_resumed += 1
+                    log.info("session %s resumed by %s over a new link", session, owner)
+                case LinkLost(session, reason, arm_grace):
+                    if arm_grace:
+                        self._arm_grace(session)
+                    log.info(
+                        "a link of session %s was lost (%s); waiting for a resume", session, reason
+                    )
+                case CancelGrace(session):
+                    self._cancel_grace(session)
+                    log.info("session %s has all its links again", session)
+                case End(session, forward_close, reason, failed):
+                    if failed:
+                        self.stats.errors += 1
+                    self._end(session, forward_close=forward_close, reason=reason)
+
+    def _feed(self, event: RuleEvent[Channel]) -> None:
+        self._apply(self._rules.handle(event))
 
     # ------------------------------------------------------------ frames
 
-    def _on_open(self, channel: Channel, frame: wire.Open) -> None:
-        assert channel.peer is not None
-        existing = self._sessions.get(frame.session)
-        if existing is not None:
-            self._resume(channel, existing, frame)
-            return
-        if self._draining:
-            raise FrameError(ErrorCode.OVERLOADED, "this stage is pausing; try another route")
-        session = _Session(frame, owner=channel, owner_id=channel.peer.node_id)
+    def _begin(self, frame: wire.Open) -> None:
+        session = _Session(frame)
         if self.is_last:
-            session.reply = self._peers.get(frame.reply_to)
-            if session.reply is None:
-                raise FrameError(
-                    ErrorCode.BAD_VALUE, f"client {frame.reply_to!r} has no link to the last stage"
-                )
             session.params = sampling_from_wire(frame.sampling)
             session.rng = make_rng(session.params)
         self._sessions[frame.session] = session
@@ -287,53 +293,29 @@ class StageWorker:
             self._downstream.send(frame)
         self.stats.sessions_opened += 1
 
-    def _resume(self, channel: Channel, session: _Session, frame: wire.Open) -> None:
-        """The same OPEN again from the same upstream node over a new link: its path died
-        and was replaced. Take the session over to the new link; nothing else changes."""
-        assert channel.peer is not None
-        if channel.peer.node_id != session.owner_id or frame != session.open:
-            raise FrameError(ErrorCode.NOT_OWNER, "session already open (by another peer)")
-        if session.owner is not None and session.owner is not channel:
-            session.owner.conn.release(frame.session)
-        session.owner = channel
-        self.stats.sessions_resumed += 1
-        log.info("session %s resumed by %s over a new link", frame.session, session.owner_id)
-        self._relinked(frame.session, session)
-
-    def _orphan(self, name: str, session: _Session, reason: str) -> None:
+    def _arm_grace(self, name: str) -> None:
         """A link of the session died (its path, or the peer): keep the session for
         `resume_grace` seconds, the peer may redial and resume it."""
-        if session.expiry is None:
+        session = self._sessions.get(name)
+        if session is not None:
             session.expiry = asyncio.get_running_loop().call_later(
-                self.config.resume_grace,
-                lambda: self._drop(
-                    name, forward_close=True, reason=f"link lost and not resumed: {reason}"
-                ),
+                self.config.resume_grace, lambda: self._feed(GraceExpired(name))
             )
-        log.info("a link of session %s was lost (%s); waiting for a resume", name, reason)
 
-    def _relinked(self, name: str, session: _Session) -> None:
-        # Whole again: its upstream link, and on the last stage the client's link.
-        linked = session.owner is not None and (not self.is_last or session.reply is not None)
-        if linked and session.expiry is not None:
+    def _cancel_grace(self, name: str) -> None:
+        session = self._sessions.get(name)
+        if session is not None and session.expiry is not None:
             session.expiry.cancel()
             session.expiry = None
-            log.info("session %s has all its links again", name)
 
     def _opened(self, name: str, future: asyncio.Future[None]) -> None:
         exc = future.exception()
         if exc is not None:
             self._fail(name, ErrorCode.OVERLOADED, str(exc))
 
-    def _on_step(self, channel: Channel, frame: wire.Step) -> None:
-        session = self._sessions.get(frame.session)
-        if session is None or session.owner is not channel:
-            raise FrameError(ErrorCode.UNKNOWN_SESSION, "no such session here")
-        if frame.step_id <= session.last_step_id:
-            self.stats.replayed_steps += 1  # resent after a resume; handled already
-            return
-        session.last_step_id = frame.step_id
-        if frame.wire_dtype != session.open.wire_dtype and frame.hidden is not None:
+    def _take(self, frame: wire.Step, opened: wire.Open) -> None:
+        """A step the rules let through: check its rows against this stage, queue it."""
+        if frame.wire_dtype != opened.wire_dtype and frame.hidden is not None:
             raise FrameError(ErrorCode.BAD_DTYPE, "rows in a dtype the session did not open with")
         if self.is_first:
             if frame.hidden is not None:
@@ -463,7 +445,7 @@ class StageWorker:
         diagnostics = b""
         if self.config.return_logits:
             diagnostics = logits[-(len(drafts) + 1)].astype(np.float32).tobytes()
-        session.last_reply = wire.Tokens(
+        reply = wire.Tokens(
             session=step.session,
             step_id=step.step_id,
             tokens=tuple(chosen),
@@ -473,8 +455,7 @@ class StageWorker:
             timings=timings,
             logits_sample=diagnostics,
         )
-        if session.reply is not None:  # else the client is redialling: sent on its return
-            self._send(session.reply, session.last_reply)
+        self._feed(TokensReady(reply))  # to the client now, or when its link is back
 
     # ------------------------------------------------------------ ending sessions
 
@@ -486,25 +467,14 @@ class StageWorker:
         *,
         forward_close: bool = True,
     ) -> None:
-        session = self._sessions.get(name)
-        if session is None:
-            return
-        self.stats.errors += 1
-        error = wire.Error(name, code, wire.truncate_utf8(message, 900))
-        if session.owner is not None:
-            self._send(session.owner, error)
-        if session.reply is not None:
-            self._send(session.reply, error)
-        self._drop(name, forward_close=forward_close, reason=message)
+        self._feed(Failed(name, code, message, forward_close))
 
-    def _drop(self, name: str, *, forward_close: bool, reason: str) -> None:
+    def _end(self, name: str, *, forward_close: bool, reason: str) -> None:
         session = self._sessions.pop(name, None)
         if session is None:
             return
         if not self._sessions:
             self._idle.set()
-        if session.owner is not None:
-            session.owner.conn.release(name)
         if session.expiry is not None:
             session.expiry.cancel()
         self._pending = [p for p in self._pending if p.step.session != name]

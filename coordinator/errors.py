@@ -9,6 +9,22 @@ class CoordinatorError(Exception):
     """Base of every error raised on purpose by `coordinator`."""
 
 
+class MalformedAnswer(CoordinatorError):
+    """A coordinator's answer does not have the shape coordinator.contract describes."""
+
+
+class AccessDenied(CoordinatorError):
+    """Missing or wrong credentials for this request."""
+
+
+class NotFound(CoordinatorError):
+    """No such invite, node, model or route (HTTP 404)."""
+
+
+class JoinRefused(CoordinatorError):
+    """A join or renewal whose signing request the coordinator cannot use."""
+
+
 class PlacementError(CoordinatorError):
     """No valid chain of stages can be formed from the given nodes."""
 

@@ -21,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "net", "coordinator", "app")
 QT = frozenset({"PySide6", "shiboken6"})
 HEADLESS = ("app/cli.py", "app/worker.py", "app/client.py")
+SERVER_LIBS = frozenset(
+    {"fastapi", "uvicorn", "starlette", "pydantic", "pydantic_core", "sqlalchemy", "alembic"}
+)
+"""The coordinator server's libraries: under coordinator/ only coordinator/server uses them."""
 BEYOND = "<beyond-top-level>"
 """Stands for a relative import with more dots than the file has packages above it."""
 
@@ -55,6 +59,10 @@ def outside(*allowed: str) -> Callable[[str], bool]:
     )
 
 
+def both(*tests: Callable[[str], bool]) -> Callable[[str], bool]:
+    return lambda path: all(test(path) for test in tests)
+
+
 # The first rule an import breaks is the one reported, so specific reasons come first.
 RULES = (
     Rule(lambda _: True, frozenset({BEYOND}), "relative import climbs above the top level"),
@@ -69,6 +77,37 @@ RULES = (
         "net carries bytes and small headers; it knows nothing of the model or the UI",
     ),
     Rule(under("coordinator/"), frozenset({"app"}) | QT, "the coordinator is a headless service"),
+    Rule(
+        under("coordinator/client/"),
+        frozenset({"coordinator.server"}) | SERVER_LIBS,
+        "coordinator/client runs on volunteer PCs: it speaks HTTP with requests and builds "
+        "its messages from coordinator.contract, never from the server or its libraries",
+    ),
+    Rule(
+        under("coordinator/server/"),
+        frozenset({"coordinator.client"}),
+        "the coordinator server does not use the volunteers' client; both build on contract",
+    ),
+    Rule(
+        both(under("coordinator/"), outside("coordinator/server/", "coordinator/client/")),
+        frozenset({"coordinator.server", "coordinator.client"}) | SERVER_LIBS,
+        "coordinator's shared modules (contract, errors, invites) know neither end",
+    ),
+    Rule(
+        # The lab and operator commands really run a coordinator: `sangama coordinator` and
+        # `sangama invite` (cli_swarm) serve it and use its rules; the loopback demo swarm
+        # (demo_swarm) starts one and reads its admin token file. Nothing else in app may.
+        both(under("app/"), outside("app/cli_swarm.py", "app/demo_swarm.py")),
+        frozenset({"coordinator.server"}),
+        "app runs on volunteer PCs: it may use coordinator.client and coordinator.contract, "
+        "never coordinator.server (only app/cli_swarm.py and app/demo_swarm.py run a "
+        "coordinator server)",
+    ),
+    Rule(
+        outside("coordinator/server/"),
+        frozenset({"sqlalchemy", "alembic"}),
+        "SQLAlchemy and Alembic live only in coordinator/server (the coordinator's storage)",
+    ),
     Rule(
         outside("core/llama_engine.py", "core/backends.py"),
         frozenset({"llama_cpp"}),
@@ -129,11 +168,17 @@ def _is_dynamic_import(func: ast.expr) -> bool:
     return isinstance(func, ast.Attribute) and func.attr == "import_module"
 
 
+def _forbids(rule: Rule, imp: Import) -> bool:
+    """A forbidden name is a top-level package ("fastapi") or a dotted subpackage
+    ("coordinator.server", which also covers everything below it)."""
+    return any(imp.module == f or imp.module.startswith(f + ".") for f in rule.forbidden)
+
+
 def violations(path: str, imports: Iterable[Import]) -> list[str]:
     """One line per import statement that breaks a rule (reported under its first rule)."""
     found: dict[tuple[int, str], str] = {}
     for imp in sorted(imports, key=lambda i: (i.line, len(i.module))):
-        rule = next((r for r in RULES if r.applies(path) and imp.root in r.forbidden), None)
+        rule = next((r for r in RULES if r.applies(path) and _forbids(r, imp)), None)
         if rule is not None:
             # `from net.wire import encode` yields net.wire and net.wire.encode: say it once.
             found.setdefault(
@@ -249,8 +294,29 @@ def test_checker_allows_each_library_in_its_own_module_only() -> None:
     assert not broken("app/controllers.py", "from PySide6.QtCore import QObject\n")
     assert broken("app/cli.py", "from PySide6.QtCore import QObject\n")
     assert broken("app/worker.py", "def f():\n    import PySide6\n")
-    assert broken("coordinator/api.py", "from app import settings\n")
-    assert not broken("coordinator/api.py", "from core.types import LayerRange\n")
+    assert broken("coordinator/server/api.py", "from app import settings\n")
+    assert not broken("coordinator/server/api.py", "from core.types import LayerRange\n")
+
+
+def test_checker_keeps_the_coordinator_server_apart_from_volunteer_code() -> None:
+    def broken(path: str, source: str) -> bool:
+        return bool(violations(path, imports_of(path, source)))
+
+    assert not broken("coordinator/server/api.py", "from fastapi import FastAPI\n")
+    assert not broken("coordinator/server/store.py", "import sqlalchemy\nimport alembic\n")
+    assert broken("coordinator/client/session.py", "from fastapi import FastAPI\n")
+    assert broken("coordinator/client/session.py", "import sqlalchemy\n")
+    assert broken("coordinator/client/session.py", "from coordinator.server import store\n")
+    assert broken("coordinator/contract.py", "import pydantic\n")
+    assert broken("coordinator/contract.py", "from coordinator import client\n")
+    assert broken("coordinator/server/api.py", "from coordinator.client.session import join\n")
+    assert not broken("coordinator/client/session.py", "from coordinator.contract import Route\n")
+    assert not broken("app/identity.py", "from coordinator.client.session import join\n")
+    assert broken("app/identity.py", "from coordinator.server.store import Store\n")
+    assert broken("app/coordinated.py", "def f():\n    import coordinator.server.api\n")
+    assert not broken("app/cli_swarm.py", "from coordinator.server.serve import serve\n")
+    assert not broken("app/demo_swarm.py", "from coordinator.server.serve import serve\n")
+    assert broken("app/settings.py", "import sqlalchemy\n")
 
 
 def test_transitive_check_finds_qt_behind_a_project_import() -> None:

@@ -19,6 +19,7 @@ from urllib.parse import quote
 import requests
 import urllib3
 
+from coordinator.errors import CoordinatorError
 from core.errors import PieceCorruptError
 from core.manifest import PieceInfo, verify_piece
 
@@ -28,8 +29,9 @@ _RETRYABLE_STATUS = frozenset({408, 425, 429})
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
-class DownloadError(Exception):
-    """A piece could not be fetched: the server refused it or the network kept failing."""
+class DownloadError(CoordinatorError):
+    """A piece could not be fetched: the server refused it or the network kept failing.
+    A CoordinatorError, so `sangama worker --join` and the tray report it as one."""
 
     def __init__(self, piece: str, reason: str) -> None:
         super().__init__(f"cannot download piece {piece!r}: {reason}")

@@ -9,9 +9,10 @@ request verifies the coordinator's certificate against that CA.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,26 @@ import urllib3
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from coordinator.errors import CoordinatorError
+from coordinator import contract as c
+from coordinator.contract import (
+    Assignment,
+    CaAnswer,
+    Heartbeat,
+    HeartbeatAnswer,
+    JoinAnswer,
+    JoinRequest,
+    RenewRequest,
+    RouteAnswer,
+    Signal,
+    SignalPost,
+    TurnCredentials,
+)
+from coordinator.errors import CoordinatorError, MalformedAnswer
 from coordinator.invites import InviteCode
 from core.manifest import Manifest
 from net import auth
+
+log = logging.getLogger(__name__)
 
 TIMEOUT = 15.0
 
@@ -44,24 +61,14 @@ class PinMismatch(CoordinatorError):
     pass
 
 
-@dataclass(frozen=True)
-class Joined:
-    node_id: str
-    role: str
-    certificate_pem: bytes
-    ca_certificate_pem: bytes
-    token: str
-    coordinator: str
-
-
 def fetch_pinned_ca(base_url: str, fingerprint: str) -> bytes:
     """The swarm CA certificate, checked against the fingerprint from the invite."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
         # Unverified on purpose: we cannot trust the TLS chain before we have the CA,
         # and the pin check below is what makes this first answer trustworthy.
-        doc = _call(requests.Session(), "GET", f"{base_url}/api/v1/ca", verify=False)
-    pem = str(doc["certificate_pem"]).encode()
+        doc = _call(requests.Session(), "GET", f"{base_url}{c.CA}", verify=False)
+    pem = CaAnswer.from_json(doc).certificate_pem.encode()
     cert = auth.load_certificate(pem)
     if auth.fingerprint(cert) != fingerprint.lower():
         raise PinMismatch(
@@ -75,27 +82,20 @@ def _csr_pem(private_key: Ed25519PrivateKey, wish: str) -> str:
     return auth.make_csr(private_key, wish).public_bytes(serialization.Encoding.PEM).decode()
 
 
-def join(code: str, private_key: Ed25519PrivateKey) -> Joined:
-    invite = InviteCode.decode(code)
+def join(invite: InviteCode, private_key: Ed25519PrivateKey) -> JoinAnswer:
+    """Join the swarm `invite` names. The answer's CA is the one pinned by the invite's
+    fingerprint, not the copy the join answer carries: the pin is what is trusted."""
     ca_pem = fetch_pinned_ca(invite.coordinator, invite.ca_fingerprint)
     csr = _csr_pem(private_key, "pending-node")
     with _ca_file(ca_pem) as ca_path:
         doc = _call(
             requests.Session(),
             "POST",
-            f"{invite.coordinator}/api/v1/join",
+            f"{invite.coordinator}{c.JOIN}",
             verify=ca_path,
-            json={"secret": invite.secret, "csr_pem": csr},
+            json=JoinRequest(invite.secret, csr).to_json(),
         )
-    cert_pem = str(doc["certificate_pem"]).encode()
-    return Joined(
-        str(doc["node_id"]),
-        str(doc["role"]),
-        cert_pem,
-        ca_pem,
-        str(doc["token"]),
-        invite.coordinator,
-    )
+    return replace(JoinAnswer.from_json(doc), ca_certificate_pem=ca_pem.decode())
 
 
 class _ca_file:
@@ -149,27 +149,26 @@ class CoordinatorClient:
         self.ca_pem = ca_pem
         self.ca_fingerprint = auth.fingerprint(auth.load_certificate(ca_pem))
 
-    def heartbeat(self, **report: Any) -> dict[str, Any]:
-        result: dict[str, Any] = _call(
-            self.session,
-            "POST",
-            f"{self.base_url}/api/v1/nodes/{self.node_id}/heartbeat",
-            json=report,
-        )
-        return result
+    def url(self, path: str) -> str:
+        """A path of the contract's URL layout, on this coordinator."""
+        return f"{self.base_url}{path}"
 
-    def assignment(self) -> dict[str, Any] | None:
-        doc = _call(self.session, "GET", f"{self.base_url}/api/v1/nodes/{self.node_id}/assignment")
-        return doc if isinstance(doc, dict) else None
-
-    def route(self, model: str = "default") -> dict[str, Any]:
-        result: dict[str, Any] = _call(
-            self.session, "GET", f"{self.base_url}/api/v1/route", params={"model": model}
+    def heartbeat(self, beat: Heartbeat) -> HeartbeatAnswer:
+        path = c.HEARTBEAT.format(node_id=self.node_id)
+        return HeartbeatAnswer.from_json(
+            _call(self.session, "POST", self.url(path), json=beat.to_json())
         )
-        return result
+
+    def assignment(self) -> Assignment | None:
+        doc = _call(self.session, "GET", self.url(c.ASSIGNMENT.format(node_id=self.node_id)))
+        return Assignment.from_json(doc) if isinstance(doc, dict) else None
+
+    def route(self, model: str = "default") -> RouteAnswer:
+        doc = _call(self.session, "GET", self.url(c.ROUTE), params={"model": model})
+        return RouteAnswer.from_json(doc)
 
     def manifest(self, manifest_url: str) -> Manifest:
-        raw = _call(self.session, "GET", f"{self.base_url}{manifest_url}")
+        raw = _call(self.session, "GET", self.url(manifest_url))
         text = json.dumps(raw) if isinstance(raw, dict) else bytes(raw).decode()
         return Manifest.from_json(text)
 
@@ -177,40 +176,47 @@ class CoordinatorClient:
         doc = _call(
             self.session,
             "POST",
-            f"{self.base_url}/api/v1/nodes/{self.node_id}/renew",
-            json={"csr_pem": _csr_pem(private_key, self.node_id)},
+            self.url(c.RENEW.format(node_id=self.node_id)),
+            json=RenewRequest(_csr_pem(private_key, self.node_id)).to_json(),
         )
-        return str(doc["certificate_pem"]).encode()
+        return JoinAnswer.from_json(doc).certificate_pem.encode()
 
     def post_signal(self, peer: str, kind: str, link: str, payload: dict[str, Any]) -> None:
         """Send an ICE offer or answer to `peer` through the coordinator."""
         _call(
             self.session,
             "POST",
-            f"{self.base_url}/api/v1/signal/{peer}",
-            json={"kind": kind, "link": link, "payload": payload},
+            self.url(c.SIGNAL_TO.format(peer_id=peer)),
+            json=SignalPost(kind, link, payload).to_json(),
         )
 
-    def signals(self, wait: float) -> list[dict[str, Any]]:
-        """Messages for this node; the coordinator holds the request up to `wait` s."""
+    def signals(self, wait: float) -> list[Signal]:
+        """Messages for this node; the coordinator holds the request up to `wait` s.
+        A malformed message is dropped with a warning, the others still delivered."""
         result = _call(
             self.session,
             "GET",
-            f"{self.base_url}/api/v1/signal",
+            self.url(c.SIGNALS),
             params={"wait": wait},
             timeout=wait + TIMEOUT,
         )
-        return list(result) if isinstance(result, list) else []
+        signals = []
+        for doc in result if isinstance(result, list) else []:
+            try:
+                signals.append(Signal.from_json(doc))
+            except MalformedAnswer as exc:
+                log.warning("ignoring a signal: %s", exc)
+        return signals
 
-    def turn(self) -> dict[str, Any] | None:
+    def turn(self) -> TurnCredentials | None:
         """TURN credentials for this node, or None where the swarm has no relay."""
         try:
-            result = _call(self.session, "GET", f"{self.base_url}/api/v1/turn")
+            result = _call(self.session, "GET", self.url(c.TURN))
         except CoordinatorRefused as exc:
             if exc.status == 404:
                 return None
             raise
-        return dict(result) if isinstance(result, dict) else None
+        return TurnCredentials.from_json(result) if isinstance(result, dict) else None
 
-    def pieces_url(self, assignment: dict[str, Any]) -> str:
-        return f"{self.base_url}{assignment['pieces_url']}"
+    def pieces_url(self, assignment: Assignment) -> str:
+        return self.url(assignment.pieces_url)

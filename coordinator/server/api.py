@@ -1,7 +1,7 @@
 """HTTP routes: parse the request, call `Coordinator`, shape the answer. No logic here.
 
 The OpenAPI description is served at /openapi.json (FastAPI); the operator page and its
-static files come from coordinator/web.
+static files come from coordinator/server/web.
 """
 
 from __future__ import annotations
@@ -24,17 +24,25 @@ from pydantic_core import to_json
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from coordinator import contract as c
 from coordinator import invites as inv
-from coordinator.metrics import render_metrics
-from coordinator.service import (
-    AccessDenied,
-    Coordinator,
+from coordinator.contract import (
+    Assignment,
+    CaAnswer,
     Heartbeat,
-    JoinRefused,
-    NotFound,
-    hash_token,
+    HeartbeatAnswer,
+    JoinAnswer,
+    RouteAnswer,
+    RouteStage,
+    Signal,
+    SignalPost,
+    TurnCredentials,
 )
-from coordinator.store import as_utc
+from coordinator.errors import AccessDenied, JoinRefused, NotFound
+from coordinator.server.invite_book import MAX_USES, InviteRecord
+from coordinator.server.metrics import render_metrics
+from coordinator.server.service import Coordinator, hash_token
+from coordinator.server.store import as_utc
 
 MAX_BODY_BYTES = 1 << 20
 _TOO_BIG = f"request body larger than {MAX_BODY_BYTES} bytes"
@@ -74,14 +82,9 @@ class _In(BaseModel):
         return _storable(value)
 
 
-class CaOut(BaseModel):
-    certificate_pem: str
-    fingerprint: str
-
-
 class InviteIn(_In):
     role: str = Field(pattern="^(worker|client)$")
-    uses: int = Field(default=1, ge=1, le=10_000)
+    uses: int = Field(default=1, ge=1, le=MAX_USES)
     expires: str = Field(
         default="7d", pattern=r"^[1-9][0-9]{0,5}[dhms]$", description="e.g. 7d, 12h"
     )
@@ -104,20 +107,13 @@ class JoinIn(_In):
     csr_pem: str = Field(min_length=1, max_length=8000)
 
 
-class JoinOut(BaseModel):
-    node_id: str
-    role: str
-    certificate_pem: str
-    ca_certificate_pem: str
-    token: str
-    expires_at: dt.datetime
-
-
 class RenewIn(_In):
     csr_pem: str = Field(min_length=1, max_length=8000)
 
 
 class HeartbeatIn(_In):
+    """contract.Heartbeat, with the bounds the database needs (same field names)."""
+
     address: str = Field(default="", max_length=200)
     capacity_bytes: int = Field(default=0, ge=0, le=1 << 50)
     vram_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
@@ -139,35 +135,6 @@ class HeartbeatIn(_In):
         if self.gpu_layers > self.n_layers:
             raise ValueError("gpu_layers cannot exceed the stage's n_layers")
         return self
-
-
-class NextHopOut(BaseModel):
-    node_id: str
-    address: str
-
-
-class AssignmentOut(BaseModel):
-    model: str
-    layers: tuple[int, int]
-    next_hop: NextHopOut | None
-    manifest_url: str
-    pieces_url: str
-
-
-class HeartbeatOut(BaseModel):
-    assignment: AssignmentOut | None
-    revoked_serials: list[str]
-
-
-class RouteStageOut(BaseModel):
-    node_id: str
-    address: str
-    layers: tuple[int, int]
-
-
-class RouteOut(BaseModel):
-    model: str
-    stages: list[RouteStageOut]
 
 
 class NodeOut(BaseModel):
@@ -193,32 +160,18 @@ class SwarmOut(BaseModel):
     model: str
     n_layer: int
     nodes: list[NodeOut]
-    plan: list[RouteStageOut]
+    plan: list[RouteStage]
     spares: list[str]
     plan_error: str | None
     throughput: list[tuple[str, int]]
 
 
 class SignalIn(_In):
+    """contract.SignalPost, checked."""
+
     kind: str = Field(pattern="^(offer|answer)$")
     link: str = Field(min_length=1, max_length=64, description="id both ends use for this link")
     payload: dict[str, Any] = Field(description="ICE ufrag, pwd and candidates")
-
-
-class TurnOut(BaseModel):
-    host: str
-    port: int
-    username: str
-    password: str
-    ttl_s: int
-    uris: list[str]
-
-
-class SignalOut(BaseModel):
-    sender: str
-    kind: str
-    link: str
-    payload: dict[str, Any]
 
 
 class LoginIn(_In):
@@ -344,107 +297,98 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, 400)
 
     # -- public
-    @app.get("/api/v1/ca", response_model=CaOut, tags=["public"])
-    def ca() -> CaOut:
-        return CaOut(certificate_pem=coord.ca_pem, fingerprint=coord.ca_fingerprint)
+    @app.get(c.CA, response_model=CaAnswer, tags=["public"])
+    def ca() -> CaAnswer:
+        return CaAnswer(certificate_pem=coord.ca_pem, fingerprint=coord.ca_fingerprint)
 
-    @app.post(
-        "/api/v1/join", response_model=JoinOut, tags=["public"], responses=_errors(400, 403, 413)
-    )
-    def join(body: JoinIn) -> JoinOut:
-        r = coord.join(body.secret, body.csr_pem)
-        return JoinOut(**r.__dict__)
+    @app.post(c.JOIN, response_model=JoinAnswer, tags=["public"], responses=_errors(400, 403, 413))
+    def join(body: JoinIn) -> JoinAnswer:
+        return coord.join(body.secret, body.csr_pem)
 
-    @app.get("/api/v1/health", tags=["public"])
+    @app.get(c.HEALTH, tags=["public"])
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/metrics", response_class=PlainTextResponse, tags=["public"])
+    @app.get(c.METRICS, response_class=PlainTextResponse, tags=["public"])
     def metrics() -> str:
         return render_metrics(coord)
 
     # -- nodes
     @app.post(
-        "/api/v1/nodes/{node_id}/heartbeat",
-        response_model=HeartbeatOut,
+        c.HEARTBEAT,
+        response_model=HeartbeatAnswer,
         tags=["nodes"],
         responses=_errors(400, 401, 403, 413),
     )
-    def heartbeat(node_id: NodePath, body: HeartbeatIn, who: NodeId) -> HeartbeatOut:
+    def heartbeat(node_id: NodePath, body: HeartbeatIn, who: NodeId) -> HeartbeatAnswer:
         if node_id != who:
             raise HTTPException(403, "a node may only report for itself")
-        view = coord.heartbeat(who, Heartbeat(**body.model_dump()))
-        return HeartbeatOut(
-            assignment=_assignment_out(coord, view), revoked_serials=coord.revoked_serials()
-        )
+        found = coord.heartbeat(who, Heartbeat(**body.model_dump()))
+        return HeartbeatAnswer(assignment=found, revoked_serials=tuple(coord.revoked_serials()))
 
     @app.get(
-        "/api/v1/nodes/{node_id}/assignment",
-        response_model=AssignmentOut | None,
+        c.ASSIGNMENT,
+        response_model=Assignment | None,
         tags=["nodes"],
         responses=_errors(401, 403),
     )
-    def assignment(node_id: NodePath, who: NodeId) -> AssignmentOut | None:
+    def assignment(node_id: NodePath, who: NodeId) -> Assignment | None:
         if node_id != who:
             raise HTTPException(403, "a node may only ask for its own assignment")
-        return _assignment_out(coord, coord.assignment(who))
+        return coord.assignment(who)
 
     @app.post(
-        "/api/v1/nodes/{node_id}/renew",
-        response_model=JoinOut,
+        c.RENEW,
+        response_model=JoinAnswer,
         tags=["nodes"],
         responses=_errors(400, 401, 413),
     )
-    def renew(node_id: NodePath, body: RenewIn, authorization: Annotated[str, Header()]) -> JoinOut:
+    def renew(
+        node_id: NodePath, body: RenewIn, authorization: Annotated[str, Header()]
+    ) -> JoinAnswer:
         if not authorization.startswith("Bearer "):
             raise HTTPException(401, "node token required")
-        r = coord.renew(node_id, authorization[7:], body.csr_pem)
-        return JoinOut(**r.__dict__)
+        return coord.renew(node_id, authorization[7:], body.csr_pem)
 
-    @app.get("/api/v1/turn", response_model=TurnOut, tags=["nodes"], responses=_errors(401, 404))
-    def turn(who: NodeId) -> TurnOut:
-        doc = coord.turn_credentials(who)
-        if doc is None:
+    @app.get(c.TURN, response_model=TurnCredentials, tags=["nodes"], responses=_errors(401, 404))
+    def turn(who: NodeId) -> TurnCredentials:
+        creds = coord.turn_credentials(who)
+        if creds is None:
             raise HTTPException(404, "this swarm has no relay")
-        return TurnOut(**doc)
+        return creds
 
-    @app.post("/api/v1/signal/{peer_id}", tags=["nodes"], responses=_errors(400, 401, 404, 413))
+    @app.post(c.SIGNAL_TO, tags=["nodes"], responses=_errors(400, 401, 404, 413))
     def signal(peer_id: NodePath, body: SignalIn, who: NodeId) -> dict[str, str]:
-        coord.post_signal(who, peer_id, body.model_dump())
+        coord.post_signal(who, peer_id, SignalPost(**body.model_dump()))
         return {"status": "queued"}
 
-    @app.get(
-        "/api/v1/signal", response_model=list[SignalOut], tags=["nodes"], responses=_errors(401)
-    )
+    @app.get(c.SIGNALS, response_model=list[Signal], tags=["nodes"], responses=_errors(401))
     async def signals(
         who: NodeId, wait: float = Query(default=0.0, ge=0.0, le=25.0)
-    ) -> list[SignalOut]:
+    ) -> list[Signal]:
         """Messages for this node; waits up to `wait` seconds for the first (long poll)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
             taken = coord.take_signals(who)
             if taken or loop.time() >= deadline:
-                return [SignalOut(sender=m.pop("from"), **m) for m in taken]
+                return taken
             await asyncio.sleep(0.1)
 
-    @app.get("/api/v1/revoked", response_model=list[str], tags=["nodes"], responses=_errors(401))
+    @app.get(c.REVOKED, response_model=list[str], tags=["nodes"], responses=_errors(401))
     def revoked(_who: NodeId) -> list[str]:
         return coord.revoked_serials()
 
-    @app.get("/api/v1/route", response_model=RouteOut, tags=["nodes"], responses=_errors(401, 404))
-    def route(_who: NodeId, model: str = "default") -> RouteOut:
-        stages = [
-            RouteStageOut(node_id=n, address=a, layers=lay) for n, a, lay in coord.route(model)
-        ]
-        return RouteOut(model=coord.model.name, stages=stages)
+    @app.get(c.ROUTE, response_model=RouteAnswer, tags=["nodes"], responses=_errors(401, 404))
+    def route(_who: NodeId, model: str = "default") -> RouteAnswer:
+        return coord.route(model)
 
-    @app.get("/api/v1/models/{name}/manifest", tags=["nodes"], responses=_errors(401, 404))
+    @app.get(c.MANIFEST, tags=["nodes"], responses=_errors(401, 404))
     def manifest(name: str, _who: NodeId) -> Response:
         _check_model(coord, name)
         return Response(coord.model.manifest.to_json(), media_type="application/json")
 
-    @app.get("/api/v1/models/{name}/pieces/{file}", tags=["nodes"], responses=_errors(401, 404))
+    @app.get(c.PIECE, tags=["nodes"], responses=_errors(401, 404))
     def piece(name: str, file: str, _who: NodeId) -> FileResponse:
         _check_model(coord, name)
         known = {p.file for p in coord.model.manifest.pieces}
@@ -453,7 +397,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return FileResponse(coord.model.directory / file, media_type="application/octet-stream")
 
     # -- operator
-    @app.post("/api/v1/login", tags=["operator"], responses=_errors(400, 401, 413))
+    @app.post(c.LOGIN, tags=["operator"], responses=_errors(400, 401, 413))
     def login(body: LoginIn, response: Response) -> dict[str, str]:
         if not coord.check_admin_password(body.password):
             raise HTTPException(401, "wrong operator password")
@@ -462,14 +406,14 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         response.set_cookie(SESSION_COOKIE, token, httponly=True, secure=True, samesite="strict")
         return {"status": "logged in"}
 
-    @app.post("/api/v1/logout", tags=["operator"])
+    @app.post(c.LOGOUT, tags=["operator"])
     def logout(request: Request, response: Response) -> dict[str, str]:
         sessions.discard(request.cookies.get(SESSION_COOKIE, ""))
         response.delete_cookie(SESSION_COOKIE)
         return {"status": "logged out"}
 
     @app.post(
-        "/api/v1/invites",
+        c.INVITES,
         response_model=InviteOut,
         tags=["operator"],
         responses=_errors(400, 401, 413),
@@ -482,7 +426,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return _invite_out(row, code)
 
     @app.get(
-        "/api/v1/invites",
+        c.INVITES,
         response_model=list[InviteOut],
         tags=["operator"],
         responses=_errors(401),
@@ -490,22 +434,22 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     def list_invites(_a: Admin) -> list[InviteOut]:
         return [_invite_out(i) for i in coord.list_invites()]
 
-    @app.delete("/api/v1/invites/{invite_id}", tags=["operator"], responses=_errors(401, 404))
+    @app.delete(c.INVITE, tags=["operator"], responses=_errors(401, 404))
     def revoke_invite(invite_id: InviteId, _a: Admin) -> dict[str, str]:
         coord.revoke_invite(invite_id)
         return {"status": "revoked"}
 
-    @app.post("/api/v1/nodes/{node_id}/revoke", tags=["operator"], responses=_errors(401, 404))
+    @app.post(c.REVOKE_NODE, tags=["operator"], responses=_errors(401, 404))
     def revoke_node(node_id: NodePath, _a: Admin) -> dict[str, str]:
         coord.revoke_node(node_id)
         return {"status": "revoked"}
 
-    @app.get("/api/v1/swarm", response_model=SwarmOut, tags=["operator"], responses=_errors(401))
+    @app.get(c.SWARM, response_model=SwarmOut, tags=["operator"], responses=_errors(401))
     def swarm(_a: Admin) -> SwarmOut:
         return _swarm_out(coord)
 
     if web_dir is not None:
-        from coordinator.web import mount_web
+        from coordinator.server.web import mount_web
 
         mount_web(app, web_dir, lambda request: request.cookies.get(SESSION_COOKIE) in sessions)
     return app
@@ -516,31 +460,13 @@ def _check_model(coord: Coordinator, name: str) -> None:
         raise HTTPException(404, f"this swarm serves {coord.model.name!r}, not {name!r}")
 
 
-def _assignment_out(coord: Coordinator, view: Any) -> AssignmentOut | None:
-    if view is None:
-        return None
-    base = f"/api/v1/models/{coord.model.name}"
-    hop = (
-        None
-        if view.next_hop is None
-        else NextHopOut(node_id=view.next_hop[0], address=view.next_hop[1])
-    )
-    return AssignmentOut(
-        model=view.model,
-        layers=view.layers,
-        next_hop=hop,
-        manifest_url=f"{base}/manifest",
-        pieces_url=f"{base}/pieces",
-    )
-
-
-def _invite_out(row: Any, code: str | None = None) -> InviteOut:
+def _invite_out(row: InviteRecord, code: str | None = None) -> InviteOut:
     return InviteOut(
         id=row.id,
         role=row.role,
         uses_left=row.uses_left,
         max_uses=row.max_uses,
-        expires_at=as_utc(row.expires_at),
+        expires_at=row.expires_at,
         revoked=row.revoked,
         note=row.note,
         code=code,
@@ -577,7 +503,7 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
         []
         if current is None
         else [
-            RouteStageOut(
+            RouteStage(
                 node_id=s.node_id,
                 address=addresses.get(s.node_id, ""),
                 layers=(s.layers.start, s.layers.stop),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from coordinator.service import Coordinator
+    from coordinator.server.service import Coordinator
 
 
 def _line(name: str, value: float, **labels: str) -> str:

@@ -14,8 +14,14 @@ import platformdirs
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from coordinator.service import ADMIN_PASSWORD, Coordinator, HostedModel, Settings, hash_token
-from coordinator.store import Store, migrate
+from coordinator.server.service import (
+    ADMIN_PASSWORD,
+    Coordinator,
+    HostedModel,
+    Settings,
+    hash_token,
+)
+from coordinator.server.store import Store, migrate
 from core.models import resolve_model, sliced_model
 from net import auth
 
@@ -126,7 +132,7 @@ def _ensure_operator_secrets(coord: Coordinator, data_dir: Path, password: str |
 def serve(options: CoordinatorOptions) -> int:
     import uvicorn
 
-    from coordinator.api import create_app
+    from coordinator.server.api import create_app
 
     coord, cert_path, key_path = build(options)
     app = create_app(coord, Path(__file__).parent / "web")

@@ -18,10 +18,28 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
+from coordinator import contract
 from coordinator import invites as inv
-from coordinator.errors import CoordinatorError, PlacementError
-from coordinator.placement import ModelSpec, NodeInfo, Plan, plan
-from coordinator.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
+from coordinator.contract import (
+    Assignment,
+    Heartbeat,
+    JoinAnswer,
+    NextHop,
+    RouteAnswer,
+    RouteStage,
+    Signal,
+    SignalPost,
+    TurnCredentials,
+)
+from coordinator.errors import AccessDenied, JoinRefused, NotFound, PlacementError
+from coordinator.server.invite_book import (
+    InviteRecord,
+    create_invite,
+    list_invites,
+    revoke_invite,
+)
+from coordinator.server.placement import ModelSpec, NodeInfo, Plan, plan
+from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from core.manifest import Manifest
 from net import auth
 from net.turn import make_credentials, stun_uri, turn_uri
@@ -32,18 +50,6 @@ NODE_CERT_HOURS = 24
 MAX_PENDING_SIGNALS = 64
 ADMIN_PASSWORD = "admin_password_hash"
 CA_CERT = "ca_certificate_pem"
-
-
-class AccessDenied(CoordinatorError):
-    """Missing or wrong credentials for this request."""
-
-
-class NotFound(CoordinatorError):
-    pass
-
-
-class JoinRefused(CoordinatorError):
-    pass
 
 
 def hash_token(token: str) -> str:
@@ -64,39 +70,6 @@ def check_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(hash_password(password, bytes.fromhex(salt_hex)), stored)
 
 
-def create_invite(
-    store: Store,
-    public_url: str,
-    ca_fingerprint: str,
-    role: str,
-    uses: int,
-    expires: dt.timedelta,
-    note: str = "",
-) -> tuple[int, str]:
-    """Store a new invite; return its id and the code to hand out (shown only once)."""
-    if role not in inv.ROLES:
-        raise ValueError(f"role must be one of {inv.ROLES}")
-    if not (1 <= uses <= 10_000):
-        raise ValueError("uses must be between 1 and 10000")
-    if expires <= dt.timedelta(0) or expires > dt.timedelta(days=366):
-        raise ValueError("an invite expires after a positive time of at most a year")
-    secret = inv.new_secret()
-    with store.session() as s:
-        row = Invite(
-            secret_hash=inv.hash_secret(secret),
-            role=role,
-            max_uses=uses,
-            uses_left=uses,
-            expires_at=utcnow() + expires,
-            revoked=False,
-            note=note[:200],
-        )
-        s.add(row)
-        s.flush()
-        invite_id = row.id
-    return invite_id, inv.InviteCode(public_url.rstrip("/"), ca_fingerprint, secret).encode()
-
-
 @dataclass(frozen=True)
 class HostedModel:
     name: str
@@ -106,44 +79,6 @@ class HostedModel:
     @property
     def spec(self) -> ModelSpec:
         return ModelSpec.from_facts(self.manifest.facts)
-
-
-@dataclass(frozen=True)
-class JoinResult:
-    node_id: str
-    role: str
-    certificate_pem: str
-    ca_certificate_pem: str
-    token: str
-    expires_at: dt.datetime
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    address: str
-    capacity_bytes: int
-    vram_cap_bytes: int
-    hardware: dict[str, Any] = field(default_factory=dict)
-    rtt_ms: dict[str, float] = field(default_factory=dict)
-    tokens: int = 0
-    compute_ms: float = 0.0
-    stats: dict[str, Any] = field(default_factory=dict)
-    path: str = "direct"
-    """How this node reaches its next hop: direct, punched or relayed."""
-    backend: str = ""
-    """What runs its stage's layers, e.g. "CPU (zen4)"; "" while it serves no stage."""
-    device_bytes_used: int = 0
-    device_cap_bytes: int = 0
-    gpu_layers: int = 0
-    n_layers: int = 0
-
-
-@dataclass(frozen=True)
-class StageAssignmentView:
-    model: str
-    layers: tuple[int, int]
-    next_hop: tuple[str, str] | None
-    """(node_id, address) of the next stage, None on the last."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +120,7 @@ class Coordinator:
         self._plan: Plan | None = None
         self._plan_error: str | None = None
         self._plan_inputs: tuple[Any, ...] = ()
-        self._signals: dict[str, list[dict[str, Any]]] = {}
+        self._signals: dict[str, list[Signal]] = {}
         store.set_setting(CA_CERT, self.ca_pem)
 
     # ------------------------------------------------------------ invites
@@ -197,20 +132,15 @@ class Coordinator:
             self.store, self.public_url, self.ca_fingerprint, role, uses, expires, note
         )
 
-    def list_invites(self) -> list[Invite]:
-        with self.store.session() as s:
-            return list(s.scalars(select(Invite).order_by(Invite.id.desc())))
+    def list_invites(self) -> list[InviteRecord]:
+        return list_invites(self.store)
 
     def revoke_invite(self, invite_id: int) -> None:
-        with self.store.session() as s:
-            row = s.get(Invite, invite_id)
-            if row is None:
-                raise NotFound(f"no invite {invite_id}")
-            row.revoked = True
+        revoke_invite(self.store, invite_id)
 
     # ------------------------------------------------------------ joining
 
-    def join(self, secret: str, csr_pem: str) -> JoinResult:
+    def join(self, secret: str, csr_pem: str) -> JoinAnswer:
         now = utcnow()
         try:
             csr = auth.load_csr(csr_pem.encode())
@@ -251,7 +181,7 @@ class Coordinator:
                 )
             )
         log.info("node %s joined as %s", node_id, state.role if state else "?")
-        return JoinResult(
+        return JoinAnswer(
             node_id,
             row.role,
             auth.certificate_pem(cert).decode(),
@@ -269,7 +199,7 @@ class Coordinator:
                 raise AccessDenied(f"node {node_id} was revoked by the operator")
             return node
 
-    def renew(self, node_id: str, token: str, csr_pem: str) -> JoinResult:
+    def renew(self, node_id: str, token: str, csr_pem: str) -> JoinAnswer:
         node = self.authenticate_node(node_id, token)
         try:
             csr = auth.load_csr(csr_pem.encode())
@@ -285,7 +215,7 @@ class Coordinator:
                     revoked=False,
                 )
             )
-        return JoinResult(
+        return JoinAnswer(
             node_id,
             node.role,
             auth.certificate_pem(cert).decode(),
@@ -309,7 +239,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ registry
 
-    def heartbeat(self, node_id: str, beat: Heartbeat) -> StageAssignmentView | None:
+    def heartbeat(self, node_id: str, beat: Heartbeat) -> Assignment | None:
         """Record what an (already authenticated) node reports; return its assignment."""
         now = utcnow()
         with self.store.session() as s:
@@ -401,7 +331,7 @@ class Coordinator:
     def plan_error(self) -> str | None:
         return self._plan_error
 
-    def assignment(self, node_id: str) -> StageAssignmentView | None:
+    def assignment(self, node_id: str) -> Assignment | None:
         current = self._plan
         if current is None:
             return None
@@ -410,27 +340,30 @@ class Coordinator:
             return None
         nxt = current.next_hop(node_id)
         addresses = {n.node_id: n.address for n in self.nodes()}
-        return StageAssignmentView(
+        return Assignment(
             self.model.name,
             (stage.layers.start, stage.layers.stop),
-            None if nxt is None else (nxt.node_id, addresses.get(nxt.node_id, "")),
+            None if nxt is None else NextHop(nxt.node_id, addresses.get(nxt.node_id, "")),
+            contract.manifest_path(self.model.name),
+            contract.pieces_path(self.model.name),
         )
 
-    def route(self, model: str) -> list[tuple[str, str, tuple[int, int]]]:
+    def route(self, model: str) -> RouteAnswer:
         if model not in (self.model.name, "default"):
             raise NotFound(f"this swarm serves {self.model.name!r}, not {model!r}")
         current = self.replan()
         if current is None:
             raise NotFound(f"no route yet: {self._plan_error or 'no plan'}")
         addresses = {n.node_id: n.address for n in self.nodes()}
-        return [
-            (st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
+        stages = tuple(
+            RouteStage(st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
             for st in current.stages
-        ]
+        )
+        return RouteAnswer(self.model.name, stages)
 
     # ------------------------------------------------------------ relay
 
-    def turn_credentials(self, node_id: str) -> dict[str, Any] | None:
+    def turn_credentials(self, node_id: str) -> TurnCredentials | None:
         """coturn REST credentials for a joined node, or None where there is no relay."""
         if self.settings.turn_server is None or not self.settings.turn_secret:
             return None
@@ -442,18 +375,13 @@ class Coordinator:
             time.time(),
             (turn_uri(host, port), stun_uri(host, port)),
         )
-        return {
-            "host": host,
-            "port": port,
-            "username": creds.username,
-            "password": creds.password,
-            "ttl_s": creds.ttl_s,
-            "uris": list(creds.uris),
-        }
+        return TurnCredentials(
+            host, port, creds.username, creds.password, creds.ttl_s, tuple(creds.uris)
+        )
 
     # ------------------------------------------------------------ signalling
 
-    def post_signal(self, src: str, dst: str, message: dict[str, Any]) -> None:
+    def post_signal(self, src: str, dst: str, message: SignalPost) -> None:
         """Carry an ICE offer/answer from one joined node to another (WebRTC-style)."""
         with self.store.session() as s:
             peer = s.get(Node, dst)
@@ -463,9 +391,9 @@ class Coordinator:
             box = self._signals.setdefault(dst, [])
             if len(box) >= MAX_PENDING_SIGNALS:
                 raise ValueError(f"{dst} has too many unread signals")
-            box.append({"from": src, **message})
+            box.append(Signal(src, message.kind, message.link, message.payload))
 
-    def take_signals(self, node_id: str) -> list[dict[str, Any]]:
+    def take_signals(self, node_id: str) -> list[Signal]:
         with self._lock:
             return self._signals.pop(node_id, [])
 

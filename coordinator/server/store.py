@@ -1,7 +1,7 @@
 """The coordinator's database: SQLAlchemy models and the queries the service needs.
 
 SQLite by default (a file, nothing to install); any SQLAlchemy URL (PostgreSQL) works.
-The schema is created and upgraded by Alembic migrations (coordinator/migrations).
+The schema is created and upgraded by Alembic migrations (coordinator/server/migrations).
 """
 
 from __future__ import annotations

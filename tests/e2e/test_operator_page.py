@@ -8,7 +8,9 @@ Screenshots go to artifacts/operator-page.png (and -narrow.png for a phone-sized
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.contract import Heartbeat
 from tests.support.coordinator_proc import REPO_ROOT, CoordinatorProcess
 from tests.support.tiny_models import write_tiny_model
 
@@ -74,9 +77,11 @@ def browser_page(coordinator: CoordinatorProcess) -> Iterator[Any]:
 
 
 def _node_heartbeat(identity: Any, **extra: Any) -> dict[str, Any]:
-    result: dict[str, Any] = identity.client().heartbeat(
-        address="127.0.0.1:9", capacity_bytes=8 << 30, vram_cap_bytes=0, **extra
+    """The heartbeat answer as the JSON it travelled as (lists, not the client's tuples)."""
+    answer = identity.client().heartbeat(
+        Heartbeat(address="127.0.0.1:9", capacity_bytes=8 << 30, vram_cap_bytes=0, **extra)
     )
+    result: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(answer)))
     return result
 
 

@@ -28,9 +28,9 @@ from schemathesis.checks import (
 )
 
 from coordinator import invites as inv
-from coordinator.api import ADMIN_TOKEN, MAX_BODY_BYTES, create_app
-from coordinator.service import Coordinator, HostedModel, Settings, hash_token
-from coordinator.store import Store, migrate
+from coordinator.server.api import ADMIN_TOKEN, MAX_BODY_BYTES, create_app
+from coordinator.server.service import Coordinator, HostedModel, Settings, hash_token
+from coordinator.server.store import Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
 from tests.support.postgres import postgres_bin, temporary_postgres

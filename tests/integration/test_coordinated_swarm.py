@@ -19,7 +19,7 @@ from app.identity import Identity, join_swarm
 from app.local_run import build_pipeline
 from app.processes import Child, spawn_sangama
 from coordinator import invites as inv
-from coordinator.store import Invite, Store
+from coordinator.server.store import Invite, Store
 from core.types import LayerRange
 from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.tiny_models import write_tiny_model

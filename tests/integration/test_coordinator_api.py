@@ -11,9 +11,9 @@ from cryptography.hazmat.primitives import serialization
 from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
-from coordinator.api import ADMIN_TOKEN, create_app
-from coordinator.service import Coordinator, HostedModel, Settings, hash_token
-from coordinator.store import Invite, Store, migrate
+from coordinator.server.api import ADMIN_TOKEN, create_app
+from coordinator.server.service import Coordinator, HostedModel, Settings, hash_token
+from coordinator.server.store import Invite, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
 from tests.support.postgres import postgres_bin, temporary_postgres
@@ -206,7 +206,7 @@ def test_schema_matches_the_migrations(db_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from coordinator.store import Base, make_engine
+    from coordinator.server.store import Base, make_engine
 
     migrate(db_url)
     engine = make_engine(db_url)
@@ -310,7 +310,7 @@ def test_nodes_from_before_migration_0002_read_as_serving_nothing(db_url: str) -
     from alembic import command
     from sqlalchemy import text
 
-    from coordinator.store import Node, alembic_config, make_engine
+    from coordinator.server.store import Node, alembic_config, make_engine
 
     config = alembic_config(db_url)
     command.upgrade(config, "0001")

@@ -1,4 +1,4 @@
-"""coordinator.downloads against a real HTTP server on loopback serving real model pieces.
+"""coordinator.client.downloads against a real HTTP server on loopback serving real model pieces.
 
 Only contents, counts, headers and the order of progress reports are asserted, never
 how fast anything was.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from coordinator.downloads import (
+from coordinator.client.downloads import (
     PART_SUFFIX,
     DownloadError,
     DownloadProgress,

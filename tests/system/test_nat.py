@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.store import Node, Store
+from coordinator.server.store import Node, Store
 from tests.system.topology import PUBLIC_IP, Topology, home_routers, missing_requirements
 
 _why = missing_requirements() or (None if shutil.which("turnserver") else "coturn is not installed")

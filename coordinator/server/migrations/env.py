@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from coordinator.store import Base, make_engine
+from coordinator.server.store import Base, make_engine
 
 target_metadata = Base.metadata
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.errors import NotEnoughMemory, PlacementError
-from coordinator.placement import (
+from coordinator.server.placement import (
     DEFAULT_RTT_MS,
     PROCESS_OVERHEAD_BYTES,
     ModelSpec,

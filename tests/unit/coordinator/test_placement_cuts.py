@@ -9,7 +9,7 @@ import random
 import pytest
 
 from coordinator.errors import NotEnoughMemory, PlacementError
-from coordinator.placement import (
+from coordinator.server.placement import (
     PROCESS_OVERHEAD_BYTES,
     ModelSpec,
     NodeInfo,

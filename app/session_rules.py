@@ -1,0 +1,463 @@
+"""The stage worker's session rules, without IO: frames and link events in, actions out.
+
+Who owns a session (the upstream node that opened it, over one link at a time), when a
+repeated OPEN resumes it over a new link and when it is refused, which steps were taken
+already, when the stage refuses new sessions, and how long a session whose link died is
+kept for a resume. `app.worker.StageWorker` feeds every event here and carries out the
+actions; nothing here touches a socket, the engine or the clock. A link is any hashable
+handle (the worker passes its `Channel`s, the tests plain strings); the grace timer is an
+action the worker arms and an event (`GraceExpired`) it feeds back.
+
+A session is LINKED (its upstream link, and on the last stage the client's link, are
+there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
+
+    event                      condition                              actions
+    -------------------------  -------------------------------------  ---------------------
+    OPEN, new session          draining                               refuse OVERLOADED
+                               last stage, client has no link here    refuse BAD_VALUE
+                               otherwise                              Begin
+    OPEN, session exists       same upstream node and same OPEN       [Release old] Resumed
+                                                                      (WAITING->LINKED:
+                                                                      CancelGrace)
+                               another node, or another OPEN          refuse NOT_OWNER
+    STEP                       unknown session, or not the owner link refuse UNKNOWN_SESSION
+                               step_id <= highest taken               Replayed (dropped)
+                               otherwise                              Take
+    CLOSE                      session exists                         [Release] End
+    Refused (worker's check)   the link owns the session              Send ERROR, Fail
+                               otherwise                              Send ERROR, Release
+    LinkReady (last stage)     client of a session, on a new link     reply link = it,
+                                                                      Send latest TOKENS,
+                                                                      (WAITING->LINKED:
+                                                                      CancelGrace)
+    LinkClosed                 owner or reply link of a session       LinkLost
+                                                                      (LINKED->WAITING:
+                                                                      ArmGrace)
+    GraceExpired               session still WAITING                  [Release] End
+    Failed                     session exists                         Send ERROR up (and to
+                                                                      the client), End
+    Drain                      -                                      no new sessions
+    Shutdown                   every session                          [Release] End
+
+"refuse X" sends ERROR(X) back on the link and, because the link's protocol state took
+the session id as its own when the frame arrived, releases the id there, unless the
+link owns the session: then the session fails (everyone involved hears the error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+from net import wire
+from net.errors import ErrorCode
+
+L = TypeVar("L", bound=Hashable)
+"""A link: opaque here, compared with ==."""
+
+ERROR_MESSAGE_BYTES = 900
+"""An ERROR built from a failure is cut to this, leaving room in the frame's string cap."""
+
+
+class LinkState(Enum):
+    LINKED = "linked"
+    """Every link the session needs is there."""
+    WAITING = "waiting"
+    """A link was lost; the session waits `resume_grace` for it to come back."""
+
+
+# ---------------------------------------------------------------- events (in)
+
+
+@dataclass(frozen=True)
+class FrameReceived(Generic[L]):
+    """An OPEN, STEP or CLOSE from the upstream side (other frames change nothing here)."""
+
+    link: L
+    peer: str
+    """The node id the link authenticated."""
+    frame: wire.Frame
+
+
+@dataclass(frozen=True)
+class Refused(Generic[L]):
+    """The worker refused a frame of `session` from `link` (a check of its own)."""
+
+    link: L
+    session: str
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True)
+class LinkReady(Generic[L]):
+    link: L
+    peer: str
+
+
+@dataclass(frozen=True)
+class LinkClosed(Generic[L]):
+    link: L
+    reason: str
+
+
+@dataclass(frozen=True)
+class GraceExpired:
+    session: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The session cannot go on (the engine, or an error from further down the chain)."""
+
+    session: str
+    code: ErrorCode
+    message: str
+    forward_close: bool = True
+    """Tell the next stage to close it; False when the error came from there."""
+
+
+@dataclass(frozen=True)
+class TokensReady:
+    """Last stage: the TOKENS of a step, to the client now or when it is back."""
+
+    tokens: wire.Tokens
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Take no new sessions from now on."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    reason: str
+
+
+Event = (
+    FrameReceived[L]
+    | Refused[L]
+    | LinkReady[L]
+    | LinkClosed[L]
+    | GraceExpired
+    | Failed
+    | TokensReady
+    | Drain
+    | Shutdown
+)
+
+
+# ---------------------------------------------------------------- actions (out)
+
+
+@dataclass(frozen=True)
+class Send(Generic[L]):
+    link: L
+    frame: wire.Frame
+
+
+@dataclass(frozen=True)
+class Release(Generic[L]):
+    """The link is no longer the session's: its protocol state must forget the id."""
+
+    link: L
+    session: str
+
+
+@dataclass(frozen=True)
+class Begin:
+    """A new session: open it on the stage and pass the OPEN down the chain."""
+
+    open: wire.Open
+
+
+@dataclass(frozen=True)
+class Resumed:
+    session: str
+    owner: str
+
+
+@dataclass(frozen=True)
+class Take:
+    """A step to compute (after the worker's own shape checks)."""
+
+    step: wire.Step
+    open: wire.Open
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A step sent again after a resume; it was taken already and is dropped."""
+
+    step: wire.Step
+
+
+@dataclass(frozen=True)
+class LinkLost:
+    session: str
+    reason: str
+    arm_grace: bool
+    """The session just became WAITING: start its grace timer (else one runs already)."""
+
+
+@dataclass(frozen=True)
+class CancelGrace:
+    """The session has all its links again."""
+
+    session: str
+
+
+@dataclass(frozen=True)
+class End:
+    """The session is over here: free it on the stage, close or forget it downstream."""
+
+    session: str
+    forward_close: bool
+    reason: str
+    failed: bool = False
+
+
+Action = Send[L] | Release[L] | Begin | Resumed | Take | Replayed | LinkLost | CancelGrace | End
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclass
+class _Session(Generic[L]):
+    open: wire.Open
+    owner_id: str
+    """The upstream node: only it may resume the session over a new link."""
+    owner: L | None
+    """The link the session's frames come from; None while the upstream redials."""
+    reply: L | None = None
+    """Last stage: the client's own link, for TOKENS (None while the client redials)."""
+    last_reply: wire.Tokens | None = None
+    """Last stage: the latest TOKENS, sent again when the client's link is replaced."""
+    last_step_id: int = -1
+    """Highest step taken."""
+    state: LinkState = LinkState.LINKED
+    grace_reason: str = ""
+    """Why the session became WAITING, for the End that follows if no resume comes."""
+
+
+class SessionRules(Generic[L]):
+    """Every session of one stage and the links they use."""
+
+    def __init__(self, is_last: bool) -> None:
+        self.is_last = is_last
+        self.draining = False
+        self._sessions: dict[str, _Session[L]] = {}
+        self._peers: dict[str, L] = {}
+        """Node id -> its newest link (the last stage finds a session's client by it)."""
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._sessions
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    def owns(self, link: L, session: str) -> bool:
+        s = self._sessions.get(session)
+        return s is not None and s.owner == link
+
+    def state(self, session: str) -> LinkState | None:
+        s = self._sessions.get(session)
+        return None if s is None else s.state
+
+    def handle(self, event: Event[L]) -> list[Action[L]]:
+        handler: Callable[[Any, Any], list[Action[L]]] = _HANDLERS[type(event)]
+        return handler(self, event)
+
+    # ------------------------------------------------------------ frames
+
+    def _on_frame(self, ev: FrameReceived[L]) -> list[Action[L]]:
+        frame = ev.frame
+        if isinstance(frame, wire.Open):
+            return self._on_open(ev.link, ev.peer, frame)
+        if isinstance(frame, wire.Step):
+            return self._on_step(ev.link, frame)
+        if isinstance(frame, wire.Close):
+            return self._end(frame.session, forward_close=True, reason=frame.reason)
+        return []
+
+    def _on_open(self, link: L, peer: str, frame: wire.Open) -> list[Action[L]]:
+        existing = self._sessions.get(frame.session)
+        if existing is not None:
+            return self._resume(link, peer, existing, frame)
+        if self.draining:
+            return self._refuse(
+                link,
+                frame.session,
+                ErrorCode.OVERLOADED,
+                "this stage is pausing; try another route",
+            )
+        session = _Session(frame, owner_id=peer, owner=link)
+        if self.is_last:
+            session.reply = self._peers.get(frame.reply_to)
+            if session.reply is None:
+                return self._refuse(
+                    link,
+                    frame.session,
+                    ErrorCode.BAD_VALUE,
+                    f"client {frame.reply_to!r} has no link to the last stage",
+                )
+        self._sessions[frame.session] = session
+        return [Begin(frame)]
+
+    def _resume(
+        self, link: L, peer: str, session: _Session[L], frame: wire.Open
+    ) -> list[Action[L]]:
+        # The same OPEN again from the same upstream node over a new link: its path died
+        # and was replaced. The session moves to the new link; nothing else changes.
+        if peer != session.owner_id or frame != session.open:
+            return self._refuse(
+                link, frame.session, ErrorCode.NOT_OWNER, "session already open (by another peer)"
+            )
+        actions: list[Action[L]] = []
+        if session.owner is not None and session.owner != link:
+            actions.append(Release(session.owner, frame.session))
+        session.owner = link
+        actions.append(Resumed(frame.session, session.owner_id))
+        return actions + self._relinked(frame.session, session)
+
+    def _on_step(self, link: L, frame: wire.Step) -> list[Action[L]]:
+        session = self._sessions.get(frame.session)
+        if session is None or session.owner != link:
+            return self._refuse(
+                link, frame.session, ErrorCode.UNKNOWN_SESSION, "no such session here"
+            )
+        if frame.step_id <= session.last_step_id:
+            return [Replayed(frame)]
+        session.last_step_id = frame.step_id
+        return [Take(frame, session.open)]
+
+    def _on_refused(self, ev: Refused[L]) -> list[Action[L]]:
+        return self._refuse(ev.link, ev.session, ev.code, ev.message)
+
+    def _refuse(self, link: L, session: str, code: ErrorCode, message: str) -> list[Action[L]]:
+        actions: list[Action[L]] = [Send(link, wire.Error(session, code, message))]
+        if self.owns(link, session):
+            return actions + self._fail(session, code, message, forward_close=True)
+        if session:
+            # Not this link's session (a forged or stale id): refuse, touch nothing.
+            actions.append(Release(link, session))
+        return actions
+
+    # ------------------------------------------------------------ links
+
+    def _on_link_ready(self, ev: LinkReady[L]) -> list[Action[L]]:
+        self._peers[ev.peer] = ev.link
+        if not self.is_last:
+            return []
+        # A client redialled the last stage: its sessions' TOKENS go this way now, and the
+        # latest TOKENS again, in case they were lost with the old path.
+        actions: list[Action[L]] = []
+        for name, s in self._sessions.items():
+            if s.open.reply_to != ev.peer or s.reply == ev.link:
+                continue
+            s.reply = ev.link
+            if s.last_reply is not None:
+                actions.append(Send(ev.link, s.last_reply))
+            actions += self._relinked(name, s)
+        return actions
+
+    def _on_link_closed(self, ev: LinkClosed[L]) -> list[Action[L]]:
+        for peer, link in list(self._peers.items()):
+            if link == ev.link:
+                del self._peers[peer]
+        actions: list[Action[L]] = []
+        for name, s in self._sessions.items():
+            if s.owner != ev.link and s.reply != ev.link:
+                continue
+            if s.owner == ev.link:
+                s.owner = None
+            if s.reply == ev.link:
+                s.reply = None
+            arm = s.state is LinkState.LINKED
+            if arm:
+                s.state, s.grace_reason = LinkState.WAITING, ev.reason
+            actions.append(LinkLost(name, ev.reason, arm_grace=arm))
+        return actions
+
+    def _relinked(self, name: str, session: _Session[L]) -> list[Action[L]]:
+        linked = session.owner is not None and (not self.is_last or session.reply is not None)
+        if linked and session.state is LinkState.WAITING:
+            session.state, session.grace_reason = LinkState.LINKED, ""
+            return [CancelGrace(name)]
+        return []
+
+    def _on_grace_expired(self, ev: GraceExpired) -> list[Action[L]]:
+        session = self._sessions.get(ev.session)
+        if session is None or session.state is not LinkState.WAITING:
+            return []
+        reason = f"link lost and not resumed: {session.grace_reason}"
+        return self._end(ev.session, forward_close=True, reason=reason)
+
+    # ------------------------------------------------------------ ending
+
+    def _on_failed(self, ev: Failed) -> list[Action[L]]:
+        return self._fail(ev.session, ev.code, ev.message, forward_close=ev.forward_close)
+
+    def _fail(
+        self, name: str, code: ErrorCode, message: str, *, forward_close: bool
+    ) -> list[Action[L]]:
+        session = self._sessions.get(name)
+        if session is None:
+            return []
+        error = wire.Error(name, code, wire.truncate_utf8(message, ERROR_MESSAGE_BYTES))
+        actions: list[Action[L]] = []
+        if session.owner is not None:
+            actions.append(Send(session.owner, error))
+        if session.reply is not None:
+            actions.append(Send(session.reply, error))
+        return actions + self._end(name, forward_close=forward_close, reason=message, failed=True)
+
+    def _end(
+        self, name: str, *, forward_close: bool, reason: str, failed: bool = False
+    ) -> list[Action[L]]:
+        session = self._sessions.pop(name, None)
+        if session is None:
+            return []
+        actions: list[Action[L]] = []
+        if session.owner is not None:
+            actions.append(Release(session.owner, name))
+        return [*actions, End(name, forward_close, reason, failed)]
+
+    def _on_tokens(self, ev: TokensReady) -> list[Action[L]]:
+        session = self._sessions.get(ev.tokens.session)
+        if session is None:
+            return []
+        session.last_reply = ev.tokens
+        if session.reply is None:  # the client is redialling: sent when it is back
+            return []
+        return [Send(session.reply, ev.tokens)]
+
+    def _on_drain(self, _ev: Drain) -> list[Action[L]]:
+        self.draining = True
+        return []
+
+    def _on_shutdown(self, ev: Shutdown) -> list[Action[L]]:
+        actions: list[Action[L]] = []
+        for name in list(self._sessions):
+            actions += self._end(name, forward_close=True, reason=ev.reason)
+        return actions
+
+
+_HANDLERS: dict[type, Callable[[Any, Any], list[Any]]] = {
+    FrameReceived: SessionRules._on_frame,
+    Refused: SessionRules._on_refused,
+    LinkReady: SessionRules._on_link_ready,
+    LinkClosed: SessionRules._on_link_closed,
+    GraceExpired: SessionRules._on_grace_expired,
+    Failed: SessionRules._on_failed,
+    TokensReady: SessionRules._on_tokens,
+    Drain: SessionRules._on_drain,
+    Shutdown: SessionRules._on_shutdown,
+}
