@@ -13,9 +13,11 @@ import binascii
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
 import json
 import secrets
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from coordinator.errors import CoordinatorError
 
@@ -30,6 +32,11 @@ class InviteError(CoordinatorError):
 
 class InviteMalformed(InviteError):
     pass
+
+
+class InviteInsecure(InviteError):
+    """The invite names a plain-http coordinator away from this machine: joining would
+    send its secret, and later the node token, across the network in clear."""
 
 
 class InviteUnknown(InviteError):
@@ -89,7 +96,29 @@ class InviteCode:
             or len(invite.ca_fingerprint) != 64
         ):
             raise InviteMalformed("the invite code does not name a coordinator and its CA")
+        if invite.coordinator.startswith("http://") and not _is_loopback(invite.coordinator):
+            raise InviteInsecure(
+                f"the invite names {invite.coordinator}, a coordinator without HTTPS on "
+                "another machine: joining would send the invite's secret in clear. Ask the "
+                "operator for an https:// invite"
+            )
         return invite
+
+
+def _is_loopback(url: str) -> bool:
+    """Whether `url`'s host is this machine: localhost, 127.0.0.0/8 or ::1."""
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:  # e.g. an unbalanced "[" in the host
+        return False
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a DNS name other than localhost
+        return False
 
 
 def new_secret() -> str:

@@ -73,3 +73,34 @@ def test_durations() -> None:
     for bad in ("", "7", "d", "-1d", "0h", "7w"):
         with pytest.raises(ValueError):
             inv.parse_duration(bad)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8443",
+        "http://127.8.9.10:8443",
+        "http://localhost:8443",
+        "http://[::1]:8443",
+        "https://203.0.113.5:8443",
+    ],
+)
+def test_plain_http_is_accepted_only_on_this_machine(url: str) -> None:
+    code = inv.InviteCode(url, FP, "s3cret").encode()
+    assert inv.InviteCode.decode(code).coordinator == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://203.0.113.5:8443",
+        "http://coordinator.example.org:8443",
+        "http://localhost.example.org:8443",
+        "http://[2001:db8::1]:8443",
+        "http://128.0.0.1:8443",
+    ],
+)
+def test_plain_http_to_another_machine_is_refused(url: str) -> None:
+    code = inv.InviteCode(url, FP, "s3cret").encode()
+    with pytest.raises(inv.InviteInsecure, match="in clear"):
+        inv.InviteCode.decode(code)
