@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +55,39 @@ class TokenEvent:
 @dataclass(frozen=True)
 class _Failure:
     error: Exception
+
+
+# ---------------------------------------------------------------- pure decisions
+
+
+class Dial(Enum):
+    """Which link to open next (`next_dial`)."""
+
+    LAST = "last"
+    FIRST = "first"
+    FIRST_IS_LAST = "first is last"
+    """A one-stage route: the first stage's link is the last stage's."""
+
+
+def next_dial(have_first: bool, have_last: bool, one_stage: bool) -> Dial | None:
+    """The next link to open, or None when both are there. The last stage comes first:
+    the sessions' TOKENS must have a way back before the first stage is sent their
+    OPEN and STEPs again."""
+    if not have_last:
+        return Dial.LAST
+    if not have_first:
+        return Dial.FIRST_IS_LAST if one_stage else Dial.FIRST
+    return None
+
+
+def answer_to(item: wire.Frame, step_id: int) -> wire.Tokens | None:
+    """The TOKENS answering `step_id`, None for anything else (TOKENS of earlier steps,
+    sent again after a relink); an ERROR for the session raises `StageFailed`."""
+    if isinstance(item, wire.Error):
+        raise StageFailed(item.code, item.message)
+    if isinstance(item, wire.Tokens) and item.step_id == step_id:
+        return item
+    return None
 
 
 class SwarmClient:
@@ -134,16 +168,21 @@ class SwarmClient:
         the first stage then gets each running session's OPEN and unconfirmed STEPs again."""
         route = self.route
         try:
-            while self._first is None or self._last is None:
-                if self._last is None:
+            while (
+                step := next_dial(
+                    self._first is not None, self._last is not None, len(route.stages) == 1
+                )
+            ) is not None:
+                if step is Dial.LAST:
                     self._last = await dial(route.last.node_id, route.last.address)
-                if self._first is None:
-                    if len(route.stages) == 1:
-                        self._first = self._last
-                    else:
-                        self._first = await dial(route.first.node_id, route.first.address)
-                    for frame in self._sent.replay():
-                        self._first.send(frame)
+                    continue
+                if step is Dial.FIRST_IS_LAST:
+                    self._first = self._last
+                else:
+                    self._first = await dial(route.first.node_id, route.first.address)
+                assert self._first is not None
+                for frame in self._sent.replay():
+                    self._first.send(frame)
         except (NetError, OSError, TimeoutError) as exc:
             raise RouteUnavailable(str(exc)) from exc
 
@@ -271,7 +310,6 @@ class SwarmClient:
                 raise StageTimeout(f"no answer from the route within {timeout:.0f} s") from None
             if isinstance(item, _Failure):
                 raise item.error
-            if isinstance(item, wire.Error):
-                raise StageFailed(item.code, item.message)
-            if isinstance(item, wire.Tokens) and item.step_id == step_id:
-                return item
+            answer = answer_to(item, step_id)
+            if answer is not None:
+                return answer
