@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.local_run import build_pipeline
+from app.lab.local_run import build_pipeline
 from core.llama_engine import c_capture_available
 from core.models import resolve_model, stage_files
 from core.pipeline import LocalPipeline
@@ -220,14 +220,14 @@ def _all_builds(args: argparse.Namespace) -> int:
         f"{args.tokens} decode tokens x {args.repeats} (median); one process per build"
     )
     print(
-        f"{'build':22} {'configuration':30} {'decode ms/tok':>13} {'tok/s':>7} "
+        f"{'build':36} {'configuration':30} {'decode ms/tok':>13} {'tok/s':>7} "
         f"{'vs shipped':>10} {'prefill 64':>10}"
     )
     for report in reports:
         name = f"{report['label']} ({report['build'].split(',')[0]})"
         for row in report["rows"]:
             print(
-                f"{name:22} {row['config']:30} {row['decode_ms_per_token']:13.2f} "
+                f"{name:36} {row['config']:30} {row['decode_ms_per_token']:13.2f} "
                 f"{row['decode_tokens_per_s']:7.1f} {row['decode_vs_shipped_whole']:10.2f} "
                 f"{row['prefill_64_ms']:8.1f} ms"
             )
