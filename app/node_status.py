@@ -1,5 +1,5 @@
 """What a serving node is doing, as plain data: reported by the coordinated serve loop
-(`app.coordinated`), shown by the tray and its status window. No Qt here, so the headless
+(`app.serving.coordinated`), shown by the tray and its status window. No Qt here, so the headless
 worker reports through the same type."""
 
 from __future__ import annotations

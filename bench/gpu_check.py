@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.local_run import build_pipeline
+from app.lab.local_run import build_pipeline
 from core.backends import backend_report
 from core.models import resolve_model, stage_files
 from core.pipeline import LocalPipeline

@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 PY="${SANGAMA_PY:-.venv/bin/python}"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 "$PY" -c "import llama_cpp, gguf, numpy" || { echo "venv at $PY lacks the engine"; exit 2; }
-"$PY" -m app.cli hardware || true
+"$(dirname "$PY")/sangama" hardware || true
 "$PY" bench/gpu_check.py --model "${SANGAMA_GPU_CHECK_MODEL:-default}" "$@"

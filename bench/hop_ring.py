@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 
 from app.credentials import init_ca, issue_node, load_credentials
-from app.local_swarm import free_udp_port
+from app.ports import free_tcp_port, free_udp_port
 from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
 from net.quic import QuicTuning
@@ -151,7 +151,7 @@ async def measure(
     ids = ["origin"] + [f"hop{i}" for i in range(hops)]
     for node in ids:
         issue_node(wd / "ca", node, "worker", out_dir=wd / node)
-    ports = [free_udp_port() if transport != "tcp" else _free_tcp_port() for _ in ids]
+    ports = [free_udp_port() if transport != "tcp" else free_tcp_port() for _ in ids]
     lib = _library(transport)
     procs = []
     arrived: asyncio.Queue[float] = asyncio.Queue()
@@ -223,14 +223,6 @@ async def measure(
             await p.wait()
         del server
         tmp.cleanup()
-
-
-def _free_tcp_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.client import SwarmClient
-from app.local_run import build_pipeline
-from app.local_swarm import LocalSwarm
+from app.client.swarm_client import SwarmClient
+from app.lab.local_run import build_pipeline
+from app.lab.local_swarm import LocalSwarm
 from bench.hop_ring import measure as measure_hops
 from core.models import resolve_model
 from core.tokenizer import Tokenizer

@@ -1,4 +1,5 @@
-"""DESIGN §3: imports point one way and each foreign library sits behind one module.
+"""Imports point one way and each foreign library sits behind its own modules: the
+rules of docs/architecture.md ("What may import what"), checked.
 
 Every .py under the four packages is parsed (never imported), so a violation is
 caught even in code no test runs: imports inside functions, `if TYPE_CHECKING:`
@@ -20,11 +21,16 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "net", "coordinator", "app")
 QT = frozenset({"PySide6", "shiboken6"})
-HEADLESS = ("app/cli.py", "app/worker.py", "app/client.py")
 SERVER_LIBS = frozenset(
     {"fastapi", "uvicorn", "starlette", "pydantic", "pydantic_core", "sqlalchemy", "alembic"}
 )
 """The coordinator server's libraries: under coordinator/ only coordinator/server uses them."""
+WEB_LIBS = frozenset({"fastapi", "uvicorn", "starlette", "pydantic", "pydantic_core"})
+"""HTTP servers and their models: the coordinator's API and the OpenAI-compatible API."""
+SQL_LIBS = frozenset({"sqlalchemy", "alembic"})
+QUIC_LIBS = frozenset({"aioquic", "qh3"})
+APP_ROLES = ("serving", "client", "api", "cli", "lab", "ui")
+"""app's sub-packages; the modules directly in app/ are the shared base under them all."""
 BEYOND = "<beyond-top-level>"
 """Stands for a relative import with more dots than the file has packages above it."""
 
@@ -52,18 +58,33 @@ def under(*prefixes: str) -> Callable[[str], bool]:
     return lambda path: path.startswith(prefixes)
 
 
+def _matches(path: str, allowed: str) -> bool:
+    """`allowed` is a file ("net/quic.py"), a folder ("app/ui/") or a prefix ("net/ice*")."""
+    if allowed.endswith("*"):
+        return path.startswith(allowed[:-1])
+    return path == allowed or (allowed.endswith("/") and path.startswith(allowed))
+
+
 def outside(*allowed: str) -> Callable[[str], bool]:
-    """Every file except those equal to, or under a folder in, `allowed`."""
-    return lambda path: (
-        not any(path == a or (a.endswith("/") and path.startswith(a)) for a in allowed)
-    )
+    """Every file except those `allowed` (files, folders ending in /, prefixes ending in *)."""
+    return lambda path: not any(_matches(path, a) for a in allowed)
 
 
 def both(*tests: Callable[[str], bool]) -> Callable[[str], bool]:
     return lambda path: all(test(path) for test in tests)
 
 
+def in_app_base(path: str) -> bool:
+    """A module directly in app/ (identity, config, links, ...), not in a role package."""
+    return path.startswith("app/") and path.count("/") == 1
+
+
+def roles(*names: str) -> frozenset[str]:
+    return frozenset(f"app.{n}" for n in names)
+
+
 # The first rule an import breaks is the one reported, so specific reasons come first.
+# docs/architecture.md ("What may import what") states each of these in words.
 RULES = (
     Rule(lambda _: True, frozenset({BEYOND}), "relative import climbs above the top level"),
     Rule(
@@ -95,29 +116,86 @@ RULES = (
     ),
     Rule(
         # The lab and operator commands really run a coordinator: `sangama coordinator` and
-        # `sangama invite` (cli_swarm) serve it and use its rules; the loopback demo swarm
-        # (demo_swarm) starts one and reads its admin token file. Nothing else in app may.
-        both(under("app/"), outside("app/cli_swarm.py", "app/demo_swarm.py")),
+        # `sangama invite` (swarm_commands) serve it and use its rules; the loopback demo
+        # swarm (demo_swarm) starts one and reads its admin token file. Nothing else in app may.
+        both(under("app/"), outside("app/cli/swarm_commands.py", "app/lab/demo_swarm.py")),
         frozenset({"coordinator.server"}),
         "app runs on volunteer PCs: it may use coordinator.client and coordinator.contract, "
-        "never coordinator.server (only app/cli_swarm.py and app/demo_swarm.py run a "
-        "coordinator server)",
+        "never coordinator.server (only app/cli/swarm_commands.py and app/lab/demo_swarm.py "
+        "run a coordinator server)",
     ),
     Rule(
-        outside("coordinator/server/"),
-        frozenset({"sqlalchemy", "alembic"}),
-        "SQLAlchemy and Alembic live only in coordinator/server (the coordinator's storage)",
+        both(under("app/"), outside("app/cli/", "app/lab/")),
+        roles("lab"),
+        "app.lab (loopback demos and swarms) is imported only by app/cli, bench/ and tests/: "
+        "nothing a volunteer runs depends on it",
+    ),
+    Rule(
+        in_app_base,
+        roles(*APP_ROLES),
+        "modules directly in app/ are the shared base: they import none of app's role "
+        "packages (serving, client, api, cli, lab, ui)",
+    ),
+    Rule(
+        under("app/serving/"),
+        roles("client", "api", "cli", "ui"),
+        "app/serving runs a stage: it builds on app's base, never on the client, the API, "
+        "the CLI or the desktop",
+    ),
+    Rule(
+        under("app/client/"),
+        roles("serving", "api", "cli", "ui"),
+        "app/client asks the swarm: it builds on app's base, never on serving, the API, "
+        "the CLI or the desktop",
+    ),
+    Rule(
+        under("app/api/"),
+        roles("serving", "cli", "ui"),
+        "app/api serves the OpenAI-compatible API on app.client: never serving, the CLI "
+        "or the desktop",
+    ),
+    Rule(
+        under("app/cli/", "app/lab/"),
+        roles("ui"),
+        "the CLI and the lab are headless: they never import the desktop app (app/ui)",
+    ),
+    Rule(
+        under("app/ui/"),
+        roles("cli"),
+        "the desktop app drives serving, client and API directly, never through the CLI",
+    ),
+    Rule(
+        outside("coordinator/server/", "app/api/"),
+        WEB_LIBS,
+        "FastAPI, uvicorn, Starlette and pydantic live only in coordinator/server (the "
+        "coordinator's API) and app/api (the OpenAI-compatible API)",
+    ),
+    Rule(
+        outside(
+            "coordinator/server/store.py",
+            "coordinator/server/service.py",
+            "coordinator/server/invite_book.py",
+            "coordinator/server/migrations/",
+        ),
+        SQL_LIBS,
+        "SQLAlchemy and Alembic live only in the coordinator's storage (coordinator/server: "
+        "store, migrations/, and the service and invite book that run its queries)",
     ),
     Rule(
         outside("core/llama_engine.py", "core/backends.py"),
         frozenset({"llama_cpp"}),
         "llama_cpp lives only in core/llama_engine.py and core/backends.py (its libraries)",
     ),
-    Rule(outside("net/quic.py"), frozenset({"aioquic"}), "aioquic lives only in net/quic.py"),
     Rule(
-        outside("app/ui/", "app/controllers.py"),
+        outside("net/quic*"),
+        QUIC_LIBS,
+        "the QUIC libraries (aioquic, qh3) live only in net/quic*",
+    ),
+    Rule(outside("net/ice*"), frozenset({"aioice"}), "aioice lives only in net/ice*"),
+    Rule(
+        outside("app/ui/"),
         QT,
-        "Qt lives only in app/ui/ and app/controllers.py; servers run headless",
+        "Qt lives only in app/ui/ (widgets and their controllers); everything else runs headless",
     ),
 )
 
@@ -239,9 +317,10 @@ def test_every_module_respects_the_import_rules() -> None:
     assert problems == [], "\n".join(problems)
 
 
-def test_headless_entry_points_do_not_reach_qt_transitively() -> None:
+def test_nothing_outside_app_ui_reaches_qt_transitively() -> None:
     graph = {module_name(p): imports_of(p, s) for p, s in project_sources().items()}
-    chains = [c for path in HEADLESS for c in qt_reachable(module_name(path), graph)]
+    headless = [m for m in graph if m != "app.ui" and not m.startswith("app.ui.")]
+    chains = [c for module in headless for c in qt_reachable(module, graph)]
     assert chains == [], "\n".join(chains)
 
 
@@ -291,9 +370,9 @@ def test_checker_allows_each_library_in_its_own_module_only() -> None:
     assert not broken("net/quic.py", "from aioquic.asyncio import serve\n")
     assert broken("net/links.py", "import aioquic\n")
     assert not broken("app/ui/chat.py", "from PySide6.QtWidgets import QWidget\n")
-    assert not broken("app/controllers.py", "from PySide6.QtCore import QObject\n")
-    assert broken("app/cli.py", "from PySide6.QtCore import QObject\n")
-    assert broken("app/worker.py", "def f():\n    import PySide6\n")
+    assert not broken("app/ui/controllers.py", "from PySide6.QtCore import QObject\n")
+    assert broken("app/cli/main.py", "from PySide6.QtCore import QObject\n")
+    assert broken("app/serving/worker.py", "def f():\n    import PySide6\n")
     assert broken("coordinator/server/api.py", "from app import settings\n")
     assert not broken("coordinator/server/api.py", "from core.types import LayerRange\n")
 
@@ -313,10 +392,10 @@ def test_checker_keeps_the_coordinator_server_apart_from_volunteer_code() -> Non
     assert not broken("coordinator/client/session.py", "from coordinator.contract import Route\n")
     assert not broken("app/identity.py", "from coordinator.client.session import join\n")
     assert broken("app/identity.py", "from coordinator.server.store import Store\n")
-    assert broken("app/coordinated.py", "def f():\n    import coordinator.server.api\n")
-    assert not broken("app/cli_swarm.py", "from coordinator.server.serve import serve\n")
-    assert not broken("app/demo_swarm.py", "from coordinator.server.serve import serve\n")
-    assert broken("app/settings.py", "import sqlalchemy\n")
+    assert broken("app/serving/coordinated.py", "def f():\n    import coordinator.server.api\n")
+    assert not broken("app/cli/swarm_commands.py", "from coordinator.server.serve import serve\n")
+    assert not broken("app/lab/demo_swarm.py", "from coordinator.server.serve import serve\n")
+    assert broken("app/ui/settings.py", "import sqlalchemy\n")
 
 
 def test_transitive_check_finds_qt_behind_a_project_import() -> None:
@@ -330,3 +409,67 @@ def test_transitive_check_finds_qt_behind_a_project_import() -> None:
     assert qt_reachable("app.cli", graph) == [
         "app.cli -> app.worker -> app.controllers -> PySide6.QtCore"
     ]
+
+
+def _reason(path: str, source: str) -> list[str]:
+    """The reason (the text in parentheses) of each violation `source` at `path` makes."""
+    return [p.split(" (", 1)[1] for p in violations(path, imports_of(path, source))]
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "reason"),
+    [
+        ("app/serving/worker.py", "from app.lab import demo\n", "app.lab (loopback"),
+        ("app/api/openai_serve.py", "from app.lab.local_swarm import x\n", "app.lab (loopback"),
+        ("app/ui/tray.py", "from app.lab import demo\n", "app.lab (loopback"),
+        ("app/identity.py", "from app.serving.worker import StageWorker\n", "modules directly"),
+        ("app/links.py", "def f():\n    from app.client import connect\n", "modules directly"),
+        ("app/serving/coordinated.py", "from app.client.route import x\n", "app/serving runs"),
+        ("app/serving/serve.py", "from app.api import openai_api\n", "app/serving runs"),
+        ("app/client/connect.py", "from app.serving.worker import x\n", "app/client asks"),
+        ("app/client/route.py", "from app.api.openai_api import x\n", "app/client asks"),
+        ("app/api/openai_serve.py", "from app.serving import serve\n", "app/api serves"),
+        ("app/api/openai_api.py", "from app.cli.main import main\n", "app/api serves"),
+        ("app/cli/main.py", "from app.ui.tray import run_app\n", "the CLI and the lab"),
+        ("app/lab/demo.py", "from app.ui import controllers\n", "the CLI and the lab"),
+        ("app/ui/tray.py", "from app.cli.main import main\n", "the desktop app drives"),
+        ("app/serving/serve.py", "import uvicorn\n", "FastAPI, uvicorn"),
+        ("app/client/swarm_client.py", "from pydantic import BaseModel\n", "FastAPI, uvicorn"),
+        ("core/stage.py", "import fastapi\n", "FastAPI, uvicorn"),
+        ("coordinator/server/placement/plan.py", "import sqlalchemy\n", "SQLAlchemy and"),
+        ("coordinator/server/api.py", "from alembic import command\n", "SQLAlchemy and"),
+        ("app/lab/demo_swarm.py", "import sqlalchemy\n", "SQLAlchemy and"),
+        ("net/channel.py", "import qh3\n", "the QUIC libraries"),
+        ("net/links.py", "from aioquic.quic import events\n", "the QUIC libraries"),
+        ("net/channel.py", "import aioice\n", "aioice lives"),
+        ("app/links.py", "from aioice import Candidate\n", "aioice lives"),
+        ("app/serving/worker.py", "from shiboken6 import isValid\n", "Qt lives only"),
+        ("app/cli/main.py", "import llama_cpp\n", "llama_cpp lives"),
+    ],
+)
+def test_checker_flags_each_rule(path: str, source: str, reason: str) -> None:
+    reasons = _reason(path, source)
+    assert reasons, f"{path}: {source!r} should break a rule"
+    assert all(r.startswith(reason) for r in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    ("path", "source"),
+    [
+        ("app/cli/main.py", "from app.lab.demo import run_demo\n"),
+        ("app/lab/demo.py", "from app.api.openai_serve import serve_api\n"),
+        ("app/lab/local_swarm.py", "from app.serving.serve import run_worker\n"),
+        ("app/api/openai_serve.py", "from app.client.connect import joined_links\n"),
+        ("app/ui/controllers.py", "from app.serving.coordinated import serve_coordinated\n"),
+        ("app/ui/tray.py", "from app.client.connect import identity_connector\n"),
+        ("app/serving/coordinated.py", "from app.ports import free_udp_port\n"),
+        ("app/api/openai_api.py", "from fastapi import FastAPI\nimport pydantic\n"),
+        ("coordinator/server/migrations/env.py", "from alembic import context\n"),
+        ("net/quic.py", "import aioquic\nimport qh3\n"),
+        ("net/quic_tuning.py", "import aioquic\n"),
+        ("net/ice_values.py", "from aioice import Candidate\n"),
+        ("core/backends.py", "import llama_cpp\n"),
+    ],
+)
+def test_checker_allows_what_the_document_allows(path: str, source: str) -> None:
+    assert _reason(path, source) == []

@@ -1,1 +1,2 @@
-"""Qt widgets only (tray, join dialog, chat window, status window)."""
+"""The desktop app (`sangama-app`): Qt widgets, the controllers behind them, and the
+desktop's own settings and chat history. The only package that may import Qt."""

@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controllers import ChatController, ChatStats
-from app.history import Conversation, History
+from app.ui.controllers import ChatController, ChatStats
+from app.ui.history import Conversation, History
 from core.types import SamplingParams
 
 ERROR_STYLE = "color: #c62828;"

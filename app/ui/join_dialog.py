@@ -18,8 +18,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controllers import NodeController, validate_code
-from app.settings import default_cap_bytes
+from app.ui.controllers import NodeController, validate_code
+from app.ui.settings import default_cap_bytes
 from core.hardware import detect_hardware
 from core.types import HardwareReport
 

@@ -23,9 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controllers import validate_coordinator
 from app.identity import coordinator_url
-from app.settings import LOG_LEVELS, Settings, set_start_on_login
+from app.ui.controllers import validate_coordinator
+from app.ui.settings import LOG_LEVELS, Settings, set_start_on_login
 
 GIB = 1024**3
 

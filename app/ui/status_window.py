@@ -10,8 +10,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Slot
 from PySide6.QtGui import QCloseEvent, QColor, QPainter, QPaintEvent, QPen, QPolygonF
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
-from app.controllers import ApiController, NodeController
 from app.node_status import NodeStatus, ServeState
+from app.ui.controllers import ApiController, NodeController
 from app.ui.icons import state_pixmap
 
 

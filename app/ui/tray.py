@@ -23,22 +23,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controllers import (
-    ApiController,
-    AsyncThread,
-    ChatConnector,
-    ChatController,
-    NodeController,
-    identity_connector,
-)
-from app.coordinated import CoordinatedOptions
-from app.history import History
+from app.client.connect import ChatConnector, identity_connector
 from app.identity import default_identity_dir
 from app.node_status import NodeStatus, ServeState
-from app.settings import Settings
+from app.serving.coordinated import CoordinatedOptions
 from app.ui.chat_window import ChatWindow
+from app.ui.controllers import ApiController, AsyncThread, ChatController, NodeController
+from app.ui.history import History
 from app.ui.icons import state_icon
 from app.ui.join_dialog import JoinDialog
+from app.ui.settings import Settings
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.status_window import StatusWindow
 from core.hardware import detect_hardware

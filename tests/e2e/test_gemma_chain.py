@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.local_run import build_pipeline
+from app.lab.local_run import build_pipeline
 from core.models import stage_files
 from core.pipeline import compare_generations
 from core.tokenizer import Tokenizer

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from app.client import SwarmClient
-from app.coordinated import fetch_route
+from app.client.route import fetch_route
+from app.client.swarm_client import SwarmClient
 from app.identity import Identity, join_swarm
-from app.local_run import build_pipeline
-from app.processes import Child, spawn_sangama
+from app.lab.local_run import build_pipeline
+from app.lab.processes import Child, spawn_sangama
 from coordinator import invites as inv
 from coordinator.server.store import Invite, Store
 from core.types import LayerRange

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli.main import main
 from coordinator.server.invite_book import list_invites
 from coordinator.server.service import CA_CERT
 from coordinator.server.store import Store, migrate

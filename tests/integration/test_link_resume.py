@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from app.client import SwarmClient
+from app.client.swarm_client import SwarmClient
 from app.credentials import issue_node, load_credentials
-from app.local_run import build_pipeline
-from app.local_swarm import LocalSwarm
+from app.lab.local_run import build_pipeline
+from app.lab.local_swarm import LocalSwarm
 from core.tokenizer import Tokenizer
 from core.types import LayerRange
 from net import wire

@@ -23,11 +23,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from app.api.openai_api import Backend, StopCutter, SwarmBackend
+from app.api.openai_serve import serve_api
 from app.config import Route
 from app.errors import RouteUnavailable, StageTimeout
-from app.local_swarm import LocalSwarm
-from app.openai_api import Backend, StopCutter, SwarmBackend
-from app.openai_serve import serve_api
+from app.lab.local_swarm import LocalSwarm
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 

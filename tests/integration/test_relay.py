@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from app.relay import (
+from app.cli.relay import (
     INSTALL_HINT,
     RelayError,
     RelayProcess,
@@ -330,8 +330,9 @@ def test_private_peers_are_refused(client: TurnClient, peer: str) -> None:
 def test_a_channel_to_a_private_peer_is_refused_and_the_allocation_survives(
     client: TurnClient,
 ) -> None:
-    # DESIGN §5's failure: aioice bound a channel to a peer's private address, coturn's send
-    # there failed and the allocation died. Denied, the bind is a 403 and nothing is sent.
+    # The failure in docs/architecture.md ("Links"): aioice bound a channel to a peer's
+    # private address, coturn's send there failed and the allocation died. Denied, the bind
+    # is a 403 and nothing is sent.
     assert client.allocate(*_credentials("node-channels"))[0].kind == ALLOCATE | SUCCESS
     refused = client.bind_channel(0x4000, "192.168.1.20")
     assert refused.kind == CHANNEL_BIND | ERROR and refused.error_code == 403

@@ -10,10 +10,10 @@ from typing import cast
 import numpy as np
 import pytest
 
-from app.client import SwarmClient, TokenEvent
+from app.client.swarm_client import SwarmClient, TokenEvent
 from app.errors import ClientError, StageFailed, StageTimeout
-from app.local_run import build_pipeline
-from app.local_swarm import LocalSwarm
+from app.lab.local_run import build_pipeline
+from app.lab.local_swarm import LocalSwarm
 from core.tokenizer import Tokenizer
 from core.types import LayerRange
 from net import wire

@@ -1,4 +1,4 @@
-"""Desktop app tests: Qt renders offscreen here (DESIGN §8); the Xvfb test starts its own
+"""Desktop app tests: Qt renders offscreen here (docs/architecture.md); the Xvfb test starts its own
 X server with a tray host."""
 
 from __future__ import annotations

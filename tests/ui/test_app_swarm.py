@@ -20,11 +20,11 @@ from openai.types.chat import ChatCompletionMessageParam
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.controllers import ChatStats
-from app.history import History
 from app.identity import IDENTITY_FILE, join_swarm
 from app.node_status import NodeStatus, ServeState
-from app.settings import Settings
+from app.ui.controllers import ChatStats
+from app.ui.history import History
+from app.ui.settings import Settings
 from app.ui.tray import DesktopApp
 from core.types import SamplingParams
 from tests.support.coordinator_proc import CoordinatorProcess, free_port

@@ -10,10 +10,11 @@ import pytest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.controllers import AsyncThread, ChatController, ChatStats, direct_connector
-from app.history import History
-from app.local_swarm import LocalSwarm
+from app.client.connect import direct_connector
+from app.lab.local_swarm import LocalSwarm
 from app.ui.chat_window import ChatWindow
+from app.ui.controllers import AsyncThread, ChatController, ChatStats
+from app.ui.history import History
 
 pytestmark = [pytest.mark.ui, pytest.mark.integration]
 

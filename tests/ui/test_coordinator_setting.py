@@ -12,10 +12,10 @@ import pytest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.history import History
 from app.identity import IDENTITY_FILE, join_swarm
 from app.node_status import ServeState
-from app.settings import Settings
+from app.ui.history import History
+from app.ui.settings import Settings
 from app.ui.tray import DesktopApp
 from tests.support.coordinator_proc import CoordinatorProcess, free_port
 from tests.support.tiny_models import write_tiny_model

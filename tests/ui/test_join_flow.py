@@ -11,9 +11,9 @@ import pytest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.history import History
 from app.node_status import ServeState
-from app.settings import Settings
+from app.ui.history import History
+from app.ui.settings import Settings
 from app.ui.tray import DesktopApp
 from coordinator import invites as inv
 from tests.support.coordinator_proc import CoordinatorProcess

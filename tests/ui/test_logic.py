@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from app.controllers import validate_code, validate_coordinator
 from app.errors import ConfigError
-from app.history import Conversation, History
 from app.identity import coordinator_url
 from app.node_status import NodeStatus, ServeState
-from app.settings import (
+from app.ui.controllers import validate_code, validate_coordinator
+from app.ui.history import Conversation, History
+from app.ui.settings import (
     Settings,
     default_cap_bytes,
     set_start_on_login,

@@ -12,10 +12,10 @@ from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
 from app.compute import StageCompute
-from app.history import History
 from app.node_status import NodeStatus, ServeState
-from app.settings import Settings
+from app.ui.history import History
 from app.ui.icons import state_pixmap
+from app.ui.settings import Settings
 from app.ui.tray import NO_TRAY_TEXT, DesktopApp
 
 pytestmark = pytest.mark.ui

@@ -19,9 +19,9 @@ from pathlib import Path
 from PySide6.QtCore import QPoint
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
-from app.history import History
 from app.node_status import ServeState
-from app.settings import Settings
+from app.ui.history import History
+from app.ui.settings import Settings
 from app.ui.tray import DesktopApp
 from coordinator import invites as inv
 from core.models import default_model_path

@@ -1,10 +1,10 @@
-"""app.client's pure decisions: which link to open next, which frame answers a step."""
+"""app.client.swarm_client's pure decisions: which link to open next, which frame answers a step."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.client import Dial, answer_to, next_dial
+from app.client.swarm_client import Dial, answer_to, next_dial
 from app.errors import StageFailed
 from net import wire
 from net.errors import ErrorCode

@@ -8,8 +8,8 @@ import json
 import pytest
 
 import core.hardware
-from app import cli
-from app.hardware_view import format_hardware, hardware_document, in_use
+from app.cli import main as cli
+from app.cli.hardware_view import format_hardware, hardware_document, in_use
 from core.types import BackendReport, ComputeDevice, GpuInfo, HardwareReport
 
 pytestmark = pytest.mark.unit

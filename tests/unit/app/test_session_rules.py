@@ -1,11 +1,11 @@
-"""app.session_rules: ownership, resume, de-duplication, admission and grace, pumped with
+"""app.serving.session_rules: ownership, resume, de-duplication, admission and grace, pumped with
 events; links are plain strings, no sockets, no model."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.session_rules import (
+from app.serving.session_rules import (
     ERROR_MESSAGE_BYTES,
     Begin,
     CancelGrace,

@@ -4,9 +4,9 @@
 `POST /v1/chat/completions` and `POST /v1/completions`, streamed (Server-Sent Events,
 ending with `data: [DONE]`) and not, so tools written for OpenAI work unchanged with
 `base_url="http://127.0.0.1:PORT/v1"` and any API key. `SwarmBackend` answers through
-the client library (`app.client.SwarmClient`): one connection to the route, many
+the client library (`app.client.swarm_client.SwarmClient`): one connection to the route, many
 requests over it, several at once (each request is its own session on the workers).
-Request bodies are parsed and checked in app.openai_requests; app.openai_serve runs
+Request bodies are parsed and checked in app.api.openai_requests; app.api.openai_serve runs
 the app with uvicorn and holds the `sangama api` entry points.
 
 How OpenAI's parameters map onto Sangama:
@@ -60,10 +60,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from app.client import ChannelDialer, SwarmClient
-from app.config import Route
-from app.errors import ClientError, RouteUnavailable, StageFailed, StageTimeout
-from app.openai_requests import (
+from app.api.openai_requests import (
     ApiError,
     ChatRequest,
     CommonRequest,
@@ -76,6 +73,9 @@ from app.openai_requests import (
     stop_strings,
     swarm_error,
 )
+from app.client.swarm_client import ChannelDialer, SwarmClient
+from app.config import Route
+from app.errors import ClientError, RouteUnavailable, StageFailed, StageTimeout
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.channel import NodeCredentials

@@ -1,11 +1,11 @@
 """The desktop app's brains: QObjects with signals, and the one background asyncio thread.
 
-DESIGN §8: the Qt main thread touches widgets only. One background thread owns the
+The Qt main thread touches widgets only. One background thread owns the
 asyncio loop (coordinator client, QUIC links, the stage worker); llama.cpp runs in the
 worker's own engine thread. Results reach Qt through signals (queued across threads);
 commands go in with `run_coroutine_threadsafe` (`AsyncThread.submit`).
 
-The serving loop is the coordinated worker's own (`app.coordinated.serve_coordinated`):
+The serving loop is the coordinated worker's own (`app.serving.coordinated.serve_coordinated`):
 it reports each state through a callback and stops on an event, not a process signal.
 """
 
@@ -19,25 +19,22 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from app.client import SwarmClient
-from app.config import Route
-from app.coordinated import CoordinatedOptions, fetch_route, serve_coordinated
+from app.client.connect import ChatConnection, ChatConnector
+from app.client.route import fetch_route
 from app.identity import IDENTITY_FILE, Identity, coordinator_problem, join_swarm
-from app.links import channel_dialer
 from app.node_status import NodeStatus, ServeState, plain_reason
+from app.serving.coordinated import CoordinatedOptions, serve_coordinated
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteCode, InviteError
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
-from net.channel import NodeCredentials
-from net.quic import QuicTuning
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +339,7 @@ class _JoinResult:
 
 
 class ApiController(QObject):
-    """The OpenAI-compatible API (`app.openai_api`, as `sangama api` serves it) on this
+    """The OpenAI-compatible API (`app.api.openai_api`, as `sangama api` serves it) on this
     PC's localhost, from the app's loop, as the joined identity; the port comes from the
     settings (0: off)."""
 
@@ -386,7 +383,7 @@ class ApiController(QObject):
     async def _serve(
         self, port: int, identity_dir: Path, coordinator: str | None, stop: asyncio.Event
     ) -> None:
-        from app.openai_serve import serve_identity  # FastAPI and uvicorn only when used
+        from app.api.openai_serve import serve_identity  # FastAPI and uvicorn only when used
 
         loop = asyncio.get_running_loop()
         post = self._mailbox.post
@@ -429,69 +426,6 @@ class ApiController(QObject):
 
 
 # --- chat ------------------------------------------------------------------------------
-
-
-@dataclass
-class ChatConnection:
-    client: SwarmClient
-    tokenizer: Tokenizer
-    stages: int
-    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.client.close()
-        for close in self.closers:
-            with contextlib.suppress(Exception):
-                await close()
-        self.tokenizer.close()
-
-    async def connected(self) -> ChatConnection:
-        """Connect the client; on failure release everything gathered so far."""
-        try:
-            await self.client.connect()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-
-ChatConnector = Callable[[], Awaitable[ChatConnection]]
-
-
-def identity_connector(identity_dir: Path, coordinator: str | None = None) -> ChatConnector:
-    """Chat through the swarm this PC joined: route from the coordinator (`coordinator`
-    if set, else the one the invite named), ICE links."""
-
-    async def connect() -> ChatConnection:
-        loop = asyncio.get_running_loop()
-        identity = await loop.run_in_executor(None, Identity.load, identity_dir)
-        identity = identity.with_coordinator(coordinator)
-        route, tokenizer_path = await loop.run_in_executor(None, fetch_route, identity)
-        from app.links import start_links
-
-        link_dialer, router = await start_links(
-            identity.client(), identity.credentials(), QuicTuning()
-        )
-        tokenizer = await loop.run_in_executor(None, Tokenizer.from_gguf, tokenizer_path)
-        client = SwarmClient(identity.credentials(), route, dialer=channel_dialer(link_dialer))
-        return await ChatConnection(client, tokenizer, len(route.stages), [router.stop]).connected()
-
-    return connect
-
-
-def direct_connector(
-    creds: NodeCredentials, route: Route, tokenizer_gguf: Path, tuning: QuicTuning = QuicTuning()
-) -> ChatConnector:
-    """Chat over a known route with direct links (a loopback swarm, tests)."""
-
-    async def connect() -> ChatConnection:
-        loop = asyncio.get_running_loop()
-        tokenizer = await loop.run_in_executor(None, Tokenizer.from_gguf, tokenizer_gguf)
-        client = SwarmClient(creds, route, tuning)
-        return await ChatConnection(client, tokenizer, len(route.stages)).connected()
-
-    return connect
 
 
 @dataclass(frozen=True)

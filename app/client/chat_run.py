@@ -1,16 +1,21 @@
-"""One chat turn through a swarm: tokenize, stream the answer, summarise where time went."""
+"""One chat turn through a swarm: tokenize, stream the answer, summarise where time went;
+and the terminal's form of it, as `sangama chat` and the demos print it."""
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.client import SwarmClient, TokenEvent
+from app.client.swarm_client import SwarmClient, TokenEvent
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.tensors import WireDtype
+
+DEMO_SAMPLING = SamplingParams(repetition_penalty=1.2)
+"""A mild repetition penalty: reads well on the small default (base) model."""
 
 
 @dataclass(frozen=True)
@@ -103,3 +108,45 @@ async def chat_once(
         trip_ms=statistics.median(e.trip_ms for e in events) if events else 0.0,
         stages=_median_stages(events),
     )
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+async def stream_answer(
+    client: SwarmClient,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_tokens: int,
+    dtype: WireDtype,
+    *,
+    chat_format: bool = False,
+    sampling: SamplingParams = DEMO_SAMPLING,
+) -> ChatReport:
+    """One answer streamed to stdout as it arrives: how both demos and `sangama chat` ask.
+    The demos continue the prompt as plain text (chat_format False) with a mild
+    repetition penalty, which reads well on the small default model."""
+    return await chat_once(
+        client,
+        tokenizer,
+        prompt,
+        chat_format=chat_format,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        wire_dtype=dtype,
+        stream=_write,
+    )
+
+
+def print_report(report: ChatReport, n_stages: int) -> None:
+    """After the streamed answer: speed, then the seeds' "where the time goes" table."""
+    print(
+        f"\n\n{len(report.tokens)} tokens from a {n_stages}-stage swarm: "
+        f"first token after {report.first_token_ms:.0f} ms "
+        f"({report.prompt_tokens} prompt tokens), then {report.decode_tokens_per_s:.1f} tok/s",
+        flush=True,
+    )
+    if report.stages:
+        print(report.table(), flush=True)

@@ -1,5 +1,5 @@
 """OpenAI request bodies: their models, what Sangama refuses, and how each parameter
-maps onto the swarm (sampling, stop strings, prompts). See app.openai_api for the table."""
+maps onto the swarm (sampling, stop strings, prompts). See app.api.openai_api for the table."""
 
 from __future__ import annotations
 

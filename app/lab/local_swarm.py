@@ -7,7 +7,6 @@ Used by `sangama demo`, the integration tests and the benchmarks. Workers are re
 from __future__ import annotations
 
 import asyncio
-import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,8 @@ from pathlib import Path
 from app.config import Hop, Route, RouteStage, WorkerConfig
 from app.credentials import init_ca, issue_node, load_credentials
 from app.errors import AppError
-from app.processes import Child, spawn_sangama
+from app.lab.processes import Child, spawn_sangama
+from app.ports import free_udp_port
 from core.models import resolve_model, stage_files
 from core.types import LayerRange
 from net.channel import NodeCredentials
@@ -23,12 +23,6 @@ from net.delay_proxy import DelayProxy
 from net.quic import QuicTuning
 
 CLIENT_ID = "client"
-
-
-def free_udp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

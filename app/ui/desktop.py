@@ -6,7 +6,7 @@ import sys
 
 
 def main() -> int:
-    # Qt lives in app.ui only (DESIGN §3); importing it here keeps `sangama` headless.
+    # Qt lives in app.ui only (docs/architecture.md); importing it here keeps `sangama` headless.
     from app.ui.tray import run_app
 
     return run_app(sys.argv)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.cli_swarm import add_commands as add_swarm_commands
+from app.cli.swarm_commands import add_commands as add_swarm_commands
 from app.errors import AppError, ConfigError
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteError
@@ -245,7 +245,7 @@ def cmd_assemble(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from app.local_run import run_generate
+    from app.lab.local_run import run_generate
 
     report = run_generate(
         model=args.model,
@@ -274,13 +274,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.static:
         if args.api_port is not None:
-            from app.openai_serve import serve_local_swarm
+            from app.lab.demo import serve_local_swarm
 
             return asyncio.run(serve_local_swarm(args.model, args.cuts, port=args.api_port))
-        from app.demo import run_demo
+        from app.lab.demo import run_demo
 
         return run_demo(args.model, args.cuts, args.prompt, args.max_tokens, args.wire_dtype)
-    from app.demo_swarm import run_demo_swarm
+    from app.lab.demo_swarm import run_demo_swarm
     from net.tensors import WireDtype
 
     dtype = WireDtype[args.wire_dtype.upper()]
@@ -293,12 +293,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     if args.config is not None:
-        from app.serve import run_worker
+        from app.serving.serve import run_worker
 
         return run_worker(args.config)
     from app.config import parse_address
-    from app.coordinated import CoordinatedOptions, run_coordinated
     from app.identity import coordinator_url, default_identity_dir
+    from app.serving.coordinated import CoordinatedOptions, run_coordinated
 
     if not (0 <= args.drain <= 3600):
         raise ConfigError(f"--drain must be 0..3600 seconds, not {args.drain}")
@@ -331,7 +331,7 @@ def parse_bytes(text: str) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from app.demo import run_chat_cli
+    from app.cli.chat import run_chat_cli
 
     return run_chat_cli(
         route_path=args.route,
@@ -348,7 +348,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    from app.openai_serve import run_api_cli
+    from app.api.openai_serve import run_api_cli
 
     identity = args.identity
     if identity is None and args.route is None:
@@ -381,7 +381,7 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
-    from app.hardware_view import format_hardware, hardware_document
+    from app.cli.hardware_view import format_hardware, hardware_document
     from core.hardware import detect_hardware
 
     backend = _backend_report()
@@ -441,7 +441,3 @@ _COMMANDS = {
     "ca": cmd_ca,
     "hardware": cmd_hardware,
 }
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

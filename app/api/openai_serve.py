@@ -1,6 +1,7 @@
 """Serving the OpenAI-compatible API: uvicorn in the running loop, and the ways to
 start it (`sangama api` as a joined client or on a static route, `sangama demo
---api-port`, the desktop app)."""
+--api-port`, the desktop app). Joined clients connect as every client does
+(app.client.connect)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,18 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from app.config import Route
-from app.openai_api import (
+from app.api.openai_api import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PORT,
     Backend,
     SwarmBackend,
     create_openai_app,
 )
+from app.client.connect import joined_links
+from app.client.route import fetch_route
+from app.config import Route
 from core.tokenizer import Tokenizer
 from net.channel import NodeCredentials
-from net.quic import QuicTuning
 
 if TYPE_CHECKING:
     from app.identity import Identity
@@ -103,7 +105,7 @@ def _listen_socket(host: str, port: int) -> socket.socket:
 # ----------------------------------------------------------------------------- commands
 
 
-def _announce(host: str, n_stages: int) -> Callable[[int], None]:
+def announce(host: str, n_stages: int) -> Callable[[int], None]:
     def say(port: int) -> None:
         print(
             f"OpenAI-compatible API on http://{host}:{port}/v1 for a {n_stages}-stage swarm "
@@ -129,34 +131,30 @@ async def serve_identity(
     NAT), a fresh route from the coordinator after the old one fails. Until `stop` is set
     (default: SIGINT or SIGTERM). Used by `sangama api`, `sangama demo --api-port` and the
     desktop app (submit it to the app's loop with its own `stop` event)."""
-    from app.coordinated import fetch_route
-    from app.links import channel_dialer, start_links
-
     loop = asyncio.get_running_loop()
 
     async def refresh() -> Route:
         new_route, _ = await loop.run_in_executor(None, fetch_route, identity)
         return new_route
 
-    creds = identity.credentials()
     tokenizer = Tokenizer.from_gguf(tokenizer_path)
     try:
-        link_dialer, router = await start_links(identity.client(), creds, QuicTuning())
+        links = await joined_links(identity)
         backend = SwarmBackend(
-            creds,
+            identity.credentials(),
             route,
             tokenizer,
-            dialer=channel_dialer(link_dialer),
+            dialer=links.dialer,
             refresh_route=refresh,
             max_concurrent=max_concurrent,
         )
         try:
             await serve_api(
-                backend, host, port, stop=stop, ready=ready or _announce(host, len(route.stages))
+                backend, host, port, stop=stop, ready=ready or announce(host, len(route.stages))
             )
         finally:
             await backend.aclose()
-            await router.stop()
+            await links.stop()
     finally:
         tokenizer.close()
 
@@ -165,7 +163,6 @@ async def serve_joined_client(
     identity_dir: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, max_concurrent: int = 4
 ) -> int:
     """`sangama api --identity DIR`: fetch the route, then serve until SIGINT or SIGTERM."""
-    from app.coordinated import fetch_route
     from app.identity import Identity
 
     loop = asyncio.get_running_loop()
@@ -187,32 +184,10 @@ async def serve_static(
     tokenizer = Tokenizer.from_gguf(tokenizer_path)
     backend = SwarmBackend(creds, route, tokenizer, max_concurrent=max_concurrent)
     try:
-        await serve_api(backend, host, port, ready=_announce(host, len(route.stages)))
+        await serve_api(backend, host, port, ready=announce(host, len(route.stages)))
     finally:
         await backend.aclose()
         tokenizer.close()
-    return 0
-
-
-async def serve_local_swarm(
-    model: str, cuts: list[int], host: str = "127.0.0.1", port: int = DEFAULT_PORT
-) -> int:
-    """`sangama demo --static --api-port P`: a loopback swarm behind the API until SIGINT."""
-    from app.local_swarm import LocalSwarm
-
-    print(f"Starting {len(cuts) - 1} workers on loopback (layers cut at {cuts}) ...", flush=True)
-    async with LocalSwarm(model=model, cuts=cuts, threads=1) as swarm:
-        assert swarm.route is not None and swarm.client_credentials is not None
-        tokenizer = Tokenizer.from_gguf(Path(swarm.route.model))
-        backend = SwarmBackend(
-            swarm.client_credentials, swarm.route, tokenizer, tuning=swarm.tuning
-        )
-        try:
-            await serve_api(backend, host, port, ready=_announce(host, len(swarm.workers)))
-        finally:
-            await backend.aclose()
-            tokenizer.close()
-    print("all workers stopped cleanly", flush=True)
     return 0
 
 

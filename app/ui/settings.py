@@ -108,7 +108,7 @@ class Settings:
 
 def autostart_command() -> str:
     """How the login session should start the app."""
-    return f'"{sys.executable}" -m app.desktop'
+    return f'"{sys.executable}" -m app.ui.desktop'
 
 
 def xdg_autostart_path() -> Path:

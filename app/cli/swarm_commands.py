@@ -47,7 +47,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     _db_args(q)
 
     p = sub.add_parser("relay", help="run the swarm's TURN/STUN relay (configures coturn)")
-    from app.relay import add_relay_arguments
+    from app.cli.relay import add_relay_arguments
 
     add_relay_arguments(p)
 
@@ -95,7 +95,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
-    from app.relay import run_relay_cli
+    from app.cli.relay import run_relay_cli
 
     return run_relay_cli(args)
 

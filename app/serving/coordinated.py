@@ -15,12 +15,12 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from app.compute import stage_compute
-from app.config import Hop, Route, WorkerConfig, format_address, parse_address
+from app.config import Hop, WorkerConfig, format_address, parse_address
 from app.identity import Identity, default_identity_dir, join_swarm
 from app.links import (
     LinkDialer,
@@ -30,20 +30,18 @@ from app.links import (
     serve_ice_offers,
 )
 from app.node_status import NodeStatus, ServeState, StatusReport, plain_reason
-from app.serve import report_stopped, start_worker, stop_event
-from app.worker import StageWorker
-from coordinator.client.downloads import DownloadProgress, download_pieces, format_progress
+from app.progress import print_progress
+from app.serving.serve import report_stopped, start_worker, stop_event
+from app.serving.worker import StageWorker
+from coordinator.client.downloads import DownloadProgress, download_pieces
 from coordinator.client.session import CoordinatorClient
 from coordinator.contract import (
     Assignment,
     Heartbeat,
     HeartbeatAnswer,
-    manifest_path,
-    pieces_path,
 )
 from coordinator.errors import CoordinatorError
 from core.hardware import detect_hardware, memory_in_use
-from core.manifest import EMBEDDING
 from core.types import LayerRange
 from net.quic import QuicTuning
 
@@ -86,14 +84,6 @@ def _capacity(cap: int) -> tuple[int, dict[str, Any]]:
         "note": hw.note,
     }
     return (min(cap, usable) if cap > 0 else usable), hardware
-
-
-def _print_progress() -> Callable[[DownloadProgress], None]:
-    def show(p: DownloadProgress) -> None:
-        if p.finished:
-            print(format_progress(p), file=sys.stderr, flush=True)
-
-    return show
 
 
 RENEW_WHEN_LEFT = dt.timedelta(hours=8)
@@ -161,7 +151,7 @@ async def prepare_pieces(
     pieces_dir: Path = identity.directory / "pieces" / assignment.model
     pieces_dir.mkdir(parents=True, exist_ok=True)
     needed = manifest.pieces_for(layers)
-    report = progress or _print_progress()
+    report = progress or print_progress()
     await loop.run_in_executor(
         None,
         lambda: download_pieces(
@@ -170,25 +160,6 @@ async def prepare_pieces(
     )
     manifest.save(pieces_dir)
     return pieces_dir
-
-
-def fetch_route(identity: Identity, model: str = "default") -> tuple[Route, Path]:
-    """The coordinator's current route, and a GGUF with the tokenizer (the embedding
-    piece, downloaded and verified once)."""
-    client = identity.client()
-    answer = client.route(model)
-    # Route.from_dict checks every address (ConfigError for one that cannot be dialled).
-    route = Route.from_dict(asdict(answer))
-    manifest = client.manifest(manifest_path(answer.model))
-    pieces_dir = identity.directory / "pieces" / answer.model
-    (path,) = download_pieces(
-        client.session,
-        client.url(pieces_path(answer.model)),
-        [manifest.piece(EMBEDDING)],
-        pieces_dir,
-        progress=_print_progress(),
-    )
-    return route, path
 
 
 async def serve_coordinated(
@@ -213,7 +184,7 @@ async def serve_coordinated(
     client = identity.client()
     host, port = options.listen
     if port == 0:
-        from app.local_swarm import free_udp_port
+        from app.ports import free_udp_port
 
         port = free_udp_port(host)  # kept across rebuilds: the coordinator knows this address
     address = options.advertise or format_address((host, port))

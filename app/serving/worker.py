@@ -4,10 +4,11 @@ The asyncio loop owns the network. The stage runtime (llama.cpp) runs in one eng
 thread, so the network stays responsive while a batch computes. Each engine step takes
 the queued rows of all sessions (core.scheduling), evaluates them in one llama_decode,
 and forwards every session's output immediately: hidden states to the next stage, or,
-on the last stage, sampled tokens straight to the client (push-forward, DESIGN §2).
+on the last stage, sampled tokens straight to the client (push-forward; see
+docs/architecture.md, "One token's trip").
 
 Who owns a session, when a repeated OPEN resumes it, which steps were taken already and
-when the stage refuses are decided by app.session_rules (no IO); this loop carries out
+when the stage refuses are decided by app.serving.session_rules (no IO); this loop carries out
 the actions it returns. Imports no Qt: the CLI runs it headless and the tray app reuses it.
 """
 
@@ -23,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.config import WorkerConfig
-from app.downstream import Dialer, Downstream
-from app.session_rules import Action as RuleAction
-from app.session_rules import (
+from app.serving.downstream import Dialer, Downstream
+from app.serving.session_rules import Action as RuleAction
+from app.serving.session_rules import (
     Begin,
     CancelGrace,
     Drain,
@@ -46,7 +47,7 @@ from app.session_rules import (
     Take,
     TokensReady,
 )
-from app.session_rules import Event as RuleEvent
+from app.serving.session_rules import Event as RuleEvent
 from app.wire_convert import sampling_from_wire
 from core.errors import CoreError
 from core.sampling import make_rng, sample

@@ -1,8 +1,9 @@
 """`sangama relay`: write coturn's configuration, run coturn as a child, say READY when it answers.
 
-DESIGN §5: the relay is stock coturn (Debian package `coturn`); this module only configures
-it (net/turn.py renders every limit explicitly), supervises it and reports. The shared secret
-the coordinator needs to derive TURN credentials lives in the run directory, mode 0600.
+The relay is stock coturn (Debian package `coturn`; docs/architecture.md, "Links"); this
+module only configures it (net/turn.py renders every limit explicitly), supervises it and
+reports. The shared secret the coordinator needs to derive TURN credentials lives in the run
+directory, mode 0600.
 """
 
 from __future__ import annotations
@@ -320,7 +321,7 @@ def _tail(path: Path, lines: int) -> str:
 
 
 def add_relay_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of `sangama relay` (app/cli.py calls this on its subparser)."""
+    """The flags of `sangama relay` (app/cli/swarm_commands.py calls this on its subparser)."""
     p.add_argument("--dir", type=Path, default=None, help="run directory (default: data dir)")
     p.add_argument("--listen", default="0.0.0.0", help="address coturn listens on")
     p.add_argument("--port", type=int, default=turn.DEFAULT_TURN_PORT, help="STUN/TURN port")

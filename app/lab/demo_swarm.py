@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 import sys
 import tempfile
 import time
@@ -18,26 +17,15 @@ from typing import Any
 
 import requests
 
-from app.chat_run import ChatReport, chat_once
-from app.client import SwarmClient
-from app.coordinated import fetch_route
+from app.client.chat_run import print_report, stream_answer
+from app.client.connect import open_joined_chat
+from app.client.route import fetch_route
 from app.errors import AppError
 from app.identity import join_swarm
-from app.links import channel_dialer, start_links
-from app.processes import Child, spawn_sangama
+from app.lab.processes import Child, spawn_sangama
+from app.ports import free_tcp_port
 from coordinator.server.serve import ADMIN_TOKEN_FILE
-from core.tokenizer import Tokenizer
-from core.types import SamplingParams
-from net.quic import QuicTuning
 from net.tensors import WireDtype
-
-DEMO_SAMPLING = SamplingParams(repetition_penalty=1.2)
-
-
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OperatorApi:
@@ -68,50 +56,8 @@ class OperatorApi:
         )
 
 
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
-async def stream_answer(
-    client: SwarmClient,
-    tokenizer: Tokenizer,
-    prompt: str,
-    max_tokens: int,
-    dtype: WireDtype,
-    *,
-    chat_format: bool = False,
-    sampling: SamplingParams = DEMO_SAMPLING,
-) -> ChatReport:
-    """One answer streamed to stdout as it arrives: how both demos and `sangama chat` ask.
-    The demos continue the prompt as plain text (chat_format False) with a mild
-    repetition penalty, which reads well on the small default model."""
-    return await chat_once(
-        client,
-        tokenizer,
-        prompt,
-        chat_format=chat_format,
-        max_tokens=max_tokens,
-        sampling=sampling,
-        wire_dtype=dtype,
-        stream=_write,
-    )
-
-
 def _say(text: str) -> None:
     print(text, flush=True)
-
-
-def print_report(report: ChatReport, n_stages: int) -> None:
-    """After the streamed answer: speed, then the seeds' "where the time goes" table."""
-    print(
-        f"\n\n{len(report.tokens)} tokens from a {n_stages}-stage swarm: "
-        f"first token after {report.first_token_ms:.0f} ms "
-        f"({report.prompt_tokens} prompt tokens), then {report.decode_tokens_per_s:.1f} tok/s",
-        flush=True,
-    )
-    if report.stages:
-        print(report.table(), flush=True)
 
 
 async def _wait_for_route(identity: Any, stages: int, timeout: float = 60.0) -> tuple[Any, Path]:
@@ -140,7 +86,7 @@ async def run_demo_swarm(
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sangama-demo-") as tmp:
         wd = Path(tmp)
-        port = _free_tcp_port()
+        port = free_tcp_port()
         data = wd / "coordinator"
         children: list[Child] = []
         try:
@@ -208,18 +154,11 @@ async def run_demo_swarm(
             )
             _say(f"   ready after {time.perf_counter() - t0:.1f} s\n")
             sys.stdout.write(prompt)
-            tokenizer = Tokenizer.from_gguf(tokenizer_path)
-            link_dialer, router = await start_links(
-                identity.client(), identity.credentials(), QuicTuning()
-            )
+            conn = await open_joined_chat(identity, route, tokenizer_path)
             try:
-                async with SwarmClient(
-                    identity.credentials(), route, dialer=channel_dialer(link_dialer)
-                ) as client:
-                    report = await stream_answer(client, tokenizer, prompt, max_tokens, dtype)
+                report = await stream_answer(conn.client, conn.tokenizer, prompt, max_tokens, dtype)
             finally:
-                tokenizer.close()
-                await router.stop()
+                await conn.close()
             print_report(report, len(route.stages))
             swarm = operator.call("GET", "/api/v1/swarm")
             _say(
@@ -227,7 +166,7 @@ async def run_demo_swarm(
                 + ", ".join(f"{s['node_id']}{tuple(s['layers'])}" for s in swarm["plan"])
             )
             if api_port is not None:  # keep the swarm up behind the API until Ctrl+C
-                from app.openai_serve import serve_identity
+                from app.api.openai_serve import serve_identity
 
                 _say("")
                 await serve_identity(identity, route, tokenizer_path, port=api_port)

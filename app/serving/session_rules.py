@@ -3,7 +3,7 @@
 Who owns a session (the upstream node that opened it, over one link at a time), when a
 repeated OPEN resumes it over a new link and when it is refused, which steps were taken
 already, when the stage refuses new sessions, and how long a session whose link died is
-kept for a resume. `app.worker.StageWorker` feeds every event here and carries out the
+kept for a resume. `app.serving.worker.StageWorker` feeds every event here and carries out the
 actions; nothing here touches a socket, the engine or the clock. A link is any hashable
 handle (the worker passes its `Channel`s, the tests plain strings); the grace timer is an
 action the worker arms and an event (`GraceExpired`) it feeds back.

@@ -19,8 +19,8 @@ from core.types import StageSpec
 from net.channel import NodeCredentials
 
 if TYPE_CHECKING:
-    from app.downstream import Dialer
-    from app.worker import StageWorker
+    from app.serving.downstream import Dialer
+    from app.serving.worker import StageWorker
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ async def start_worker(
     config: WorkerConfig, creds: NodeCredentials, dialer: Dialer | None = None
 ) -> StageWorker:
     """Build the stage (in a thread: loading takes a while) and start serving it."""
-    from app.worker import StageWorker  # heavy imports after the environment is set
+    from app.serving.worker import StageWorker  # heavy imports after the environment is set
     from core.stage import Stage
 
     path, n_layer = prepare_stage_file(config)

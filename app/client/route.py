@@ -1,0 +1,32 @@
+"""The route a joined client asks the coordinator for, with the tokenizer to use on it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from app.config import Route
+from app.identity import Identity
+from app.progress import print_progress
+from coordinator.client.downloads import download_pieces
+from coordinator.contract import manifest_path, pieces_path
+from core.manifest import EMBEDDING
+
+
+def fetch_route(identity: Identity, model: str = "default") -> tuple[Route, Path]:
+    """The coordinator's current route, and a GGUF with the tokenizer (the embedding
+    piece, downloaded and verified once)."""
+    client = identity.client()
+    answer = client.route(model)
+    # Route.from_dict checks every address (ConfigError for one that cannot be dialled).
+    route = Route.from_dict(asdict(answer))
+    manifest = client.manifest(manifest_path(answer.model))
+    pieces_dir = identity.directory / "pieces" / answer.model
+    (path,) = download_pieces(
+        client.session,
+        client.url(pieces_path(answer.model)),
+        [manifest.piece(EMBEDDING)],
+        pieces_dir,
+        progress=print_progress(),
+    )
+    return route, path

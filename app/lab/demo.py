@@ -1,0 +1,69 @@
+"""`sangama demo --static`: a loopback swarm of worker processes on fixed cuts, no
+coordinator; it answers one question, or stays up behind the OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from app.api.openai_api import DEFAULT_PORT, SwarmBackend
+from app.api.openai_serve import announce, serve_api
+from app.client.chat_run import print_report, stream_answer
+from app.client.connect import open_chat
+from app.lab.local_swarm import LocalSwarm
+from core.tokenizer import Tokenizer
+from net.tensors import WireDtype
+
+
+def _starting(cuts: list[int]) -> None:
+    print(f"Starting {len(cuts) - 1} workers on loopback (layers cut at {cuts}) ...", flush=True)
+
+
+async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype: WireDtype) -> int:
+    t0 = time.perf_counter()
+    _starting(cuts)
+    swarm = LocalSwarm(model=model, cuts=cuts, threads=1)
+    async with swarm:
+        assert swarm.route is not None and swarm.client_credentials is not None
+        for w in swarm.workers:
+            host, port = w.config.listen
+            layers, pid = w.config.layers, w.process.pid
+            print(f"  {w.config.node_id}: layers {layers} on udp {host}:{port} (pid {pid})")
+        print(
+            f"swarm ready in {time.perf_counter() - t0:.1f} s\n\n{prompt}",
+            end="",
+            flush=True,
+        )
+        conn = await open_chat(swarm.client_credentials, swarm.route, Path(swarm.route.model))
+        try:
+            report = await stream_answer(conn.client, conn.tokenizer, prompt, max_tokens, dtype)
+        finally:
+            await conn.close()
+        print_report(report, len(swarm.workers))
+    print("\nall workers stopped cleanly")
+    return 0
+
+
+def run_demo(model: str, cuts: list[int], prompt: str, max_tokens: int, wire_dtype: str) -> int:
+    return asyncio.run(_demo(model, cuts, prompt, max_tokens, WireDtype[wire_dtype.upper()]))
+
+
+async def serve_local_swarm(
+    model: str, cuts: list[int], host: str = "127.0.0.1", port: int = DEFAULT_PORT
+) -> int:
+    """`sangama demo --static --api-port P`: a loopback swarm behind the API until SIGINT."""
+    _starting(cuts)
+    async with LocalSwarm(model=model, cuts=cuts, threads=1) as swarm:
+        assert swarm.route is not None and swarm.client_credentials is not None
+        tokenizer = Tokenizer.from_gguf(Path(swarm.route.model))
+        backend = SwarmBackend(
+            swarm.client_credentials, swarm.route, tokenizer, tuning=swarm.tuning
+        )
+        try:
+            await serve_api(backend, host, port, ready=announce(host, len(swarm.workers)))
+        finally:
+            await backend.aclose()
+            tokenizer.close()
+    print("all workers stopped cleanly", flush=True)
+    return 0
