@@ -1,4 +1,5 @@
-"""Swarm CA, node certificates and the application-layer client proof (DESIGN §5, §6).
+"""Swarm CA, node certificates and the application-layer client proof
+(docs/architecture.md, "Trust").
 
 TLS authenticates the server: its certificate chains to the swarm CA and names the
 expected node id. Stock aioquic servers neither request nor verify client

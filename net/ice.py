@@ -1,4 +1,5 @@
-"""ICE path finding under QUIC links (DESIGN §5); with net.ice_values, the only aioice user.
+"""ICE path finding under QUIC links; with net.ice_values, the only aioice user
+(docs/architecture.md, "Links").
 
 Where the addresses a peer can be reached at do not work as they are, a link finds a path
 with standard ICE: `aioice` gathers host, server-reflexive (STUN) and relayed (TURN)
@@ -7,8 +8,8 @@ offers between the two nodes (`IceOffer.to_dict`, `establish(exchange=...)`), an
 runs over the selected pair through `IceSession.as_datagram_path` (a `net.quic.DatagramPath`).
 
 `establish` bounds ICE (aioice would wait 64 s) and, when a TURN server is configured and the
-default policy fails, retries once relay-only (DESIGN: relay-only worked where the default
-policy failed behind symmetric NAT).
+default policy fails, retries once relay-only (relay-only worked where the default policy
+failed behind symmetric NAT; docs/architecture.md, "Links").
 
 Root cause of that failure (aioice 0.13.0, coturn 4.6.1; reproduced with the reference
 symmetric-NAT namespaces and in tests/integration/test_ice.py): not a nonce bug. aioice

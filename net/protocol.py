@@ -3,8 +3,8 @@
 Bytes go in with `receive_data`, events come out; frames to send are taken with
 `data_to_send`. No sockets, no asyncio, no clock: the shell (net.channel) does IO.
 
-Authentication (DESIGN §6): TLS has already proved the acceptor's identity to the
-initiator. The initiator then proves its own: HELLO -> CHALLENGE(nonce) ->
+Authentication (docs/architecture.md, "Trust"): TLS has already proved the acceptor's
+identity to the initiator. The initiator then proves its own: HELLO -> CHALLENGE(nonce) ->
 PROOF(certificate, signature over nonce and the acceptor's certificate hash) ->
 WELCOME. Nothing else is processed before WELCOME; a refused peer is told why.
 

@@ -9,10 +9,10 @@ TLS authenticates the server (its certificate must chain to the swarm CA and nam
 expected node id). Clients prove themselves at the application layer (net.protocol),
 because stock aioquic servers neither request nor verify client certificates.
 
-Cheap wins taken (DESIGN §5): transmissions are coalesced to once per event-loop turn,
-several frames sent in one turn share packets; the packet pacer is bypassed for the
-small bursts a token's hidden state makes; the datagram size is configurable for paths
-that allow more than 1200 bytes (loopback, LAN).
+Cheap wins taken (docs/architecture.md, "Links"): transmissions are coalesced to once per
+event-loop turn, several frames sent in one turn share packets; the packet pacer is bypassed
+for the small bursts a token's hidden state makes; the datagram size is configurable for
+paths that allow more than 1200 bytes (loopback, LAN).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """TURN relay helpers, pure: coturn REST credentials and an explicit coturn configuration.
 
-DESIGN §5: the relay is coturn with `use-auth-secret`. The coordinator and the relay share
-one secret; the coordinator hands each joined node a short-lived username/password derived
-from it (coturn's "TURN REST API" scheme), so only swarm members can allocate, and a leaked
-credential dies with its expiry. Every quota and bandwidth limit is written out explicitly
-because the seeds were bitten by a relay's silent defaults.
+The relay is coturn with `use-auth-secret` (docs/architecture.md, "Links"). The coordinator
+and the relay share one secret; the coordinator hands each joined node a short-lived
+username/password derived from it (coturn's "TURN REST API" scheme), so only swarm members
+can allocate, and a leaked credential dies with its expiry. Every quota and bandwidth limit
+is written out explicitly because the seeds were bitten by a relay's silent defaults.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ class RelayConfig:
     """The public address when the relay sits behind a 1:1 NAT; advertised to clients."""
     stale_nonce_s: int | None = None
     """Nonce lifetime. None leaves coturn's own default (600 s in 4.6); 0 = never stale.
-    A named knob because DESIGN §5 saw ChannelBinds refused with 438 "Wrong nonce". That
+    A named knob because coturn was seen refusing ChannelBinds with 438 "Wrong nonce". That
     turned out not to be nonce expiry (net/ice.py): a failed send to a private peer made
     coturn drop the allocation, and the next request met a fresh session. Denying private
     peers (below) prevents it; this knob stays for operators who tune nonce lifetimes."""

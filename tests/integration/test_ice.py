@@ -1,4 +1,5 @@
-"""QUIC over ICE paths (net.ice, DESIGN §5), and the TURN findings behind net/ice.py.
+"""QUIC over ICE paths (net.ice; docs/architecture.md, "Links"), and the TURN findings
+behind net/ice.py.
 
 aioice ignores loopback addresses, so the peers need others: as root, a fixture makes a
 veth pair with 10.203.0.1 and 10.203.0.2 (and an "unreachable" route for 10.203.77.0/24,
@@ -9,7 +10,7 @@ side through QuicServer.accept over the other ICE path) carries data both ways.
 With coturn installed (`turnserver`), a private coturn on 10.203.0.1 with REST
 shared-secret credentials serves the relayed cases: relay-only, the relay-only retry
 after a default-policy failure, the allocation coturn 4.6.1 drops after one unroutable
-send (the "438 Wrong nonce, then 400" of DESIGN §5), and the pairing fix that avoids it.
+send (the "438 Wrong nonce, then 400" in docs/architecture.md), and the pairing fix that avoids it.
 
 The fake TURN server test needs neither root nor coturn: it shows aioice's TURN client
 takes the nonce of a 438 answer, retries with it and signs later requests with it.

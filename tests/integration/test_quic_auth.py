@@ -1,4 +1,4 @@
-"""Authenticated channels over real QUIC on loopback (DESIGN §5-6).
+"""Authenticated channels over real QUIC on loopback (docs/architecture.md, "Links" and "Trust").
 
 ChannelServer and connect_channel over UDP on 127.0.0.1: frames flow both ways once
 both sides are authenticated, and a rogue-CA node, a certless node, a wrong-id node and

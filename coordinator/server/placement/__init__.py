@@ -1,4 +1,5 @@
-"""Placement: which node serves which layers, as one pure function (DESIGN §7).
+"""Placement: which node serves which layers, as one pure function
+(docs/architecture.md, "Placement").
 
 `plan(model, nodes, ...)` returns a chain of stages that covers every layer exactly once,
 each stage fitting its node's memory (weights, KV cache for the planned sessions, a fixed
