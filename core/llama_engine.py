@@ -4,7 +4,7 @@ A stage engine evaluates one batch of rows in one `llama_decode`. Rows carry tok
 (first stage) or f32 hidden states (later stages, through `llama_batch.embd`). Non-last
 stages return the residual after their last block, captured by an eval callback on the
 tensor `l_out-<k-1>`; the callback then stops the graph so the output norm and head are
-skipped. The last stage returns logits. Recipe and measurements: DESIGN §4.
+skipped. The last stage returns logits. Recipe and builds: docs/engine.md.
 """
 
 from __future__ import annotations
