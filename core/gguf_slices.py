@@ -5,7 +5,8 @@ names), an embedding piece (token_embd plus the tokenizer metadata) and a head p
 (output_norm and output). Every piece carries the model's non-tokenizer metadata, so
 any piece describes the model on its own.
 
-A stage file holds only its own blocks, renumbered from 0 (docs/engine.md, "A stage file, and what one stage computes"):
+A stage file holds only its own blocks, renumbered from 0 (docs/engine.md, "A stage
+file, and what one stage computes"):
 - per-layer attention kinds are always written as per-layer arrays, so any cut is right;
 - the first stage keeps the tokenizer and token_embd;
 - middle stages get a dummy one-token vocabulary and one-row token_embd (tiny files);
