@@ -1,8 +1,8 @@
 """Which queued rows go into the next engine step: a pure policy.
 
 A stage is a scheduler, not a request handler (docs/architecture.md, "One token's
-trip"): each engine step takes the ready rows of all sessions, decode rows first (they hold a person waiting for the next
-token), then prompt chunks, in arrival order, up to a row budget. A single item larger
+trip"): each engine step takes the ready rows of all sessions, decode rows first (they
+hold a person waiting for the next token), then prompt chunks, in arrival order, up to a row budget. A single item larger
 than the budget still goes alone, so nothing starves.
 """
 
