@@ -2,8 +2,8 @@
 
 A stage is a scheduler, not a request handler (docs/architecture.md, "One token's
 trip"): each engine step takes the ready rows of all sessions, decode rows first (they
-hold a person waiting for the next token), then prompt chunks, in arrival order, up to a row budget. A single item larger
-than the budget still goes alone, so nothing starves.
+hold a person waiting for the next token), then prompt chunks, in arrival order, up to
+a row budget. A single item larger than the budget still goes alone, so nothing starves.
 """
 
 from __future__ import annotations
