@@ -252,6 +252,15 @@ async def serve_coordinated(
                 next_hop=hop_text,
                 compute=compute,
             )
+            # Fixed for the stage's life (the offload plan is made once, at load).
+            stage_beat = replace(report_beat, **(compute.heartbeat_fields() if compute else {}))
+            # Tell the coordinator before anyone is told "serving": a long download and
+            # load can outlast its dead-node timeout, and a client asking for a route the
+            # moment this stage serves must find it there.
+            try:
+                await loop.run_in_executor(None, _beat, client, stage_beat)
+            except CoordinatorError as exc:
+                log.warning("heartbeat failed: %s", exc)
             report(serving)
             log.info(
                 "serving layers %s as %s on %s (%s)",
@@ -260,8 +269,6 @@ async def serve_coordinated(
                 address,
                 compute.backend if compute is not None else "backend not reported",
             )
-            # Fixed for the stage's life (the offload plan is made once, at load).
-            stage_beat = replace(report_beat, **(compute.heartbeat_fields() if compute else {}))
             identity, serving = await _heartbeats(
                 identity, client, worker, assignment, stage_beat, stop, report, serving
             )
