@@ -28,7 +28,10 @@ import ctypes, pathlib, sys
 import llama_cpp as L
 path, extra = sys.argv[1], sys.argv[2] == "1"
 lib = pathlib.Path(L.__file__).parent / "lib"
-ggml = ctypes.CDLL(str(lib / "libggml.so"))
+# The SONAME copy (libggml.so.0): libllama maps that file; opening the unversioned copy
+# would give a second, empty backend registry (see core/backends.lib_path).
+so = sorted(lib.glob("libggml.so.*"), key=lambda p: len(p.name)) or [lib / "libggml.so"]
+ggml = ctypes.CDLL(str(so[0]))
 ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
 if ggml.ggml_backend_dev_count() == 0:  # a GGML_BACKEND_DL build registers nothing by itself
     ggml.ggml_backend_load_all_from_path(str(lib).encode())
