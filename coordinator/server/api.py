@@ -129,6 +129,7 @@ class HeartbeatIn(_In):
     device_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
     gpu_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
     n_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
+    paused: str = Field(default="", max_length=100, description='e.g. "on battery"')
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:
