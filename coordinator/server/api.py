@@ -155,6 +155,8 @@ class NodeOut(BaseModel):
     device_cap_bytes: int
     gpu_layers: int
     n_layers: int
+    paused: str = ""
+    """Why the node said it pauses ("on battery", ...); "" when it offers to serve."""
 
 
 class SwarmOut(BaseModel):
@@ -484,6 +486,7 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
                 node_id=n.node_id,
                 role=n.role,
                 health=coord.health(n),
+                paused=coord.paused_reason(n.node_id),
                 address=n.address,
                 capacity_bytes=n.capacity_bytes,
                 vram_cap_bytes=n.vram_cap_bytes,
