@@ -120,10 +120,10 @@ def test_every_path_goes_through_platformdirs(monkeypatch: pytest.MonkeyPatch) -
 class MemoryKeyring(KeyringBackend):
     """Stands in for Windows Credential Manager (keyring's WinVaultKeyring)."""
 
-    priority = 1  # type: ignore[assignment]
+    priority = 1
 
     def __init__(self, refuse: bool = False) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.items: dict[tuple[str, str], str] = {}
         self.refuse = refuse
 
@@ -157,7 +157,7 @@ def test_secrets_go_to_the_os_keyring_when_there_is_one(
     assert list(vault.items) == [(identity.KEYRING_SERVICE, f"{tmp_path.resolve()}:token")]
 
 
-@pytest.mark.parametrize("backend", [fail.Keyring(), MemoryKeyring(refuse=True)])
+@pytest.mark.parametrize("backend", [fail.Keyring(), MemoryKeyring(refuse=True)])  # type: ignore[no-untyped-call]
 def test_without_a_usable_keyring_secrets_go_to_a_private_file(
     tmp_path: Path, restore_keyring: None, backend: KeyringBackend
 ) -> None:
@@ -176,8 +176,8 @@ def test_no_c_compiler_on_windows_means_the_python_callback(
     msvcrt.LK_LOCK = 1  # type: ignore[attr-defined]
     msvcrt.locking = lambda fd, mode, n: locks.append((fd, mode, n))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "msvcrt", msvcrt)
-    monkeypatch.setattr(capture_lib.shutil, "which", lambda _name: None)  # no cc, no gcc
-    monkeypatch.setattr(capture_lib.platformdirs, "user_cache_dir", lambda _n: str(tmp_path))
+    monkeypatch.setattr("core.capture_lib.shutil.which", lambda _name: None)  # no cc, no gcc
+    monkeypatch.setattr(platformdirs, "user_cache_dir", lambda _n: str(tmp_path))
     monkeypatch.setattr(capture_lib, "_lib", None)
     monkeypatch.setattr(capture_lib, "_error", None)
     assert capture_lib.load_capture_lib() is None
