@@ -61,6 +61,8 @@ class WorkerConfig:
     """Offload the stage's blocks to a GPU where one is found."""
     device_cap_bytes: int = 0
     """The most GPU memory the stage may take (the volunteer's VRAM cap); 0: all free."""
+    upload_bytes_per_s: int = 0
+    """The volunteer's upload cap for everything this stage's links send; 0: none."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):

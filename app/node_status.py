@@ -56,6 +56,9 @@ class NodeStatus:
     """Sessions still running while PAUSING or MOVING."""
     error: str = ""
     """Plain-words reason, in state ERROR (or WAITING when the coordinator is unreachable)."""
+    paused_reason: str = ""
+    """Why the node pauses by itself ("on battery", "quiet hours", ...), in PAUSED or
+    PAUSING; "" when the volunteer paused it or it serves."""
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -71,6 +74,8 @@ class NodeStatus:
             return f"Sangama: {s.value}, finishing {_sessions(self.finishing)}"
         if s is ServeState.ERROR:
             return f"Sangama: error: {self.error}"
+        if s in (ServeState.PAUSED, ServeState.PAUSING) and self.paused_reason:
+            return f"Sangama: {s.value} ({self.paused_reason})"
         return f"Sangama: {s.value}"
 
 

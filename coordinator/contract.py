@@ -164,6 +164,9 @@ class Heartbeat:
     device_cap_bytes: int = 0
     gpu_layers: int = 0
     n_layers: int = 0
+    paused: str = ""
+    """Why the node serves nothing now ("on battery", "paused by you", ...); "" while it
+    offers to serve. A paused node is left out of placement, so routes avoid it."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

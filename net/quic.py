@@ -26,7 +26,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import aioquic.buffer
@@ -38,6 +38,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from net.errors import NetError
+from net.rate import AsyncThrottle
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class QuicTuning:
     pace: bool = False
     library: str = "aioquic"
     """"aioquic" (default) or "qh3" (same sans-IO API, Rust packet core, less CPU)."""
+    send_throttle: AsyncThrottle | None = field(default=None, compare=False, repr=False)
+    """The volunteer's upload cap, shared by every link that carries this tuning."""
 
     def __post_init__(self) -> None:
         if self.library not in QUIC_LIBRARIES:
@@ -279,6 +282,7 @@ class QuicLink:
         self._timer: asyncio.TimerHandle | None = None
         self._keepalive: asyncio.TimerHandle | None = None
         self._transmit_scheduled = False
+        self._deferred: asyncio.TimerHandle | None = None
         self._last_activity = time.monotonic()
         self.connected: asyncio.Future[None] = self._loop.create_future()
         self.closed: asyncio.Future[str] = self._loop.create_future()
@@ -346,13 +350,31 @@ class QuicLink:
             self._transmit_scheduled = True
             self._loop.call_soon(self._transmit)
 
-    def _transmit(self) -> None:
+    def _transmit(self, force: bool = False) -> None:
         self._transmit_scheduled = False
+        throttle = self._tuning.send_throttle
+        if throttle is not None and not force:
+            if self._deferred is not None:
+                self._transmit_scheduled = True  # the deferred transmit takes this too
+                return
+            wait = throttle.delay()
+            if wait > 0:  # over the upload cap: everything queued leaves in one go later
+                self._transmit_scheduled = True
+                self._deferred = self._loop.call_later(wait, self._deferred_transmit)
+                return
         now = time.time()
+        sent = 0
         for data, addr in self._quic.datagrams_to_send(now=now):
             self._path.send(data, addr)
+            sent += len(data)
+        if throttle is not None:
+            throttle.sent(sent)
         if not self.closed.done():
             self._reschedule_timer(now)
+
+    def _deferred_transmit(self) -> None:
+        self._deferred = None
+        self._transmit()
 
     def _reschedule_timer(self, now: float) -> None:
         deadline = self._quic.get_timer()
@@ -381,15 +403,16 @@ class QuicLink:
             return
         # Flush first: once a close is pending aioquic sends only the CONNECTION_CLOSE, so
         # frames sent in this loop turn (a refusal's ERROR, a last CLOSE) would be lost.
-        self._transmit()
+        # Forced past the upload cap: a close must leave now, not after the link is gone.
+        self._transmit(force=True)
         self._quic.close(error_code=error_code, reason_phrase=reason)
-        self._transmit()
+        self._transmit(force=True)
         self._terminate(reason)
 
     def _terminate(self, reason: str, error: type[LinkError] = LinkError) -> None:
         if self.closed.done():
             return
-        for handle in (self._timer, self._keepalive):
+        for handle in (self._timer, self._keepalive, self._deferred):
             if handle is not None:
                 handle.cancel()
         self.closed.set_result(reason)

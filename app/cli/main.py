@@ -145,6 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="on stop or a new assignment, let running sessions finish this long (default 20)",
     )
+    p.add_argument(
+        "--quiet-hours",
+        default="",
+        metavar="HH:MM-HH:MM[,...]",
+        help="local times not to serve, e.g. 22:00-07:00 (over midnight is fine)",
+    )
+    p.add_argument(
+        "--no-gpu-pause", action="store_true", help="keep serving while other programs use the GPU"
+    )
+    p.add_argument("--no-battery-pause", action="store_true", help="keep serving on battery")
+    p.add_argument("--max-download", default="0", help="piece download cap per second, e.g. 5M")
+    p.add_argument("--max-upload", default="0", help="upload cap per second for links, e.g. 2M")
 
     p = sub.add_parser("chat", help="ask the swarm; stream the answer")
     p.add_argument("--prompt", required=True)
@@ -298,11 +310,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return run_worker(args.config)
     from app.config import parse_address
     from app.identity import coordinator_url, default_identity_dir
-    from app.serving.coordinated import CoordinatedOptions, run_coordinated
+    from app.serving.coordinated import CoordinatedOptions
+    from app.serving.guest import run_guest
+    from app.serving.guest_policy import GuestSettings, SettingsError, parse_quiet_hours
 
     if not (0 <= args.drain <= 3600):
         raise ConfigError(f"--drain must be 0..3600 seconds, not {args.drain}")
-    return run_coordinated(
+    try:
+        guest = GuestSettings(
+            pause_when_gpu_busy=not args.no_gpu_pause,
+            pause_on_battery=not args.no_battery_pause,
+            quiet_hours=parse_quiet_hours(args.quiet_hours),
+            download_bytes_per_s=parse_bytes(args.max_download),
+            upload_bytes_per_s=parse_bytes(args.max_upload),
+        )
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from exc
+    return run_guest(
         CoordinatedOptions(
             identity_dir=args.identity or args.identity_dir or default_identity_dir(),
             join_code=args.join,
@@ -314,7 +338,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
             relay_only=args.relay_only,
             coordinator=coordinator_url(args.coordinator) if args.coordinator else None,
             drain_s=args.drain,
-        )
+            download_bytes_per_s=guest.download_bytes_per_s,
+            upload_bytes_per_s=guest.upload_bytes_per_s,
+        ),
+        guest,
     )
 
 

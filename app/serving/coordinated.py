@@ -32,6 +32,7 @@ from app.links import (
 from app.node_status import NodeStatus, ServeState, StatusReport, plain_reason
 from app.progress import print_progress
 from app.serving.serve import report_stopped, start_worker, stop_event
+from app.serving.vram_check import check_within_cap
 from app.serving.worker import StageWorker
 from coordinator.client.downloads import DownloadProgress, download_pieces
 from coordinator.client.session import CoordinatorClient
@@ -44,6 +45,7 @@ from coordinator.errors import CoordinatorError
 from core.hardware import detect_hardware, memory_in_use
 from core.types import LayerRange
 from net.quic import QuicTuning
+from net.rate import Throttle, upload_throttle
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,10 @@ class CoordinatedOptions:
     """How long running sessions may take to finish before the stage is freed (stop, or a
     new assignment). Well under the coordinator's dead_after_s, which sees no heartbeat
     meanwhile."""
+    download_bytes_per_s: int = 0
+    """The volunteer's cap on piece downloads; 0: none."""
+    upload_bytes_per_s: int = 0
+    """The volunteer's cap on what this node's links send; 0: none."""
 
 
 def _capacity(cap: int) -> tuple[int, dict[str, Any]]:
@@ -142,6 +148,7 @@ async def prepare_pieces(
     client: CoordinatorClient,
     assignment: Assignment,
     progress: Callable[[DownloadProgress], None] | None = None,
+    download_bytes_per_s: int = 0,
 ) -> Path:
     """Download the assigned stage's pieces (verified) into the identity's cache; progress
     goes to `progress` (default: a line per finished piece on stderr)."""
@@ -155,7 +162,12 @@ async def prepare_pieces(
     await loop.run_in_executor(
         None,
         lambda: download_pieces(
-            client.session, client.pieces_url(assignment), needed, pieces_dir, progress=report
+            client.session,
+            client.pieces_url(assignment),
+            needed,
+            pieces_dir,
+            progress=report,
+            throttle=Throttle(download_bytes_per_s) if download_bytes_per_s > 0 else None,
         ),
     )
     manifest.save(pieces_dir)
@@ -213,7 +225,9 @@ async def serve_coordinated(
             fraction = p.all_done_bytes / p.all_total_bytes if p.all_total_bytes else 1.0
             report(replace(status, progress=min(1.0, fraction)))
 
-        pieces_dir = await prepare_pieces(identity, client, assignment, on_progress)
+        pieces_dir = await prepare_pieces(
+            identity, client, assignment, on_progress, options.download_bytes_per_s
+        )
         if stop.is_set():  # paused while downloading: nothing to load
             return
         report(replace(status, state=ServeState.LOADING, progress=1.0))
@@ -229,6 +243,7 @@ async def serve_coordinated(
             max_sessions=options.max_sessions,
             quic_library=options.quic_library,
             device_cap_bytes=options.vram_cap_bytes,
+            upload_bytes_per_s=options.upload_bytes_per_s,
         )
         creds = identity.credentials()
         ice = await loop.run_in_executor(
@@ -237,7 +252,10 @@ async def serve_coordinated(
         if options.relay_only:
             ice = ice.with_relay_only()
         router = SignalRouter(client)
-        tuning = QuicTuning(library=options.quic_library)
+        tuning = QuicTuning(
+            library=options.quic_library,
+            send_throttle=upload_throttle(options.upload_bytes_per_s),
+        )
         link_dialer = LinkDialer(creds, router, ice, tuning, direct=not options.relay_only)
         worker = await start_worker(config, creds, link_dialer.dial_with_path)
         try:
@@ -245,6 +263,10 @@ async def serve_coordinated(
             router.start()
             hop_text = f"{hop.node_id} at {hop.address}" if hop else ""
             compute = stage_compute(worker.stage)
+            # The plan kept within the cap; this checks what was really allocated.
+            check_within_cap(
+                compute, options.vram_cap_bytes, await loop.run_in_executor(None, memory_in_use)
+            )
             serving = replace(
                 status,
                 state=ServeState.SERVING,
@@ -400,6 +422,10 @@ class _CliReport:
                     file=sys.stderr,
                 )
         self.last = status.state
+
+
+CliReport = _CliReport
+"""For the good-guest loop's headless report (app.serving.guest)."""
 
 
 async def run(options: CoordinatedOptions) -> int:

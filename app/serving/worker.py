@@ -58,6 +58,7 @@ from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials
 from net.errors import ErrorCode, FrameError
 from net.quic import QuicTuning
+from net.rate import upload_throttle
 from net.tensors import WireDtype, decode_rows, encode_rows
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class StageWorker:
             library=config.quic_library,
             idle_timeout=config.idle_timeout,
             keepalive=config.idle_timeout / 4,
+            send_throttle=upload_throttle(config.upload_bytes_per_s),
         )
         self._server = ChannelServer(creds, self._channel_ready, tuning)
         self._downstream = (

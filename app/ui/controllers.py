@@ -30,7 +30,9 @@ from app.client.connect import ChatConnection, ChatConnector
 from app.client.route import fetch_route
 from app.identity import IDENTITY_FILE, Identity, coordinator_problem, join_swarm
 from app.node_status import NodeStatus, ServeState, plain_reason
-from app.serving.coordinated import CoordinatedOptions, serve_coordinated
+from app.serving.coordinated import CoordinatedOptions
+from app.serving.guest import serve_as_guest
+from app.serving.guest_policy import GuestSettings
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteCode, InviteError
 from core.tokenizer import Tokenizer
@@ -149,11 +151,17 @@ class NodeController(QObject):
     """(ok, message): the node id on success, the coordinator's reason on failure."""
 
     def __init__(
-        self, runner: AsyncThread, options: CoordinatedOptions, parent: QObject | None = None
+        self,
+        runner: AsyncThread,
+        options: CoordinatedOptions,
+        parent: QObject | None = None,
+        guest: GuestSettings | None = None,
     ) -> None:
         super().__init__(parent)
         self.runner = runner
         self.options = options
+        self.guest = guest or GuestSettings()
+        """When to step aside by itself (GPU busy, battery, quiet hours) and the caps."""
         self._task: concurrent.futures.Future[None] | None = None
         self._stop: asyncio.Event | None = None
         self._restarting = False
@@ -284,12 +292,17 @@ class NodeController(QObject):
 
     def _start_serving(self) -> None:
         stop = asyncio.Event()
-        options = self.options
+        guest = self.guest
+        options = replace(
+            self.options,
+            download_bytes_per_s=guest.download_bytes_per_s,
+            upload_bytes_per_s=guest.upload_bytes_per_s,
+        )
         self._stop = stop
 
         async def run() -> None:
             try:
-                await serve_coordinated(options, stop, self._report)
+                await serve_as_guest(options, guest, stop, self._report)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

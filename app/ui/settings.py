@@ -18,6 +18,8 @@ from typing import Any
 
 import platformdirs
 
+from app.serving.guest_policy import GuestSettings, SettingsError, parse_quiet_hours
+
 log = logging.getLogger(__name__)
 
 APP_NAME = "sangama"
@@ -61,6 +63,31 @@ class Settings:
     """Remembered so a paused node stays paused after a restart."""
     api_port: int = 0
     """The OpenAI-compatible API on 127.0.0.1:api_port for tools on this PC; 0: off."""
+    pause_when_gpu_busy: bool = True
+    """Step aside while another program (a game, a render) keeps the GPU busy."""
+    pause_on_battery: bool = True
+    quiet_hours: str = ""
+    """Local times not to serve, e.g. "22:00-07:00"; empty: none."""
+    max_download_kib_s: int = 0
+    """Piece download cap in KiB/s; 0: none."""
+    max_upload_kib_s: int = 0
+    """Upload cap for the stage's links in KiB/s; 0: none."""
+
+    def guest(self) -> GuestSettings:
+        """The good-guest settings these describe; unusable quiet hours count as none
+        (the settings dialog refuses them before they are saved)."""
+        try:
+            quiet = parse_quiet_hours(self.quiet_hours)
+        except SettingsError as exc:
+            log.warning("ignoring the quiet hours setting: %s", exc)
+            quiet = ()
+        return GuestSettings(
+            pause_when_gpu_busy=self.pause_when_gpu_busy,
+            pause_on_battery=self.pause_on_battery,
+            quiet_hours=quiet,
+            download_bytes_per_s=max(0, self.max_download_kib_s) * 1024,
+            upload_bytes_per_s=max(0, self.max_upload_kib_s) * 1024,
+        )
 
     @property
     def logs_path(self) -> Path:

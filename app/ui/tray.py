@@ -107,6 +107,7 @@ class DesktopApp(QObject):
                 vram_cap_bytes=settings.vram_cap_bytes,
                 coordinator=settings.coordinator or None,
             ),
+            guest=settings.guest(),
         )
         self._fixed_connector = chat_connector
         self.chat = ChatController(self.runner, chat_connector or self._joined_connector())
@@ -161,7 +162,18 @@ class DesktopApp(QObject):
         return "Resume contributing" if self._paused_like() else "Pause contributing"
 
     def _paused_like(self) -> bool:
-        return self.node.status.state in (ServeState.PAUSED, ServeState.ERROR)
+        status = self.node.status
+        if status.paused_reason and self.node.serving:
+            return False  # paused by itself and resuming by itself: Pause stops it for good
+        return status.state in (ServeState.PAUSED, ServeState.ERROR)
+
+    @property
+    def why_paused(self) -> str:
+        """The menu's line under the state while the node steps aside by itself."""
+        status = self.node.status
+        if status.state in (ServeState.PAUSED, ServeState.PAUSING) and status.paused_reason:
+            return f"Paused by itself ({status.paused_reason}); resumes by itself"
+        return ""
 
     @Slot(object)
     def _status_changed(self, status: NodeStatus) -> None:
@@ -184,6 +196,8 @@ class DesktopApp(QObject):
         if status.state is ServeState.ERROR:
             why = m.addAction("Why? Show the error…")
             why.triggered.connect(self.show_error)
+        if self.why_paused:
+            m.addAction(self.why_paused).setEnabled(False)
         m.addSeparator()
         m.addAction("Open chat").triggered.connect(self.open_chat)
         m.addAction("Status").triggered.connect(self.open_status)
@@ -261,6 +275,11 @@ class DesktopApp(QObject):
         self.node.options = replace(
             self.node.options, vram_cap_bytes=s.vram_cap_bytes, coordinator=s.coordinator or None
         )
+        guest = s.guest()
+        if guest != self.node.guest:  # takes effect when serving starts again
+            self.node.guest = guest
+            if s.coordinator == before.coordinator:
+                self.node.restart()
         if s.coordinator != before.coordinator:
             # Heartbeats, routes, chat and the API all go to the new address from now on.
             self.node.restart()

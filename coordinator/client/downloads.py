@@ -22,6 +22,7 @@ import urllib3
 from coordinator.errors import CoordinatorError
 from core.errors import PieceCorruptError
 from core.manifest import PieceInfo, verify_piece
+from net.rate import Throttle
 
 PART_SUFFIX = ".part"
 
@@ -104,6 +105,7 @@ class _Job:
     backoff: float
     progress: _Progress
     stop: threading.Event
+    throttle: Throttle | None = None
 
 
 def download_pieces(
@@ -118,13 +120,15 @@ def download_pieces(
     retries: int = 3,
     timeout: float = 30.0,
     backoff: float = 0.5,
+    throttle: Throttle | None = None,
 ) -> list[Path]:
     """Fetch `pieces` from `{base_url}/{piece.file}` into `dest`; return their paths in order.
 
     Raises PieceCorruptError when a piece's bytes stay wrong after one fresh download, and
     DownloadError when the server refuses a piece or `retries` attempts in a row fail.
     `backoff` seconds (doubling) separate attempts. On any failure the other downloads stop,
-    keeping their .part files so that the next call resumes them.
+    keeping their .part files so that the next call resumes them. `throttle` (the
+    volunteer's download cap) is shared by the parallel downloads.
     """
     if parallel < 1 or chunk_bytes < 1 or retries < 1:
         raise ValueError("parallel, chunk_bytes and retries must be at least 1")
@@ -144,6 +148,7 @@ def download_pieces(
         backoff,
         _Progress(unique, progress),
         threading.Event(),
+        throttle,
     )
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="download") as pool:
         futures: list[Future[Path]] = [pool.submit(_fetch_piece, job, p) for p in unique]
@@ -282,6 +287,8 @@ def _transfer(job: _Job, piece: PieceInfo, part: Path) -> None:
                 f.write(chunk)
                 done += len(chunk)
                 job.progress.update(piece, done)
+                if job.throttle is not None:  # reading slower lets TCP slow the sender
+                    job.throttle.take(len(chunk))
     if done < piece.size:
         raise _Transient(f"body ended at {done} of {piece.size} bytes")
 

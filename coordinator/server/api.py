@@ -129,6 +129,7 @@ class HeartbeatIn(_In):
     device_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
     gpu_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
     n_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
+    paused: str = Field(default="", max_length=100, description='e.g. "on battery"')
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:
@@ -154,6 +155,8 @@ class NodeOut(BaseModel):
     device_cap_bytes: int
     gpu_layers: int
     n_layers: int
+    paused: str = ""
+    """Why the node said it pauses ("on battery", ...); "" when it offers to serve."""
 
 
 class SwarmOut(BaseModel):
@@ -483,6 +486,7 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
                 node_id=n.node_id,
                 role=n.role,
                 health=coord.health(n),
+                paused=coord.paused_reason(n.node_id),
                 address=n.address,
                 capacity_bytes=n.capacity_bytes,
                 vram_cap_bytes=n.vram_cap_bytes,

@@ -100,6 +100,14 @@ class Settings:
     turn_ttl_s: int = 6 * 3600
 
 
+def placement_capacity(node: Node) -> int:
+    """What placement may put on a node: its offer, never more than the volunteer's VRAM
+    cap (a worker that reports a larger offer than its cap is held to the cap)."""
+    capacity = max(0, int(node.capacity_bytes))
+    cap = int(node.vram_cap_bytes or 0)
+    return min(capacity, cap) if cap > 0 else capacity
+
+
 class Coordinator:
     def __init__(
         self,
@@ -121,6 +129,9 @@ class Coordinator:
         self._plan_error: str | None = None
         self._plan_inputs: tuple[Any, ...] = ()
         self._signals: dict[str, list[Signal]] = {}
+        self._paused: dict[str, str] = {}
+        """Nodes that said they are paused, and why. Kept in memory: a paused node says so
+        in every heartbeat, so a restarted coordinator learns it again within seconds."""
         store.set_setting(CA_CERT, self.ca_pem)
 
     # ------------------------------------------------------------ invites
@@ -257,6 +268,11 @@ class Coordinator:
             node.gpu_layers = max(0, beat.gpu_layers)
             node.n_layers = max(0, beat.n_layers)
             node.last_seen = now
+            with self._lock:
+                if beat.paused:
+                    self._paused[node_id] = beat.paused[:100]
+                else:
+                    self._paused.pop(node_id, None)
             s.execute(delete(Rtt).where(Rtt.src == node_id))
             for peer, ms in list(beat.rtt_ms.items())[:256]:
                 s.add(Rtt(src=node_id, dst=peer[:64], ms=float(ms), measured_at=now))
@@ -266,6 +282,11 @@ class Coordinator:
                 )
         self.replan()
         return self.assignment(node_id)
+
+    def paused_reason(self, node_id: str) -> str:
+        """Why the node said it is paused; "" when it offers to serve."""
+        with self._lock:
+            return self._paused.get(node_id, "")
 
     def health(self, node: Node, now: dt.datetime | None = None) -> str:
         if node.revoked:
@@ -287,13 +308,18 @@ class Coordinator:
 
     def replan(self, force: bool = False) -> Plan | None:
         now = utcnow()
+        with self._lock:
+            paused = set(self._paused)
         workers = [
             n
             for n in self.nodes()
-            if n.role == "worker" and n.address and self.health(n, now) in ("healthy", "stale")
+            if n.role == "worker"
+            and n.address
+            and n.node_id not in paused
+            and self.health(n, now) in ("healthy", "stale")
         ]
         infos = tuple(
-            NodeInfo(n.node_id, int(n.capacity_bytes), healthy=True, address=n.address)
+            NodeInfo(n.node_id, placement_capacity(n), healthy=True, address=n.address)
             for n in workers
         )
         inputs = (infos, self.settings)
