@@ -81,7 +81,7 @@ def main() -> int:
         sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
         from core.models import resolve_model
 
-        model = str(resolve_model("default"))
+        model = str(resolve_model("gemma-3-270m"))
     cases = [run_case(model, True), run_case(model, False)]
     if args.json:
         print(json.dumps(cases, indent=1))

@@ -8,7 +8,7 @@ repacking off (what the blanket AMX work-around would have cost), and a -march=n
 build (.venv-native, from `make engine-native`) where it exists. Not a test: numbers
 depend on the machine.
 
-    .venv/bin/python bench/engine.py [--model default] [--cuts 0,6,12,18] [--tokens 64] [--json]
+    .venv/bin/python bench/engine.py [--model gemma-3-270m] [--cuts 0,6,12,18] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", default="gemma-3-270m")
     ap.add_argument("--cuts", default="0,6,12,18")
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per repeat")
     ap.add_argument("--repeats", type=int, default=3)

@@ -4,7 +4,7 @@ Run by bench/gpu_check.sh on a machine with a GPU (it may have no network: every
 it needs is in the repository and the venv carried with it). Without the default model
 (too large to carry) it writes a random-weight model big enough to keep a GPU busy.
 
-    python bench/gpu_check.py [--model PATH|default] [--cuts 0,6,12,18] [--tokens 64] [--json]
+    python bench/gpu_check.py [--model PATH|gemma-3-270m] [--cuts 0,6,12,18] [--tokens 64] [--json]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _stage_rows(pipe: LocalPipeline) -> list[dict[str, Any]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", default="gemma-3-270m")
     ap.add_argument("--cuts", default="0,6,12,18")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=4)

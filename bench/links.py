@@ -1,7 +1,7 @@
 """Direct (punched) vs relayed links, side by side in one run (needs root: namespaces).
 
 Four homes behind cone NAT, the coordinator and coturn on the "public" side (the system
-tests' topology). For each policy, the whole swarm (3 workers + client, default model)
+tests' topology). For each policy, the whole swarm (3 workers + client, Gemma 3 270M)
 answers one prompt; the client's report gives tokens/s, the trip and the network share,
 from which the per-hop cost follows (4 links: client, 2 stage hops, back to the client).
 
@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.models import default_model_path
+from core.models import GEMMA3, bundled_model_path
 from tests.system.test_nat import child_env, cut_worker_paths, run_swarm, swarm_up
 from tests.system.topology import home_routers, missing_requirements
 
@@ -55,7 +55,8 @@ def measure(relay_only: bool, tokens: int) -> dict[str, Any]:
         tempfile.TemporaryDirectory(prefix="sangama-links-") as tmp,
         home_routers(["cone"] * 4) as topo,
     ):
-        _, paths, report = run_swarm(topo, Path(tmp), default_model_path(), relay_only, tokens)
+        gemma = bundled_model_path(GEMMA3)
+        _, paths, report = run_swarm(topo, Path(tmp), gemma, relay_only, tokens)
     return {"paths": sorted(paths.values()), **_parse(report)}
 
 
@@ -64,7 +65,7 @@ def measure_path_death(tokens: int) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="sangama-links-") as tmp,
         home_routers(["cone"] * 4) as topo,
-        swarm_up(topo, Path(tmp), default_model_path(), False) as swarm,
+        swarm_up(topo, Path(tmp), bundled_model_path(GEMMA3), False) as swarm,
     ):
         uncut, _ = swarm.chat(tokens)
         chat = subprocess.Popen(
@@ -114,7 +115,7 @@ def main() -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(
-        f"links benchmark: 3 workers + client behind cone NAT, {args.tokens} tokens, default model"
+        f"links benchmark: 3 workers + client behind cone NAT, {args.tokens} tokens, Gemma 3 270M"
     )
     print(f"{'policy':10} {'tok/s':>7} {'trip ms':>8} {'net+handling':>13} {'per hop':>8}  paths")
     for name, r in rows.items():

@@ -1,6 +1,6 @@
 """Swarm benchmark, side by side in one run (prints tables; --json prints one object):
 
-(a) whole model vs a 3-process swarm on loopback, decode tokens/s, default model;
+(a) whole model vs a 3-process swarm on loopback, decode tokens/s, Gemma 3 270M;
 (b) per-hop software cost, QUIC vs plain TCP carrying the same STEP frames, f32 and bf16
     (bench/hop_ring.py: forwarder processes, zero compute);
 (c) a 20-stage chain of the tiny model, each link given 1-56 ms one way by the delay
@@ -132,7 +132,7 @@ def main() -> int:
     if args.quick:
         args.tokens, args.hop_frames = 16, 50
 
-    model = resolve_model("default")
+    model = resolve_model("gemma-3-270m")
     tok = Tokenizer.from_gguf(model)
     prompt = tok.encode(PROMPT)
     tok.close()

@@ -6,6 +6,7 @@ import codecs
 from collections.abc import Sequence
 from pathlib import Path
 
+from core.chat_template import is_jinja_template, render_chat_template
 from core.llama_engine import LlamaVocab
 
 Message = tuple[str, str]
@@ -45,8 +46,30 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         return self._vocab.chat_template()
 
+    def has_own_chat_template(self) -> bool:
+        """The GGUF carries a Jinja chat template (instruction-tuned models do), as
+        opposed to none or only llama.cpp's built-in guess for its family."""
+        template = self.chat_template()
+        return template is not None and is_jinja_template(template)
+
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The GGUF's own Jinja template, run in a sandbox (core.chat_template); a model
+        without one (Gemma 3 270M) gets llama.cpp's built-in format for its family."""
+        template = self.chat_template()
+        if template is not None and is_jinja_template(template):
+            return render_chat_template(
+                template,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._special_text(self._vocab.bos),
+                eos_token=self._special_text(self._vocab.eos),
+            )
         return self._vocab.apply_chat_template(list(messages), add_generation_prompt)
+
+    def _special_text(self, token: int) -> str:
+        if not (0 <= token < self.n_vocab):
+            return ""
+        return self._vocab.token_to_piece(token, special=True).decode(errors="replace")
 
     def encode_chat(self, messages: Sequence[Message]) -> list[int]:
         tokens = self.encode(self.render_chat(messages), add_special=True)

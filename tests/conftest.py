@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny models (session-scoped, written once) and the default model."""
+"""Shared fixtures: tiny models (session-scoped, written once) and the bundled models:
+SmolLM2 135M Instruct (the default) and Gemma 3 270M (the tests written for it)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
+    from core.models import GEMMA3, bundled_model_path
+
+    return bundled_model_path(GEMMA3)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
     from core.models import default_model_path
 
     return default_model_path()

@@ -18,9 +18,8 @@ from core.errors import CoreError
 from core.types import BackendReport, LayerRange, SamplingParams
 from net.errors import NetError
 
-# The bundled Gemma 3 270M is a base model: it continues text rather than following chat
-# turns, so the demo gives it a sentence to finish (with a mild repetition penalty).
-DEMO_QUESTION = "Volunteers share their home computers to run one big language model because"
+# core.models' names, written out: importing it here would load numpy for every command.
+MODEL_HELP = "'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), or a GGUF path"
 
 
 def _parse_cuts(text: str) -> list[int]:
@@ -70,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="stage GGUF to write")
 
     p = sub.add_parser("generate", help="chain stages in one process and generate")
-    p.add_argument("--model", default="default", help="'default' or a GGUF path")
+    p.add_argument("--model", default="default", help=MODEL_HELP)
     p.add_argument(
-        "--cuts", type=_parse_cuts, default=None, help="e.g. 0,6,12,18 (default: 3 even stages)"
+        "--cuts", type=_parse_cuts, default=None, help="e.g. 0,10,20,30 (default: 3 even stages)"
     )
     p.add_argument("--prompt", default="The capital of France is")
     p.add_argument(
@@ -92,16 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
 
     p = sub.add_parser("demo", help="a whole swarm on loopback answers one question")
-    p.add_argument("--prompt", default=DEMO_QUESTION)
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="default: a question for a chat model, a sentence to finish for a base model",
+    )
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--model", default="default")
+    p.add_argument("--model", default="default", help=MODEL_HELP)
     p.add_argument("--stages", type=int, default=3, help="workers the model is spread over")
     p.add_argument(
         "--static",
         action="store_true",
         help="skip the coordinator: fixed cuts, certificates made locally",
     )
-    p.add_argument("--cuts", type=_parse_cuts, default=[0, 6, 12, 18], help="with --static")
+    p.add_argument(
+        "--cuts", type=_parse_cuts, default=None, help="with --static (default: even --stages)"
+    )
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
     p.add_argument(
         "--api-port",
@@ -288,10 +293,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if args.api_port is not None:
             from app.lab.demo import serve_local_swarm
 
-            return asyncio.run(serve_local_swarm(args.model, args.cuts, port=args.api_port))
+            return asyncio.run(
+                serve_local_swarm(args.model, args.cuts, port=args.api_port, stages=args.stages)
+            )
         from app.lab.demo import run_demo
 
-        return run_demo(args.model, args.cuts, args.prompt, args.max_tokens, args.wire_dtype)
+        return run_demo(
+            args.model, args.cuts, args.prompt, args.max_tokens, args.wire_dtype, args.stages
+        )
     from app.lab.demo_swarm import run_demo_swarm
     from net.tensors import WireDtype
 

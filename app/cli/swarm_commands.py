@@ -18,7 +18,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     p.add_argument("--port", type=int, default=8443)
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: SQLite file in --data)")
     p.add_argument("--data", type=Path, default=None, help="data directory (CA, pieces, secrets)")
-    p.add_argument("--model", default="default", help="'default' or a GGUF path")
+    p.add_argument(
+        "--model",
+        default="default",
+        help="'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), or a GGUF path",
+    )
     p.add_argument("--public-url", default=None, help="address written into invites")
     p.add_argument("--admin-password", default=None, help="operator password (default: generated)")
     p.add_argument(

@@ -15,7 +15,30 @@ from core.types import SamplingParams
 from net.tensors import WireDtype
 
 DEMO_SAMPLING = SamplingParams(repetition_penalty=1.2)
-"""A mild repetition penalty: reads well on the small default (base) model."""
+"""A mild repetition penalty: reads well on a small base model continuing text."""
+DEMO_CHAT_SAMPLING = SamplingParams(repetition_penalty=1.1)
+"""Greedy with a lighter penalty for an instruction-tuned model's answer."""
+
+DEMO_QUESTION = "Why do people volunteer? Answer in two sentences."
+"""What the demos ask a model that follows chat turns (the default SmolLM2 Instruct)."""
+DEMO_CONTINUATION = "Volunteers share their home computers to run one big language model because"
+"""A base model (Gemma 3 270M) continues text rather than answering, so it gets a
+sentence to finish instead."""
+
+
+def follows_chat(tokenizer: Tokenizer) -> bool:
+    """The model ships its own chat template (instruction-tuned): ask it questions in
+    turns. A model without one (Gemma 3 270M, a base model) continues plain text."""
+    return tokenizer.has_own_chat_template()
+
+
+def demo_prompt(tokenizer: Tokenizer, prompt: str | None) -> tuple[str, bool]:
+    """The demos' prompt (the given one, else the question or sentence that suits the
+    model) and whether to wrap it in the chat template."""
+    chat = follows_chat(tokenizer)
+    if prompt is None:
+        prompt = DEMO_QUESTION if chat else DEMO_CONTINUATION
+    return prompt, chat
 
 
 @dataclass(frozen=True)
@@ -122,12 +145,16 @@ async def stream_answer(
     max_tokens: int,
     dtype: WireDtype,
     *,
-    chat_format: bool = False,
-    sampling: SamplingParams = DEMO_SAMPLING,
+    chat_format: bool | None = None,
+    sampling: SamplingParams | None = None,
 ) -> ChatReport:
     """One answer streamed to stdout as it arrives: how both demos and `sangama chat` ask.
-    The demos continue the prompt as plain text (chat_format False) with a mild
-    repetition penalty, which reads well on the small default model."""
+    chat_format None: the chat template when the model ships one (an instruction-tuned
+    model answers), else plain text continued with a mild repetition penalty."""
+    if chat_format is None:
+        chat_format = follows_chat(tokenizer)
+    if sampling is None:
+        sampling = DEMO_CHAT_SAMPLING if chat_format else DEMO_SAMPLING
     return await chat_once(
         client,
         tokenizer,

@@ -9,9 +9,11 @@ from pathlib import Path
 
 from app.api.openai_api import DEFAULT_PORT, SwarmBackend
 from app.api.openai_serve import announce, serve_api
-from app.client.chat_run import print_report, stream_answer
+from app.client.chat_run import demo_prompt, print_report, stream_answer
 from app.client.connect import open_chat
+from app.lab.local_run import even_cuts
 from app.lab.local_swarm import LocalSwarm
+from core.models import resolve_model, stage_files
 from core.tokenizer import Tokenizer
 from net.tensors import WireDtype
 
@@ -20,7 +22,17 @@ def _starting(cuts: list[int]) -> None:
     print(f"Starting {len(cuts) - 1} workers on loopback (layers cut at {cuts}) ...", flush=True)
 
 
-async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype: WireDtype) -> int:
+def demo_cuts(model: str, cuts: list[int] | None, stages: int) -> list[int]:
+    """The given cuts, else `stages` even stages over the model's layers."""
+    if cuts:
+        return cuts
+    manifest, _ = stage_files(resolve_model(model), [])
+    return even_cuts(manifest.facts.n_layer, stages)
+
+
+async def _demo(
+    model: str, cuts: list[int], prompt: str | None, max_tokens: int, dtype: WireDtype
+) -> int:
     t0 = time.perf_counter()
     _starting(cuts)
     swarm = LocalSwarm(model=model, cuts=cuts, threads=1)
@@ -30,14 +42,14 @@ async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype
             host, port = w.config.listen
             layers, pid = w.config.layers, w.process.pid
             print(f"  {w.config.node_id}: layers {layers} on udp {host}:{port} (pid {pid})")
-        print(
-            f"swarm ready in {time.perf_counter() - t0:.1f} s\n\n{prompt}",
-            end="",
-            flush=True,
-        )
         conn = await open_chat(swarm.client_credentials, swarm.route, Path(swarm.route.model))
+        text, chat = demo_prompt(conn.tokenizer, prompt)
+        print(f"swarm ready in {time.perf_counter() - t0:.1f} s\n", flush=True)
+        print(f"Q: {text}\nA: " if chat else text, end="", flush=True)
         try:
-            report = await stream_answer(conn.client, conn.tokenizer, prompt, max_tokens, dtype)
+            report = await stream_answer(
+                conn.client, conn.tokenizer, text, max_tokens, dtype, chat_format=chat
+            )
         finally:
             await conn.close()
         print_report(report, len(swarm.workers))
@@ -45,14 +57,27 @@ async def _demo(model: str, cuts: list[int], prompt: str, max_tokens: int, dtype
     return 0
 
 
-def run_demo(model: str, cuts: list[int], prompt: str, max_tokens: int, wire_dtype: str) -> int:
-    return asyncio.run(_demo(model, cuts, prompt, max_tokens, WireDtype[wire_dtype.upper()]))
+def run_demo(
+    model: str,
+    cuts: list[int] | None,
+    prompt: str | None,
+    max_tokens: int,
+    wire_dtype: str,
+    stages: int = 3,
+) -> int:
+    dtype = WireDtype[wire_dtype.upper()]
+    return asyncio.run(_demo(model, demo_cuts(model, cuts, stages), prompt, max_tokens, dtype))
 
 
 async def serve_local_swarm(
-    model: str, cuts: list[int], host: str = "127.0.0.1", port: int = DEFAULT_PORT
+    model: str,
+    cuts: list[int] | None,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    stages: int = 3,
 ) -> int:
     """`sangama demo --static --api-port P`: a loopback swarm behind the API until SIGINT."""
+    cuts = demo_cuts(model, cuts, stages)
     _starting(cuts)
     async with LocalSwarm(model=model, cuts=cuts, threads=1) as swarm:
         assert swarm.route is not None and swarm.client_credentials is not None

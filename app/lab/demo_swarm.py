@@ -17,7 +17,7 @@ from typing import Any
 
 import requests
 
-from app.client.chat_run import print_report, stream_answer
+from app.client.chat_run import demo_prompt, print_report, stream_answer
 from app.client.connect import open_joined_chat
 from app.client.route import fetch_route
 from app.errors import AppError
@@ -78,7 +78,7 @@ async def _wait_for_route(identity: Any, stages: int, timeout: float = 60.0) -> 
 async def run_demo_swarm(
     model: str,
     stages: int,
-    prompt: str,
+    prompt: str | None,
     max_tokens: int,
     dtype: WireDtype,
     api_port: int | None = None,
@@ -153,10 +153,13 @@ async def run_demo_swarm(
                 + " -> ".join(f"{s.node_id}{s.layers}" for s in route.stages)
             )
             _say(f"   ready after {time.perf_counter() - t0:.1f} s\n")
-            sys.stdout.write(prompt)
             conn = await open_joined_chat(identity, route, tokenizer_path)
+            text, chat = demo_prompt(conn.tokenizer, prompt)
+            sys.stdout.write(f"Q: {text}\nA: " if chat else text)
             try:
-                report = await stream_answer(conn.client, conn.tokenizer, prompt, max_tokens, dtype)
+                report = await stream_answer(
+                    conn.client, conn.tokenizer, text, max_tokens, dtype, chat_format=chat
+                )
             finally:
                 await conn.close()
             print_report(report, len(route.stages))

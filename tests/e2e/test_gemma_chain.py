@@ -1,4 +1,5 @@
-"""The default model (Gemma 3 270M) cut into three stages equals the whole model, exactly."""
+"""Gemma 3 270M (a base model, selectable by name) cut into three stages equals the whole
+model, exactly."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ logging.getLogger().addHandler(Keep()); logging.getLogger().setLevel(logging.DEB
 from core.llama_engine import EngineConfig, LlamaStageEngine
 from core.models import resolve_model
 config = EngineConfig(n_ctx=128, n_batch=16, n_seq_max=1)
-engine = LlamaStageEngine(resolve_model("default"), config)
+engine = LlamaStageEngine(resolve_model("gemma-3-270m"), config)
 r = engine.backend
 print(json.dumps({
     "variant": r.cpu_variant, "dynamic": r.dynamic, "disabled": list(r.disabled_buffer_types),

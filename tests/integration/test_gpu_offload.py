@@ -33,7 +33,7 @@ from core.tokenizer import Tokenizer
 from core.types import LayerRange, StageSpec
 
 use_gpu, cap_blocks = sys.argv[1] == "gpu", int(sys.argv[2])
-model = resolve_model("default")
+model = resolve_model("gemma-3-270m")
 ranges = LayerRange.from_cuts([0, 9, 18])
 manifest, paths = stage_files(model, ranges)
 tok = Tokenizer.from_gguf(model)
