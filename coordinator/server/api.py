@@ -129,6 +129,11 @@ class HeartbeatIn(_In):
     device_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
     gpu_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
     n_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
+    # Sessions and KV reserved against the stage's budget (core.admission.Capacity).
+    sessions: int = Field(default=0, ge=0, le=1 << 16)
+    max_sessions: int = Field(default=0, ge=0, le=1 << 16)
+    kv_budget_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    kv_reserved_bytes: int = Field(default=0, ge=0, le=1 << 50)
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:
@@ -154,6 +159,10 @@ class NodeOut(BaseModel):
     device_cap_bytes: int
     gpu_layers: int
     n_layers: int
+    sessions: int
+    max_sessions: int
+    kv_budget_bytes: int
+    kv_reserved_bytes: int
 
 
 class SwarmOut(BaseModel):
@@ -496,6 +505,10 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
                 device_cap_bytes=n.device_cap_bytes,
                 gpu_layers=n.gpu_layers,
                 n_layers=n.n_layers,
+                sessions=n.sessions,
+                max_sessions=n.max_sessions,
+                kv_budget_bytes=n.kv_budget_bytes,
+                kv_reserved_bytes=n.kv_reserved_bytes,
             )
         )
     addresses = {n.node_id: n.address for n in nodes}
