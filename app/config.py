@@ -44,7 +44,14 @@ class WorkerConfig:
     max_sessions: int = 8
     n_ctx: int = 2048
     row_budget: int = 256
-    """Rows per llama_decode: decode rows of all sessions first, then prompt chunks."""
+    """Rows per llama_decode at most (llama.cpp's n_batch): decode rows of all sessions
+    first, then prompt chunks. The budget used is measured at start, up to this."""
+    calibrate_budget: bool = True
+    """Time a few batch sizes at start and take the row budget from them
+    (core.scheduling.choose_row_budget); False: use row_budget as it is."""
+    reproducible: bool = False
+    """Every session's rows in a llama_decode of their own, on a KV stream of its own:
+    a request gives exactly the tokens it gives alone, at the cost of batching."""
     max_datagram_size: int = 1200
     quic_library: str = "aioquic"
     """"aioquic" or "qh3" (see net.quic)."""
@@ -93,6 +100,8 @@ class WorkerConfig:
                 max_sessions=int(doc.get("max_sessions", 8)),
                 n_ctx=int(doc.get("n_ctx", 2048)),
                 row_budget=int(doc.get("row_budget", 256)),
+                calibrate_budget=bool(doc.get("calibrate_budget", True)),
+                reproducible=bool(doc.get("reproducible", False)),
                 max_datagram_size=int(doc.get("max_datagram_size", 1200)),
                 return_logits=bool(doc.get("return_logits", False)),
                 quic_library=str(doc.get("quic_library", "aioquic")),
@@ -120,6 +129,8 @@ class WorkerConfig:
             f"max_sessions = {self.max_sessions}",
             f"n_ctx = {self.n_ctx}",
             f"row_budget = {self.row_budget}",
+            f"calibrate_budget = {'true' if self.calibrate_budget else 'false'}",
+            f"reproducible = {'true' if self.reproducible else 'false'}",
             f"max_datagram_size = {self.max_datagram_size}",
             f"return_logits = {'true' if self.return_logits else 'false'}",
             f'quic_library = "{self.quic_library}"',

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from net.errors import ErrorCode
+from net.protocol import overload_hint
 
 
 class AppError(Exception):
@@ -42,3 +43,27 @@ class StageFailed(ClientError):
 
 class StageTimeout(ClientError):
     """No answer from the route within the step deadline."""
+
+
+class Overloaded(StageFailed):
+    """A stage refused a new session: its sessions or KV memory are full (OVERLOADED).
+    Nothing ran; the client may retry after `retry_after_ms` (0: never on this route),
+    or ask the coordinator for another route when `try_another_route`."""
+
+    def __init__(self, message: str, retry_after_ms: int, try_another_route: bool) -> None:
+        super().__init__(ErrorCode.OVERLOADED, message)
+        self.retry_after_ms = retry_after_ms
+        self.try_another_route = try_another_route
+
+    def __reduce__(self) -> tuple[type[Overloaded], tuple[str, int, bool]]:  # type: ignore[override]
+        return (Overloaded, (self.message, self.retry_after_ms, self.try_another_route))
+
+
+def stage_error(code: ErrorCode, message: str) -> StageFailed:
+    """The typed error for an ERROR frame: `Overloaded` (with its hint) or `StageFailed`."""
+    hint, text = overload_hint(code, message)
+    if hint is not None:
+        return Overloaded(text, hint.retry_after_ms, hint.try_another_route)
+    if code is ErrorCode.OVERLOADED:  # from a peer that sends no hint: retry in a second
+        return Overloaded(message, 1000, True)
+    return StageFailed(code, message)

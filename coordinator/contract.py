@@ -167,6 +167,14 @@ class Heartbeat:
     paused: str = ""
     """Why the node serves nothing now ("on battery", "paused by you", ...); "" while it
     offers to serve. A paused node is left out of placement, so routes avoid it."""
+    sessions: int = 0
+    """Sessions running on the node's stage now."""
+    max_sessions: int = 0
+    """Sessions its stage admits at most (sequence slots); 0 while it serves none."""
+    kv_budget_bytes: int = 0
+    """KV memory sessions may reserve on its stage (core.admission)."""
+    kv_reserved_bytes: int = 0
+    """KV memory the running sessions reserved: the free capacity is the difference."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,6 +198,12 @@ class Assignment:
     """A path on the coordinator (MANIFEST filled in)."""
     pieces_url: str
     """A path on the coordinator (PIECES filled in): each piece is one file below it."""
+    max_sessions: int = 8
+    """Sessions the stage is planned for (its sequence slots, llama.cpp allows 256)."""
+    context_tokens: int = 256
+    """KV positions planned per session: the stage's cache holds max_sessions x this,
+    the memory placement counted for it. Defaults: what coordinators that send neither
+    planned."""
 
     @staticmethod
     def from_json(doc: Any) -> Assignment:
@@ -201,6 +215,8 @@ class Assignment:
                 None if hop is None else NextHop(str(hop["node_id"]), str(hop["address"])),
                 str(d["manifest_url"]),
                 str(d["pieces_url"]),
+                int(d.get("max_sessions", 8)),
+                int(d.get("context_tokens", 256)),
             )
 
         return _read("assignment", build, doc)

@@ -170,6 +170,9 @@ class EngineConfig:
     """Offload blocks to a GPU where one is found (SANGAMA_DEVICE=cpu turns it off)."""
     device_cap_bytes: int = 0
     """The most GPU memory this stage may take; 0: all free memory."""
+    kv_unified: bool = True
+    """One KV stream shared by every sequence (batched steps); False: one stream per
+    sequence, for reproducible mode, where each decode holds one sequence only."""
 
 
 class LlamaStageEngine:
@@ -233,7 +236,7 @@ class LlamaStageEngine:
         cp.n_threads = cp.n_threads_batch = config.n_threads
         # Without a unified KV cache llama.cpp reorders the rows of a multi-sequence
         # batch, and the captured hidden states would come back in the wrong order.
-        cp.kv_unified = True
+        cp.kv_unified = config.kv_unified
         cp.no_perf = True
         self._target = f"l_out-{self.n_layer - 1}".encode()
         self._chunks: list[F32Array] = []

@@ -126,6 +126,7 @@ class Stage:
             c_callback=c_callback,
             use_gpu=spec.use_gpu,
             device_cap_bytes=spec.device_cap_bytes,
+            kv_unified=not spec.reproducible,
         )
         return cls(LlamaStageEngine(path, config), spec)
 
@@ -202,10 +203,10 @@ class Stage:
             raise PositionError(
                 req.session, f"rows start at {req.start}, the cache ends at {n_past}"
             )
-        if req.start + n > self.spec.n_ctx:
+        if req.start + n > self.spec.session_ctx:
             raise ContextFullError(
                 req.session,
-                f"positions up to {req.start + n} exceed the context of {self.spec.n_ctx}",
+                f"positions up to {req.start + n} exceed the context of {self.spec.session_ctx}",
             )
         expected[req.session] = req.start + n
 
@@ -236,7 +237,8 @@ class Stage:
         chunks: list[list[int]] = []
         rows = 0
         for req, i in zip(reqs, idx, strict=True):
-            if not chunks or rows + req.n_rows > self.spec.n_batch:
+            # Reproducible: one session per decode, so its rows meet nobody else's.
+            if not chunks or rows + req.n_rows > self.spec.n_batch or self.spec.reproducible:
                 chunks.append([])
                 rows = 0
             chunks[-1].append(i)

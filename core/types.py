@@ -136,6 +136,14 @@ class StageSpec:
     """Offload the stage's blocks to a GPU where the engine finds one."""
     device_cap_bytes: int = 0
     """The most GPU memory the stage may take (the volunteer's cap); 0: all free."""
+    reproducible: bool = False
+    """Each session on a KV stream of its own (n_ctx / n_seq_max positions) and its rows
+    in a llama_decode of their own: the same shapes, hence the same numbers, as alone."""
+
+    @property
+    def session_ctx(self) -> int:
+        """Positions one session may hold: the shared pool, or its own stream's share."""
+        return self.n_ctx // self.n_seq_max if self.reproducible else self.n_ctx
 
     def __post_init__(self) -> None:
         if self.device_cap_bytes < 0:

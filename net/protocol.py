@@ -15,6 +15,7 @@ session; the connection and the other sessions carry on.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
@@ -237,6 +238,41 @@ class PeerConnection:
     def release(self, session: str) -> None:
         """The application ended a session (error or finished); forget its ownership."""
         self.owned_sessions.discard(session)
+
+
+# ---------------------------------------------------------------- OVERLOADED hints
+
+
+@dataclass(frozen=True)
+class OverloadHint:
+    """What an OVERLOADED refusal tells the client: when to ask this route again (0:
+    never, the request does not fit here at all) and whether to ask for another route."""
+
+    retry_after_ms: int
+    try_another_route: bool
+
+
+_HINT = re.compile(r"^\[retry-after-ms=(\d{1,9}) another-route=([01])\] ?")
+
+
+def overloaded(session: str, message: str, hint: OverloadHint) -> wire.Error:
+    """An ERROR(OVERLOADED) carrying `hint`. The hint rides at the head of the message
+    (`[retry-after-ms=N another-route=0|1] why`), so the frame layout and VERSION stay as
+    they are: a peer of any version decodes it, and reads it as plain text at worst."""
+    if hint.retry_after_ms < 0:
+        raise ValueError("retry_after_ms must be >= 0")
+    head = f"[retry-after-ms={hint.retry_after_ms} another-route={int(hint.try_another_route)}] "
+    text = wire.truncate_utf8(head + message, wire.DEFAULT_LIMITS.max_string)
+    return wire.Error(session, ErrorCode.OVERLOADED, text)
+
+
+def overload_hint(code: ErrorCode, message: str) -> tuple[OverloadHint | None, str]:
+    """The hint of an OVERLOADED error and the message without it; (None, message) for
+    other codes and for OVERLOADED from peers that send no hint."""
+    m = _HINT.match(message) if code is ErrorCode.OVERLOADED else None
+    if m is None:
+        return None, message
+    return OverloadHint(int(m.group(1)), m.group(2) == "1"), message[m.end() :]
 
 
 _Handler = Callable[[PeerConnection, wire.Frame], list[Event]]

@@ -76,6 +76,7 @@ from app.api.openai_requests import (
 from app.client.swarm_client import ChannelDialer, SwarmClient
 from app.config import Route
 from app.errors import ClientError, RouteUnavailable, StageFailed, StageTimeout
+from core.admission import LLAMA_MAX_SEQ
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.channel import NodeCredentials
@@ -132,11 +133,12 @@ def model_name_of(route: Route) -> str:
 class SwarmBackend:
     """Serves API requests through one `SwarmClient` connection, opened on first use.
 
-    Requests run concurrently (up to `max_concurrent`, each a session of its own on the
-    workers, which batch them). If the route is lost (a link dies, a stage stops
-    answering), the connection is dropped and the next request reconnects, asking
-    `refresh_route` for a new route first when given one (a joined client asks the
-    coordinator).
+    Requests run concurrently (up to `max_concurrent`, by default as many as a stage
+    holds sessions, each a session of its own on the workers, which batch them; the
+    workers' admission refuses what does not fit, as OVERLOADED with a retry hint).
+    If the route is lost (a link dies, a stage stops answering), the connection is
+    dropped and the next request reconnects, asking `refresh_route` for a new route
+    first when given one (a joined client asks the coordinator).
     """
 
     def __init__(
@@ -150,7 +152,7 @@ class SwarmBackend:
         tuning: QuicTuning = QuicTuning(),
         dialer: ChannelDialer | None = None,
         refresh_route: Callable[[], Awaitable[Route]] | None = None,
-        max_concurrent: int = 4,
+        max_concurrent: int = LLAMA_MAX_SEQ,
         wire_dtype: WireDtype = WireDtype.F32,
         first_token_timeout: float = 60.0,
         step_timeout: float = 40.0,
@@ -413,7 +415,7 @@ def create_openai_app(
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> Response:

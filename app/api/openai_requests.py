@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.errors import ClientError
+from app.errors import ClientError, Overloaded
 from core.tokenizer import Message, Tokenizer
 from core.types import SamplingParams
 
@@ -28,8 +28,10 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers or {}
         self.status = status
         self.message = message
         self.type = type_
@@ -52,6 +54,15 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def swarm_error(exc: ClientError) -> ApiError:
+    if isinstance(exc, Overloaded):  # nothing ran: the caller may simply try again later
+        seconds = max(1, -(-exc.retry_after_ms // 1000))
+        return ApiError(
+            503,
+            f"the swarm is full: {exc.message}",
+            "server_error",
+            "swarm_overloaded",
+            headers={"Retry-After": str(seconds)},
+        )
     return ApiError(503, f"the swarm could not answer: {exc}", "server_error", "swarm_unavailable")
 
 

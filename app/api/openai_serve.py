@@ -25,6 +25,7 @@ from app.api.openai_api import (
 from app.client.connect import joined_links
 from app.client.route import fetch_route
 from app.config import Route
+from core.admission import LLAMA_MAX_SEQ
 from core.tokenizer import Tokenizer
 from net.channel import NodeCredentials
 
@@ -123,7 +124,7 @@ async def serve_identity(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     *,
-    max_concurrent: int = 4,
+    max_concurrent: int = LLAMA_MAX_SEQ,
     stop: asyncio.Event | None = None,
     ready: Callable[[int], None] | None = None,
 ) -> None:
@@ -160,7 +161,10 @@ async def serve_identity(
 
 
 async def serve_joined_client(
-    identity_dir: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, max_concurrent: int = 4
+    identity_dir: Path,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    max_concurrent: int = LLAMA_MAX_SEQ,
 ) -> int:
     """`sangama api --identity DIR`: fetch the route, then serve until SIGINT or SIGTERM."""
     from app.identity import Identity
@@ -178,7 +182,7 @@ async def serve_static(
     tokenizer_path: Path,
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
-    max_concurrent: int = 4,
+    max_concurrent: int = LLAMA_MAX_SEQ,
 ) -> int:
     """`sangama api --route R --credentials C`: a static swarm (no coordinator)."""
     tokenizer = Tokenizer.from_gguf(tokenizer_path)
@@ -200,7 +204,7 @@ def run_api_cli(
     model: str | None,
     host: str,
     port: int,
-    max_concurrent: int = 4,
+    max_concurrent: int = LLAMA_MAX_SEQ,
 ) -> int:
     """`sangama api`: as a joined client (`identity`) or along a static route file."""
     if identity is not None:

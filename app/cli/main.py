@@ -189,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--credentials", type=Path, default=None, help="dir with ca.pem, NODE.pem/.key")
     p.add_argument("--node-id", default="client", help="certificate name with --credentials")
     p.add_argument("--model", default=None, help="GGUF with the tokenizer (static swarm)")
-    p.add_argument("--max-concurrent", type=int, default=4, help="requests answered at once")
+    p.add_argument(
+        "--max-concurrent", type=int, default=256, help="requests answered at once (sessions)"
+    )
 
     p = sub.add_parser("ca", help="the swarm certificate authority")
     ca_sub = p.add_subparsers(dest="ca_command", required=True)

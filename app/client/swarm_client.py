@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.config import Route
-from app.errors import RouteUnavailable, StageFailed, StageTimeout
+from app.errors import RouteUnavailable, StageTimeout, stage_error
 from app.redial import dial_until
 from app.wire_convert import sampling_to_wire
 from core.types import SamplingParams
@@ -84,7 +84,7 @@ def answer_to(item: wire.Frame, step_id: int) -> wire.Tokens | None:
     """The TOKENS answering `step_id`, None for anything else (TOKENS of earlier steps,
     sent again after a relink); an ERROR for the session raises `StageFailed`."""
     if isinstance(item, wire.Error):
-        raise StageFailed(item.code, item.message)
+        raise stage_error(item.code, item.message)
     if isinstance(item, wire.Tokens) and item.step_id == step_id:
         return item
     return None

@@ -42,6 +42,7 @@ from coordinator.contract import (
     HeartbeatAnswer,
 )
 from coordinator.errors import CoordinatorError
+from core.admission import LLAMA_MAX_SEQ
 from core.hardware import detect_hardware, memory_in_use
 from core.types import LayerRange
 from net.quic import QuicTuning
@@ -62,7 +63,8 @@ class CoordinatedOptions:
     vram_cap_bytes: int = 0
     """0: offer what the hardware has."""
     threads: int = 1
-    max_sessions: int = 8
+    max_sessions: int = 0
+    """The volunteer's limit on sessions; 0: as many as the coordinator plans (<= 256)."""
     quic_library: str = "aioquic"
     relay_only: bool = False
     """Reach peers only through the swarm's relay (as the seeds ran): tests, odd networks."""
@@ -76,6 +78,15 @@ class CoordinatedOptions:
     """The volunteer's cap on piece downloads; 0: none."""
     upload_bytes_per_s: int = 0
     """The volunteer's cap on what this node's links send; 0: none."""
+
+
+def stage_sizing(assignment: Assignment, most: int) -> tuple[int, int]:
+    """Sessions and KV positions of the stage, as the coordinator planned them (its
+    assignment), so placement's memory count is what the worker allocates; `most` is the
+    volunteer's own limit on sessions (0: none), llama.cpp's 256 the hard one."""
+    sessions = min(assignment.max_sessions, most or LLAMA_MAX_SEQ, LLAMA_MAX_SEQ)
+    sessions = max(1, sessions)
+    return sessions, sessions * max(1, assignment.context_tokens)
 
 
 def _capacity(cap: int) -> tuple[int, dict[str, Any]]:
@@ -232,6 +243,7 @@ async def serve_coordinated(
             return
         report(replace(status, state=ServeState.LOADING, progress=1.0))
         hop = assignment.next_hop
+        sessions, n_ctx = stage_sizing(assignment, options.max_sessions)
         config = WorkerConfig(
             node_id=identity.node_id,
             listen=(host, port),
@@ -240,7 +252,8 @@ async def serve_coordinated(
             credentials=identity.directory,
             next_hop=Hop(hop.node_id, parse_address(hop.address)) if hop else None,
             threads=options.threads,
-            max_sessions=options.max_sessions,
+            max_sessions=sessions,
+            n_ctx=n_ctx,
             quic_library=options.quic_library,
             device_cap_bytes=options.vram_cap_bytes,
             upload_bytes_per_s=options.upload_bytes_per_s,
@@ -335,8 +348,13 @@ async def _heartbeats(
         rtt_ms = next(iter(rtt.values()), None)
         memory = await loop.run_in_executor(None, memory_in_use)
         now = time.monotonic()
+        capacity = worker.capacity
         beat_report = replace(
             report_beat,
+            sessions=capacity.sessions,
+            max_sessions=capacity.max_sessions,
+            kv_budget_bytes=capacity.budget_bytes,
+            kv_reserved_bytes=capacity.reserved_bytes,
             rtt_ms=rtt,
             path=worker.next_hop_path,
             tokens=stats.tokens - last_tokens,  # the coordinator sums these per period

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from app.config import WorkerConfig, format_address
 from app.credentials import load_credentials
+from core.admission import AdmissionPolicy, kv_bytes_per_token
 from core.gguf_slices import assemble_stage, stage_file_name
 from core.manifest import MANIFEST_FILE, Manifest
 from core.models import resolve_model, stage_files
@@ -60,11 +61,25 @@ async def start_worker(
         n_threads=config.threads,
         use_gpu=config.use_gpu,
         device_cap_bytes=config.device_cap_bytes,
+        reproducible=config.reproducible,
     )
     stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
-    worker = StageWorker(config, stage, creds, dialer)
+    worker = StageWorker(config, stage, creds, dialer, admission_policy(path, spec))
     await worker.start()
     return worker
+
+
+def admission_policy(path: Path, spec: StageSpec) -> AdmissionPolicy:
+    """What a session costs this stage: K and V per position over its own layers."""
+    from core.llama_engine import stage_sizes
+
+    sizes = stage_sizes(path, with_head=False)
+    return AdmissionPolicy(
+        n_ctx=spec.n_ctx,
+        max_sessions=spec.n_seq_max,
+        kv_bytes_per_token=kv_bytes_per_token(sizes.kv_bytes_per_token),
+        session_ctx=spec.session_ctx if spec.reproducible else 0,
+    )
 
 
 def stop_event() -> asyncio.Event:

@@ -15,6 +15,8 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
     -------------------------  -------------------------------------  ---------------------
     OPEN, new session          draining                               refuse OVERLOADED
                                last stage, client has no link here    refuse BAD_VALUE
+                               admission refuses (slots, KV memory)   refuse OVERLOADED
+                                                                      (with retry hint)
                                otherwise                              Begin
     OPEN, session exists       same upstream node and same OPEN       [Release old] Resumed
                                                                       (WAITING->LINKED:
@@ -51,8 +53,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
+from core.admission import AdmissionLedger
 from net import wire
 from net.errors import ErrorCode
+from net.protocol import OverloadHint, overloaded
 
 L = TypeVar("L", bound=Hashable)
 """A link: opaque here, compared with ==."""
@@ -246,9 +250,12 @@ class _Session(Generic[L]):
 class SessionRules(Generic[L]):
     """Every session of one stage and the links they use."""
 
-    def __init__(self, is_last: bool) -> None:
+    def __init__(self, is_last: bool, admission: AdmissionLedger | None = None) -> None:
         self.is_last = is_last
         self.draining = False
+        self.admission = admission
+        """What each session reserves of the stage's KV (core.admission); None: no limit
+        here (the stage's own slot check still refuses)."""
         self._sessions: dict[str, _Session[L]] = {}
         self._peers: dict[str, L] = {}
         """Node id -> its newest link (the last stage finds a session's client by it)."""
@@ -296,7 +303,11 @@ class SessionRules(Generic[L]):
                 link,
                 frame.session,
                 ErrorCode.OVERLOADED,
-                "this stage is pausing; try another route",
+                overloaded(
+                    frame.session,
+                    "this stage is pausing; try another route",
+                    OverloadHint(retry_after_ms=0, try_another_route=True),
+                ).message,
             )
         session = _Session(frame, owner_id=peer, owner=link)
         if self.is_last:
@@ -308,6 +319,12 @@ class SessionRules(Generic[L]):
                     ErrorCode.BAD_VALUE,
                     f"client {frame.reply_to!r} has no link to the last stage",
                 )
+        if self.admission is not None:
+            refusal = self.admission.admit(frame.session, frame.prompt_len, frame.max_tokens)
+            if refusal is not None:
+                hint = OverloadHint(refusal.retry_after_ms, refusal.try_another_route)
+                error = overloaded(frame.session, refusal.reason, hint)
+                return self._refuse(link, frame.session, ErrorCode.OVERLOADED, error.message)
         self._sessions[frame.session] = session
         return [Begin(frame)]
 
@@ -425,6 +442,8 @@ class SessionRules(Generic[L]):
         session = self._sessions.pop(name, None)
         if session is None:
             return []
+        if self.admission is not None:
+            self.admission.release(name)
         actions: list[Action[L]] = []
         if session.owner is not None:
             actions.append(Release(session.owner, name))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.config import WorkerConfig
+from app.serving.calibration import calibrated_row_budget
 from app.serving.downstream import Dialer, Downstream
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
@@ -49,6 +50,7 @@ from app.serving.session_rules import (
 )
 from app.serving.session_rules import Event as RuleEvent
 from app.wire_convert import sampling_from_wire
+from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
 from core.errors import CoreError
 from core.sampling import make_rng, sample
 from core.scheduling import Queued, select_batch
@@ -83,6 +85,8 @@ class _Pending:
     step: wire.Step
     request: StepRequest
     arrived: float
+    waited: int = 0
+    """Engine steps that passed this item over (core.scheduling ages prompt chunks)."""
 
 
 @dataclass
@@ -110,6 +114,7 @@ class StageWorker:
         stage: Stage,
         creds: NodeCredentials,
         dialer: Dialer | None = None,
+        admission: AdmissionPolicy | None = None,
     ) -> None:
         self.config = config
         self.stage = stage
@@ -140,7 +145,14 @@ class StageWorker:
             else None
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._rules: SessionRules[Channel] = SessionRules(self.is_last)
+        spec = stage.spec
+        self.admission = AdmissionLedger(
+            admission or AdmissionPolicy(n_ctx=spec.n_ctx, max_sessions=spec.n_seq_max)
+        )
+        self.row_budget = config.row_budget
+        """Rows per engine step: measured at start (calibrate_budget), at most n_batch."""
+        self.step_samples: list[tuple[int, float]] = []
+        self._rules: SessionRules[Channel] = SessionRules(self.is_last, self.admission)
         """Ownership, resume, de-duplication, admission: decided there, carried out here."""
         self._sessions: dict[str, _Session] = {}
         self._pending: list[_Pending] = []
@@ -153,6 +165,11 @@ class StageWorker:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> tuple[str, int]:
+        if self.config.calibrate_budget:
+            self.row_budget, self.step_samples = await asyncio.get_running_loop().run_in_executor(
+                self._executor, calibrated_row_budget, self.stage
+            )
+            log.info("row budget %d from step times %s", self.row_budget, self.step_samples)
         self.address = await self._server.listen(*self.config.listen)
         self._engine_task = asyncio.get_running_loop().create_task(self._engine_loop())
         return self.address
@@ -191,6 +208,11 @@ class StageWorker:
     @property
     def session_count(self) -> int:
         return len(self._sessions)
+
+    @property
+    def capacity(self) -> Capacity:
+        """Sessions and KV reserved against this stage's budget (heartbeats, status)."""
+        return self.admission.capacity()
 
     async def drain(self, timeout: float) -> int:
         """Take no new sessions and wait up to `timeout` s for the running ones to end.
@@ -355,13 +377,19 @@ class StageWorker:
             self._wake.clear()
             while self._pending:
                 queue = [
-                    Queued(p.request.n_rows, is_prompt=p.request.n_rows > 1 and not p.step.drafts)
+                    Queued(
+                        p.request.n_rows,
+                        is_prompt=p.request.n_rows > 1 and not p.step.drafts,
+                        waited=p.waited,
+                    )
                     for p in self._pending
                 ]
-                chosen = select_batch(queue, self.config.row_budget)
+                chosen = select_batch(queue, self.row_budget)
                 batch = [self._pending[i] for i in chosen]
                 taken = set(chosen)
                 self._pending = [p for i, p in enumerate(self._pending) if i not in taken]
+                for p in self._pending:
+                    p.waited += 1
                 batch = [p for p in batch if p.request.session in self._sessions]
                 if not batch:
                     continue

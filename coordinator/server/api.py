@@ -130,6 +130,11 @@ class HeartbeatIn(_In):
     gpu_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
     n_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
     paused: str = Field(default="", max_length=100, description='e.g. "on battery"')
+    # Sessions and KV reserved against the stage's budget (core.admission.Capacity).
+    sessions: int = Field(default=0, ge=0, le=1 << 16)
+    max_sessions: int = Field(default=0, ge=0, le=1 << 16)
+    kv_budget_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    kv_reserved_bytes: int = Field(default=0, ge=0, le=1 << 50)
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:
@@ -157,6 +162,10 @@ class NodeOut(BaseModel):
     n_layers: int
     paused: str = ""
     """Why the node said it pauses ("on battery", ...); "" when it offers to serve."""
+    sessions: int
+    max_sessions: int
+    kv_budget_bytes: int
+    kv_reserved_bytes: int
 
 
 class SwarmOut(BaseModel):
@@ -500,6 +509,10 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
                 device_cap_bytes=n.device_cap_bytes,
                 gpu_layers=n.gpu_layers,
                 n_layers=n.n_layers,
+                sessions=n.sessions,
+                max_sessions=n.max_sessions,
+                kv_budget_bytes=n.kv_budget_bytes,
+                kv_reserved_bytes=n.kv_reserved_bytes,
             )
         )
     addresses = {n.node_id: n.address for n in nodes}

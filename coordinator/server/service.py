@@ -89,11 +89,12 @@ class Settings:
     """A node silent this long is dropped from the plan (its spare takes over)."""
     min_stages: int = 1
     spares: int = 0
-    sessions_per_stage: int = 8
+    sessions_per_stage: int = 256
+    """Sessions each stage is planned for; llama.cpp allows 256 sequences per context."""
     context_tokens: int = 256
     """Positions of KV per session. A worker's KV cache is one shared pool (llama.cpp's
-    unified cache) of max_sessions x this = 8 x 256 = its n_ctx of 2048, so placement
-    counts the memory the stage really allocates (app/config.py WorkerConfig)."""
+    unified cache) of max_sessions x this; the assignment tells the worker both, so
+    placement counts exactly the memory the stage allocates."""
     turn_server: tuple[str, int] | None = None
     """The swarm's relay (coturn), if any: nodes get short-lived credentials for it."""
     turn_secret: str = field(default="", repr=False)
@@ -267,6 +268,10 @@ class Coordinator:
             node.device_cap_bytes = max(0, beat.device_cap_bytes)
             node.gpu_layers = max(0, beat.gpu_layers)
             node.n_layers = max(0, beat.n_layers)
+            node.sessions = max(0, beat.sessions)
+            node.max_sessions = max(0, beat.max_sessions)
+            node.kv_budget_bytes = max(0, beat.kv_budget_bytes)
+            node.kv_reserved_bytes = max(0, beat.kv_reserved_bytes)
             node.last_seen = now
             with self._lock:
                 if beat.paused:
@@ -372,6 +377,8 @@ class Coordinator:
             None if nxt is None else NextHop(nxt.node_id, addresses.get(nxt.node_id, "")),
             contract.manifest_path(self.model.name),
             contract.pieces_path(self.model.name),
+            max_sessions=self.settings.sessions_per_stage,
+            context_tokens=self.settings.context_tokens,
         )
 
     def route(self, model: str) -> RouteAnswer:

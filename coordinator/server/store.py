@@ -78,6 +78,11 @@ class Node(Base):
     device_bytes_used: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     device_cap_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     gpu_layers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Sessions and KV reserved on its stage, as its last heartbeat said (migration 0003).
+    sessions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_sessions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    kv_budget_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    kv_reserved_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     n_layers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_seen: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
+from coordinator.contract import HeartbeatAnswer
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.service import Coordinator, HostedModel, Settings, hash_token
 from coordinator.server.store import Invite, Store, migrate
@@ -280,6 +281,37 @@ def test_heartbeat_says_what_runs_the_stage(http: TestClient) -> None:
     assert node["backend"] == "" and node["gpu_layers"] == node["device_bytes_used"] == 0
 
 
+SESSIONS = {
+    "sessions": 200,
+    "max_sessions": 256,
+    "kv_budget_bytes": 400 << 20,
+    "kv_reserved_bytes": 310 << 20,
+}
+
+
+def test_heartbeat_reports_sessions_and_free_kv_and_the_assignment_sizes_the_stage(
+    http: TestClient, coord: Coordinator
+) -> None:
+    a, b = _join(http, _invite(http)), _join(http, _invite(http))
+    url, headers = f"/api/v1/nodes/{a['node_id']}/heartbeat", _node_headers(a)
+    beat = {"address": "127.0.0.1:7001", "capacity_bytes": 64 << 30, **SESSIONS}
+    other = {"address": "127.0.0.1:7002", "capacity_bytes": 64 << 30}
+    assert http.post(url, headers=headers, json=beat).status_code == 200
+    b_url = f"/api/v1/nodes/{b['node_id']}/heartbeat"
+    assert http.post(b_url, headers=_node_headers(b), json=other).status_code == 200
+    answer = http.post(url, headers=headers, json=beat)  # two workers: a plan, a stage
+    assert answer.status_code == 200
+    node = _swarm_node(http, a["node_id"])
+    assert {k: node[k] for k in SESSIONS} == SESSIONS
+    # What placement counted KV for is what the worker is told to allocate.
+    assignment = HeartbeatAnswer.from_json(answer.json()).assignment
+    assert assignment is not None
+    assert assignment.max_sessions == coord.settings.sessions_per_stage == 256
+    assert assignment.context_tokens == coord.settings.context_tokens
+    bad = http.post(url, headers=headers, json={**beat, "kv_reserved_bytes": -1})
+    assert bad.status_code == 422
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -331,6 +363,7 @@ def test_nodes_from_before_migration_0002_read_as_serving_nothing(db_url: str) -
         assert node is not None
         assert (node.backend, node.device_bytes_used, node.device_cap_bytes) == ("", 0, 0)
         assert (node.gpu_layers, node.n_layers) == (0, 0)
+        assert (node.sessions, node.max_sessions, node.kv_budget_bytes) == (0, 0, 0)
     store.close()
     command.downgrade(config, "0001")  # and back: the columns go, the node stays
     engine = make_engine(db_url)

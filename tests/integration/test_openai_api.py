@@ -26,7 +26,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from app.api.openai_api import Backend, StopCutter, SwarmBackend
 from app.api.openai_serve import serve_api
 from app.config import Route
-from app.errors import RouteUnavailable, StageTimeout
+from app.errors import Overloaded, RouteUnavailable, StageTimeout
 from app.lab.local_swarm import LocalSwarm
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
@@ -266,6 +266,8 @@ class _FakeBackend:
     ) -> AsyncIterator[list[int]]:
         if self.mode == "connect":
             raise RouteUnavailable("stage1 could not be reached")
+        if self.mode == "overloaded":
+            raise Overloaded("all 256 sessions of this stage are in use", 2500, True)
         hello = self.tokenizer.encode(" Hello", add_special=False)
         try:
             yield hello
@@ -303,6 +305,13 @@ def test_swarm_failures_are_503_with_the_reason(fake_api: tuple[str, _FakeBacken
     with pytest.raises(openai.APIError, match="no answer from the route"):
         for _ in stream:
             pass
+    # A full swarm: still a 503, with the stage's retry hint as Retry-After (seconds).
+    fake.mode = "overloaded"
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model="x", prompt="Hi")
+    assert info.value.status_code == 503 and info.value.response.headers["retry-after"] == "3"
+    assert "256 sessions" in info.value.message
+    fake.mode = "midway"
     # A prompt longer than the context is the caller's error, not the swarm's.
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="x", prompt="word " * 100)

@@ -28,8 +28,10 @@ from app.serving.session_rules import (
     Take,
     TokensReady,
 )
+from core.admission import AdmissionLedger, AdmissionPolicy
 from net import wire
 from net.errors import ErrorCode
+from net.protocol import overload_hint
 from net.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
@@ -149,7 +151,11 @@ def test_a_draining_stage_refuses_new_sessions_but_resumes_running_ones() -> Non
     assert rules.handle(FrameReceived("up-a", "a", fresh)) == [
         Send(
             "up-a",
-            wire.Error("s2", ErrorCode.OVERLOADED, "this stage is pausing; try another route"),
+            wire.Error(
+                "s2",
+                ErrorCode.OVERLOADED,
+                "[retry-after-ms=0 another-route=1] this stage is pausing; try another route",
+            ),
         ),
         Release("up-a", "s2"),
     ]
@@ -278,3 +284,49 @@ def test_error_frames_from_upstream_change_nothing() -> None:
     frame = wire.Error("s1", ErrorCode.INTERNAL, "hm")
     assert rules.handle(FrameReceived("up-a", "a", frame)) == []
     assert rules.owns("up-a", "s1")
+
+
+# ---------------------------------------------------------------- admission by memory
+
+
+def _open(name: str, prompt: int = 2, max_tokens: int = 8) -> wire.Open:
+    return wire.Open(name, "m", WireDtype.F32, wire.SamplingSpec(), "client", max_tokens, prompt)
+
+
+def test_admission_refuses_the_first_session_past_the_kv_budget_and_frees_on_end() -> None:
+    # 3 sessions of 2 + 8 + 16 (draft slack) = 26 positions fit in 80; the fourth does not.
+    ledger = AdmissionLedger(AdmissionPolicy(n_ctx=80, max_sessions=256, kv_bytes_per_token=10))
+    rules: SessionRules[str] = SessionRules(False, ledger)
+    rules.handle(LinkReady("up-a", "a"))
+    for k in range(3):
+        assert rules.handle(FrameReceived("up-a", "a", _open(f"s{k}"))) == [Begin(_open(f"s{k}"))]
+    refused = rules.handle(FrameReceived("up-a", "a", _open("s3")))
+    assert isinstance(refused[0], Send) and isinstance(refused[0].frame, wire.Error)
+    err = refused[0].frame
+    assert err.code is ErrorCode.OVERLOADED and refused[1] == Release("up-a", "s3")
+    hint, text = overload_hint(err.code, err.message)
+    assert hint is not None and hint.retry_after_ms > 0 and hint.try_another_route
+    assert "KV memory full" in text
+    assert len(rules) == 3 and "s3" not in ledger, "nothing reserved for the refused one"
+    assert ledger.capacity().reserved_bytes == 3 * 26 * 10
+    # A running session ends: its positions come back and the next one is admitted.
+    assert End("s0", True, "done") in rules.handle(
+        FrameReceived("up-a", "a", wire.Close("s0", "done"))
+    )
+    assert rules.handle(FrameReceived("up-a", "a", _open("s3"))) == [Begin(_open("s3"))]
+
+
+def test_admission_counts_sequence_slots_and_a_resume_reserves_nothing_new() -> None:
+    ledger = AdmissionLedger(AdmissionPolicy(n_ctx=10_000, max_sessions=2))
+    rules: SessionRules[str] = SessionRules(False, ledger)
+    rules.handle(LinkReady("up-a", "a"))
+    for k in range(2):
+        rules.handle(FrameReceived("up-a", "a", _open(f"s{k}")))
+    assert Resumed("s0", "a") in rules.handle(FrameReceived("up-a2", "a", _open("s0")))
+    assert ledger.capacity().sessions == 2
+    refused = rules.handle(FrameReceived("up-a", "a", _open("s2")))
+    assert isinstance(refused[0], Send) and isinstance(refused[0].frame, wire.Error)
+    assert "all 2 sessions" in refused[0].frame.message
+    # A failure frees the slot as well as a close.
+    rules.handle(Failed("s1", ErrorCode.STAGE_ERROR, "boom"))
+    assert rules.handle(FrameReceived("up-a", "a", _open("s2"))) == [Begin(_open("s2"))]

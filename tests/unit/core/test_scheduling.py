@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.scheduling import Queued, select_batch
+from core.scheduling import Queued, choose_row_budget, select_batch
 
 pytestmark = pytest.mark.unit
 
@@ -45,3 +45,33 @@ def test_properties(items: list[tuple[int, bool]], budget: int) -> None:
     for i in chosen:  # no decode item after a prompt chunk
         prompts_seen |= q[i].is_prompt
         assert q[i].is_prompt or not prompts_seen
+
+
+def test_a_prompt_chunk_passed_over_goes_with_the_next_step_anyway() -> None:
+    # 256 sessions decoding fill every step; the waiting prompt chunk goes once overdue.
+    q = [Queued(1, False) for _ in range(256)] + [Queued(64, True, waited=0)]
+    assert 256 not in select_batch(q, 256)
+    q[-1] = Queued(64, True, waited=2)
+    chosen = select_batch(q, 256)
+    assert chosen[-1] == 256 and len(chosen) == 257
+
+
+def test_the_row_budget_is_the_knee_of_the_measured_throughput() -> None:
+    # CPU-like: per-row cost falls until 16 rows, then stays flat.
+    cpu = [(1, 2.0), (2, 2.2), (4, 2.6), (8, 3.4), (16, 5.0), (32, 9.8), (64, 19.5)]
+    assert choose_row_budget(cpu, 256) == 16
+    # GPU-like: a step of 256 rows costs hardly more than one row.
+    gpu = [(1, 1.0), (16, 1.05), (64, 1.2), (256, 1.6)]
+    assert choose_row_budget(gpu, 256) == 256
+    assert choose_row_budget(gpu, 64) == 64, "never more than the batch holds"
+    assert choose_row_budget([], 128) == 128
+    with pytest.raises(ValueError):
+        choose_row_budget(cpu, 0)
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 512), st.floats(0.01, 1000.0)), max_size=12),
+    st.integers(1, 512),
+)
+def test_the_row_budget_stays_in_range(samples: list[tuple[int, float]], n_batch: int) -> None:
+    assert 1 <= choose_row_budget(samples, n_batch) <= n_batch

@@ -616,3 +616,16 @@ def test_send_after_close_raises(swarm: Swarm) -> None:
     b.receive_data(UNKNOWN_FRAME_TYPE)
     with pytest.raises(RuntimeError, match="CLOSED"):
         b.send(wire.Ping(1))
+
+
+def test_an_overloaded_error_carries_its_retry_hint_in_a_version_1_frame() -> None:
+    from net.protocol import OverloadHint, overload_hint, overloaded
+
+    err = overloaded("s9", "all 256 sessions in use", OverloadHint(1500, True))
+    back = wire.decode(wire.encode(err))  # the frame layout is unchanged: any v1 peer reads it
+    assert isinstance(back, wire.Error) and back.code is ErrorCode.OVERLOADED
+    hint, text = overload_hint(back.code, back.message)
+    assert hint == OverloadHint(1500, True) and text == "all 256 sessions in use"
+    # From a peer that sends no hint, or under another code: no hint, message untouched.
+    assert overload_hint(ErrorCode.OVERLOADED, "full") == (None, "full")
+    assert overload_hint(ErrorCode.STAGE_ERROR, err.message) == (None, err.message)

@@ -324,7 +324,8 @@
         compute: el("td", { className: "compute" },
           el("div", { "data-testid": "node-backend" }),
           el("div", { className: "muted", "data-testid": "node-device-memory" }),
-          el("div", { className: "muted", "data-testid": "node-gpu-layers" })),
+          el("div", { className: "muted", "data-testid": "node-gpu-layers" }),
+          el("div", { className: "muted", "data-testid": "node-sessions" })),
         address: el("td", { className: "mono", "data-testid": "node-address" }),
         path: el("td", {}, el("span", { className: "pill", "data-testid": "node-path" })),
         seen: el("td", { "data-testid": "node-last-seen" }),
@@ -380,7 +381,7 @@
 
   /** What runs the node's stage, worded as the tray's status window does (app/compute.py). */
   function renderCompute(cell, node) {
-    const [backend, memory, layers] = cell.children;
+    const [backend, memory, layers, sessions] = cell.children;
     const serving = Boolean(node.backend);
     setText(backend, serving ? node.backend : "—");
     backend.title = serving ? node.backend : "no stage loaded";
@@ -391,6 +392,11 @@
     setText(layers, `${node.gpu_layers}/${node.n_layers} layers on GPU`);
     show(memory, serving);
     show(layers, serving);
+    // Free capacity as the stage's admission counts it (core/admission.py).
+    const free = Math.max(0, node.kv_budget_bytes - node.kv_reserved_bytes);
+    setText(sessions, `${node.sessions}/${node.max_sessions} sessions, `
+      + `${(free / 2 ** 20).toFixed(0)} MiB KV free`);
+    show(sessions, serving && node.max_sessions > 0);
   }
 
   function renderTimings(swarm, index) {
