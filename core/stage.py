@@ -9,6 +9,7 @@ never disturbs the others.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -100,6 +101,10 @@ class StageStats:
     rows: int = 0
     failures: int = 0
     per_decode_rows: list[int] = field(default_factory=list)
+    undos: int = 0
+    """Rollbacks that cut rejected guesses (keep_until below the cache's end)."""
+    undo_ms: float = 0.0
+    """Time spent in those rollbacks, in total."""
 
 
 class Stage:
@@ -160,7 +165,12 @@ class Stage:
         if not (0 <= keep_until <= s.n_past):
             raise PositionError(session, f"keep_until {keep_until} outside 0..{s.n_past}")
         if keep_until < s.n_past:
-            self.engine.seq_rm(s.slot, keep_until, -1)
+            started = time.perf_counter()
+            cut = self.engine.seq_rm(s.slot, keep_until, -1)
+            self.stats.undo_ms += (time.perf_counter() - started) * 1e3
+            self.stats.undos += 1
+            if not cut:  # a recurrent cache without enough snapshots cannot step back
+                raise PositionError(session, f"this stage cannot cut its cache at {keep_until}")
             s.n_past = keep_until
 
     def _get(self, session: str) -> _Session:
@@ -223,10 +233,15 @@ class Stage:
                 self.stats.failures += 1
                 continue
             valid.append(i)
-        for i in valid:  # apply rollbacks only once every request is known to be valid
+        for i in list(valid):  # apply rollbacks only once every request is known to be valid
             req = requests[i]
             if req.keep_until is not None:
-                self.rollback(req.session, req.keep_until)
+                try:
+                    self.rollback(req.session, req.keep_until)
+                except CoreError as exc:
+                    results[i] = StepFailure(req.session, exc)
+                    self.stats.failures += 1
+                    valid.remove(i)
         for chunk in self._chunks([requests[i] for i in valid], valid):
             for i, out in zip(chunk, self._evaluate([requests[i] for i in chunk]), strict=True):
                 results[i] = out

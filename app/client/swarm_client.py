@@ -22,10 +22,12 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
+from app.client.ngram_drafts import DraftTracker
 from app.config import Route
 from app.errors import RouteUnavailable, StageTimeout, stage_error
 from app.redial import dial_until
 from app.wire_convert import sampling_to_wire
+from core.drafting import GuessPolicy
 from core.types import SamplingParams
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
@@ -35,6 +37,7 @@ from net.replay import ReplayLog
 from net.tensors import WireDtype
 
 DEFAULT_CHUNK = 64
+NO_GUESSES = GuessPolicy(max_guesses=0)
 
 ChannelDialer = Callable[[str, tuple[str, int]], Awaitable[Channel]]
 """(node id, address) -> an authenticated channel to it."""
@@ -50,6 +53,8 @@ class TokenEvent:
     n_accepted: int = 0
     logits: npt.NDArray[np.float32] | None = None
     """Only from workers configured with return_logits (diagnostics, tests)."""
+    n_drafts: int = 0
+    """Guesses the step carried (n_accepted of them stood)."""
 
 
 @dataclass(frozen=True)
@@ -225,8 +230,12 @@ class SwarmClient:
         wire_dtype: WireDtype = WireDtype.F32,
         chunk: int = DEFAULT_CHUNK,
         is_end: Callable[[int], bool] = lambda _t: False,
+        guesses: GuessPolicy = NO_GUESSES,
     ) -> AsyncIterator[TokenEvent]:
-        """Yield tokens as the last stage sends them; stop at max_tokens or an end token."""
+        """Yield tokens as the last stage sends them; stop at max_tokens or an end token.
+
+        With `guesses`, each step also carries n-gram guesses that one trip verifies
+        (app.client.ngram_drafts); an event then holds every token that trip confirmed."""
         if self._relinking is not None and not self._relinking.done():
             await asyncio.shield(self._relinking)
         if self._first is None or self._last is None:
@@ -256,8 +265,8 @@ class SwarmClient:
             for a in range(0, len(prompt), chunk):  # all chunks at once: stages overlap
                 self._send_first(self._step(name, step_id, a, tuple(prompt[a : a + chunk])))
                 step_id += 1
-            pos = len(prompt)
-            produced = 0
+            drafting = DraftTracker(prompt, max_tokens, guesses)
+            n_drafts = 0
             timeout = self.first_token_timeout
             while True:
                 frame = await self._next(queue, timeout, step_id - 1)
@@ -267,25 +276,44 @@ class SwarmClient:
                     else None
                 )
                 trip_ms = (time.perf_counter() - sent) * 1e3
+                tokens = frame.tokens
+                ended = next((i for i, t in enumerate(tokens) if is_end(t)), None)
+                if ended is not None:  # an accepted guess may be the end: stop right there
+                    tokens = tokens[: ended + 1]
                 event = TokenEvent(
-                    frame.tokens, frame.step_id, frame.timings, trip_ms, frame.n_accepted, logits
+                    tokens,
+                    frame.step_id,
+                    frame.timings,
+                    trip_ms,
+                    frame.n_accepted,
+                    logits,
+                    n_drafts,
                 )
                 yield event
-                produced += len(frame.tokens)
-                last = frame.tokens[-1]
-                if produced >= max_tokens or frame.finished or is_end(last):
+                drafting.reply(frame.tokens, frame.n_accepted, trip_ms)
+                if drafting.produced >= max_tokens or frame.finished or ended is not None:
                     break
                 timeout = self.step_timeout
+                nxt = drafting.next_step()
+                n_drafts = len(nxt.drafts)
                 sent = time.perf_counter()
-                self._send_first(self._step(name, step_id, pos, (last,)))
-                pos += 1
+                self._send_first(
+                    self._step(name, step_id, nxt.start, nxt.tokens, nxt.drafts, nxt.keep_until)
+                )
                 step_id += 1
         finally:
             del self._queues[name]
             self._send_first(wire.Close(name, "done"))
 
     @staticmethod
-    def _step(session: str, step_id: int, start: int, tokens: tuple[int, ...]) -> wire.Step:
+    def _step(
+        session: str,
+        step_id: int,
+        start: int,
+        tokens: tuple[int, ...],
+        drafts: tuple[int, ...] = (),
+        keep_until: int | None = None,
+    ) -> wire.Step:
         return wire.Step(
             session=session,
             step_id=step_id,
@@ -295,6 +323,8 @@ class SwarmClient:
             n_rows=len(tokens),
             width=0,
             wire_dtype=WireDtype.F32,
+            drafts=drafts,
+            keep_until=keep_until,
             sent_at_ns=time.time_ns(),
         )
 

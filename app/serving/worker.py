@@ -51,6 +51,7 @@ from app.serving.session_rules import (
 from app.serving.session_rules import Event as RuleEvent
 from app.wire_convert import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
+from core.draft_acceptance import accept_drafts
 from core.errors import CoreError
 from core.sampling import make_rng, sample
 from core.scheduling import Queued, select_batch
@@ -460,15 +461,20 @@ class StageWorker:
         assert session.rng is not None and session.params is not None
         params = session.params
         drafts = step.drafts
-        history = list(session.history)
-        chosen: list[int] = []
-        # Row j's logits predict what follows row j: the last len(drafts)+1 rows decide.
-        for row in logits[-(len(drafts) + 1) :]:
-            tok = sample(row, params, session.rng, history)
-            chosen.append(tok)
-            history.append(tok)
-            if len(chosen) <= len(drafts) and drafts[len(chosen) - 1] != tok:
-                break
+        if drafts:
+            # Row j's logits predict what follows row j: the last len(drafts)+1 rows decide;
+            # the penalty's history must not yet hold the guesses under test.
+            verdict = accept_drafts(
+                logits[-(len(drafts) + 1) :],
+                drafts,
+                params,
+                session.rng,
+                session.history[: len(session.history) - len(drafts)],
+            )
+            room = max(1, session.open.max_tokens - session.generated)
+            chosen = list(verdict.tokens[:room])
+        else:
+            chosen = [sample(logits[-1], params, session.rng, session.history)]
         n_accepted = len(chosen) - 1
         session.generated += len(chosen)
         self.stats.tokens += len(chosen)

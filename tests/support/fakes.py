@@ -18,6 +18,8 @@ class FakeEngine:
         self.fail_next_with: int | None = None
         self.removed: list[tuple[int, int, int]] = []
         self.decoded_rows: list[int] = []
+        self.can_cut = True
+        """False: partial seq_rm fails, as on a recurrent cache without snapshots."""
 
     def decode(
         self,
@@ -40,7 +42,7 @@ class FakeEngine:
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         self.removed.append((seq_id, p0, p1))
-        return True
+        return self.can_cut or p0 == 0
 
     def close(self) -> None:
         pass

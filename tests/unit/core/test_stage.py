@@ -241,3 +241,25 @@ def test_invalid_keep_until_is_a_position_error() -> None:
     assert isinstance(bad, StepFailure) and isinstance(bad.error, PositionError)
     (good,) = stage.step([StepRequest("a", 1, hidden=h[:1], keep_until=1)])
     assert isinstance(good, StepResult) and stage.n_past("a") == 2
+
+
+def test_keep_until_cuts_rejected_guesses_counts_the_undo_and_fails_typed() -> None:
+    engine = FakeEngine()
+    stage = Stage(engine, StageSpec(LayerRange(2, 4), 8, n_ctx=64, n_batch=8, n_seq_max=2))
+    stage.open("a")
+    stage.open("b")
+    h = np.ones((4, 4), dtype=np.float32)
+    assert all(isinstance(r, StepResult) for r in stage.step([StepRequest("a", 0, hidden=h)]))
+    # Guesses at 2..3 were rejected: the next step starts at 2 and cuts there first.
+    (res,) = stage.step([StepRequest("a", 2, hidden=h[:1], keep_until=2)])
+    assert isinstance(res, StepResult) and stage.n_past("a") == 3
+    assert engine.removed[-1] == (0, 2, -1) and stage.stats.undos == 1
+    assert stage.stats.undo_ms >= 0.0
+    # A cache that cannot step back is a typed failure of that session only.
+    stage.step([StepRequest("b", 0, hidden=h)])
+    engine.can_cut = False
+    out = stage.step(
+        [StepRequest("b", 1, hidden=h[:1], keep_until=1), StepRequest("a", 3, hidden=h[:1])]
+    )
+    assert isinstance(out[0], StepFailure) and isinstance(out[0].error, PositionError)
+    assert isinstance(out[1], StepResult) and stage.n_past("a") == 4 and stage.n_past("b") == 4

@@ -1,0 +1,77 @@
+"""The client's side of drafting, without IO: what the next STEP carries.
+
+One `DraftTracker` per generation. After each TOKENS it is told what came back; it then
+says where the next step starts, which rows it carries (the newest token, then up to k
+n-gram guesses from `core.drafting`) and where every stage must cut its cache first
+(`keep_until`: the positions of guesses the last stage rejected). A rejected guess so
+costs no extra trip: the cut rides on the next step.
+
+Positions: `pos` is how many tokens every stage holds as real; a step evaluates its rows
+from `pos`, so after it the stages hold `pos + rows`, of which the newest token and the
+accepted guesses stay real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from core.drafting import (
+    GuessPolicy,
+    GuessState,
+    guesses_now,
+    initial_state,
+    next_guess_state,
+    ngram_drafts,
+)
+
+
+@dataclass(frozen=True)
+class NextStep:
+    start: int
+    tokens: tuple[int, ...]
+    """The newest token followed by the guesses."""
+    drafts: tuple[int, ...]
+    keep_until: int | None
+
+
+class DraftTracker:
+    def __init__(self, prompt: Sequence[int], max_tokens: int, policy: GuessPolicy) -> None:
+        self.policy = policy
+        self.state: GuessState = initial_state(policy)
+        self.history: list[int] = list(prompt)
+        self.max_tokens = max_tokens
+        self.produced = 0
+        self.pos = len(self.history)
+        """Positions every stage holds as real."""
+        self.cached = self.pos
+        """Positions every stage holds, rejected guesses included."""
+        self._last_drafts: tuple[int, ...] = ()
+        self.proposed = 0
+        self.accepted = 0
+        self.trips = 0
+
+    def reply(self, tokens: Sequence[int], n_accepted: int, trip_ms: float) -> None:
+        """TOKENS for the latest step: its accepted guesses, then the model's own token."""
+        if self._last_drafts or self.trips:
+            self.state = next_guess_state(
+                self.policy, self.state, len(self._last_drafts), n_accepted, trip_ms
+            )
+        self.proposed += len(self._last_drafts)
+        self.accepted += n_accepted
+        self.trips += 1
+        if self.cached > self.pos:  # a decode step: its first row and accepted guesses stay
+            self.pos += 1 + n_accepted
+        self.history.extend(tokens)
+        self.produced += len(tokens)
+
+    def next_step(self) -> NextStep:
+        """The step after the latest reply (call `reply` first)."""
+        room = self.max_tokens - self.produced - 1  # guesses beyond max_tokens are wasted
+        k = max(0, min(guesses_now(self.policy, self.state), room))
+        drafts = ngram_drafts(self.history, k) if k else ()
+        keep = self.pos if self.cached > self.pos else None
+        tokens = (self.history[-1], *drafts)
+        self._last_drafts = drafts
+        self.cached = self.pos + len(tokens)
+        return NextStep(self.pos, tokens, drafts, keep)
