@@ -10,6 +10,7 @@ from typing import Any
 
 from app.errors import ConfigError
 from core.types import LayerRange
+from net.quic import DEFAULT_LIBRARY
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -46,8 +47,8 @@ class WorkerConfig:
     row_budget: int = 256
     """Rows per llama_decode: decode rows of all sessions first, then prompt chunks."""
     max_datagram_size: int = 1200
-    quic_library: str = "aioquic"
-    """"aioquic" or "qh3" (see net.quic)."""
+    quic_library: str = DEFAULT_LIBRARY
+    """"qh3" (default) or "aioquic" (see net.quic)."""
     return_logits: bool = False
     """Diagnostics: the last stage sends the logits each token was chosen from."""
     idle_timeout: float = 5.0
@@ -93,7 +94,7 @@ class WorkerConfig:
                 row_budget=int(doc.get("row_budget", 256)),
                 max_datagram_size=int(doc.get("max_datagram_size", 1200)),
                 return_logits=bool(doc.get("return_logits", False)),
-                quic_library=str(doc.get("quic_library", "aioquic")),
+                quic_library=str(doc.get("quic_library", DEFAULT_LIBRARY)),
                 idle_timeout=float(doc.get("idle_timeout", 5.0)),
                 relink_timeout=float(doc.get("relink_timeout", 20.0)),
                 resume_grace=float(doc.get("resume_grace", 30.0)),

@@ -24,21 +24,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
+import psutil
 
 from app.credentials import init_ca, issue_node, load_credentials
 from app.ports import free_tcp_port, free_udp_port
-from net import wire
+from net import event_loop, wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
-from net.quic import QuicTuning
+from net.quic import DEFAULT_LIBRARY, QuicTuning
 from net.tensors import WireDtype, decode_rows, encode_rows
 
 Send = Callable[[wire.Frame], None]
-TRANSPORTS = ("quic", "qh3", "tcp")
-"""quic: the default QUIC library (aioquic); qh3: the alternative; tcp: plain asyncio TCP."""
+TRANSPORTS = ("quic", "aioquic", "qh3", "tcp")
+"""quic: the default QUIC library (net.quic.DEFAULT_LIBRARY); aioquic, qh3: that library;
+tcp: plain asyncio TCP. All on the event loop net.event_loop picks (uvloop on Linux)."""
 
 
 def _library(transport: str) -> str:
-    return "qh3" if transport == "qh3" else "aioquic"
+    return DEFAULT_LIBRARY if transport == "quic" else transport
 
 
 def _reencode(frame: wire.Frame) -> wire.Frame:
@@ -203,17 +205,25 @@ async def measure(
         send(wire.Open("bench", "ring", dtype, wire.SamplingSpec(), "origin", 1, 1))
         await asyncio.wait_for(arrived.get(), 10)
         trips = []
+        forwarders = [psutil.Process(p.pid) for p in procs]
         for i in range(n + 20):
+            if i == 20:  # warm-up done: handshakes, congestion windows, caches
+                cpu0 = sum(_cpu_s(f) for f in forwarders)
             t0 = time.perf_counter()
             send(frame)
             t1 = await asyncio.wait_for(arrived.get(), 10)
-            if i >= 20:  # warm-up: handshakes, congestion windows, caches
+            if i >= 20:
                 trips.append((t1 - t0) * 1e3)
+        cpu = sum(_cpu_s(f) for f in forwarders) - cpu0
         links = hops + 1
         med = statistics.median(trips)
         return {
             "trip_ms": med,
             "hop_ms": med / links,
+            # A forwarder receives on one link and sends on the next for every frame: the
+            # software of one hop, both ends. CPU time hardly depends on the machine's load,
+            # where the round trip does (every wake-up waits for a core).
+            "cpu_ms_per_hop": cpu * 1e3 / (n * hops),
             "links": links,
             "frame_bytes": len(wire.encode(frame)),
         }
@@ -223,6 +233,11 @@ async def measure(
             await p.wait()
         del server
         tmp.cleanup()
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    t = process.cpu_times()
+    return float(t.user + t.system)
 
 
 def main() -> None:
@@ -242,12 +257,13 @@ def main() -> None:
     m.add_argument("--width", type=int, default=640)
     args = ap.parse_args()
     if args.cmd == "forward":
-        asyncio.run(forward(args))
+        event_loop.run(forward(args))
         return
+    print(f"loop {event_loop.loop_name()}, load {os.getloadavg()[0]:.2f}")
     for transport in TRANSPORTS:
         for dtype in (WireDtype.F32, WireDtype.BF16):
-            r = asyncio.run(measure(transport, args.hops, dtype, args.width, args.n, 1200))
-            print(f"{transport:5} {dtype.name:5} {r}")
+            r = event_loop.run(measure(transport, args.hops, dtype, args.width, args.n, 1200))
+            print(f"{transport:7} {dtype.name:5} {r}")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ from coordinator.contract import (
 from coordinator.errors import CoordinatorError
 from core.hardware import detect_hardware, memory_in_use
 from core.types import LayerRange
-from net.quic import QuicTuning
+from net import event_loop
+from net.quic import DEFAULT_LIBRARY, QuicTuning
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class CoordinatedOptions:
     """0: offer what the hardware has."""
     threads: int = 1
     max_sessions: int = 8
-    quic_library: str = "aioquic"
+    quic_library: str = DEFAULT_LIBRARY
     relay_only: bool = False
     """Reach peers only through the swarm's relay (as the seeds ran): tests, odd networks."""
     coordinator: str | None = None
@@ -411,4 +412,4 @@ async def run(options: CoordinatedOptions) -> int:
 
 
 def run_coordinated(options: CoordinatedOptions) -> int:
-    return asyncio.run(run(options))
+    return event_loop.run(run(options))  # uvloop on Linux
