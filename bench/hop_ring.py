@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -30,7 +31,7 @@ from app.credentials import init_ca, issue_node, load_credentials
 from app.ports import free_tcp_port, free_udp_port
 from net import event_loop, wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
-from net.quic import DEFAULT_LIBRARY, QuicTuning
+from net.quic import DEFAULT_LIBRARY, QUIC_LIBRARIES, QuicTuning
 from net.tensors import WireDtype, decode_rows, encode_rows
 
 Send = Callable[[wire.Frame], None]
@@ -235,6 +236,71 @@ async def measure(
         tmp.cleanup()
 
 
+# ---------------------------------------------------------------- profile (one process)
+
+
+async def profile(library: str, n: int, top: int) -> None:
+    """Two authenticated QUIC links in this process, A -> B -> A, one frame at a time,
+    under cProfile: where a hop's CPU goes, and how many transmits, datagrams and loop
+    wake-ups one frame costs (the counts are what bench/README.md compares)."""
+    import cProfile
+    import pstats
+
+    tmp = tempfile.TemporaryDirectory(prefix="sangama-ring-profile-")
+    wd = Path(tmp.name)
+    init_ca(wd / "ca")
+    for node in ("a", "b"):
+        issue_node(wd / "ca", node, "worker", out_dir=wd / node)
+    ca, cb = load_credentials(wd / "a", "a"), load_credentials(wd / "b", "b")
+    pa, pb = free_udp_port(), free_udp_port()
+    arrived: asyncio.Queue[float] = asyncio.Queue()
+    back: list[Send] = []
+    server_a = await _quic_server(ca, pa, lambda _f: arrived.put_nowait(0.0), 1200, library)
+    server_b = await _quic_server(cb, pb, lambda f: back[0](_reencode(f)), 1200, library)
+    back.append(await _quic_sender(cb, pa, "a", 1200, library))
+    send = await _quic_sender(ca, pb, "b", 1200, library)
+    rows = np.random.default_rng(0).standard_normal((1, 640)).astype(np.float32)
+    frame = wire.Step("bench", 0, 0, (), encode_rows(rows, WireDtype.F32), 1, 640, WireDtype.F32)
+    send(wire.Open("bench", "ring", WireDtype.F32, wire.SamplingSpec(), "a", 1, 1))
+    await asyncio.wait_for(arrived.get(), 10)
+    for _ in range(100):  # warm-up
+        send(frame)
+        await asyncio.wait_for(arrived.get(), 10)
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(n):
+        send(frame)
+        await asyncio.wait_for(arrived.get(), 10)
+    prof.disable()
+    elapsed = time.perf_counter() - t0
+    stats = pstats.Stats(prof)
+    raw: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+    calls: dict[str, int] = {f"{Path(k[0]).name}:{k[2]}": int(v[1]) for k, v in raw.items()}
+    links = 2 * n
+
+    def per_link(*names: str) -> float:
+        return sum(calls.get(name, 0) for name in names) / links
+
+    sent = per_link("~:<method 'send' of '_socket.socket' objects>") + per_link(
+        "~:<method 'sendto' of '_socket.socket' objects>"
+    )
+    print(
+        f"{library}, loop {event_loop.loop_name()}: {elapsed / links * 1e3:.3f} ms per link "
+        "(profiled; both ends in this process)"
+    )
+    print(
+        f"  per frame and link: transmits {per_link('quic.py:_transmit'):.2f}, "
+        f"datagrams received {per_link('quic.py:datagram_received'):.2f}, sent {sent:.2f}, "
+        f"loop turns {per_link('base_events.py:_run_once'):.2f} (standard loop only), "
+        f"timers armed {per_link('base_events.py:call_at'):.2f}"
+    )
+    stats.sort_stats("tottime").print_stats(top)
+    server_a.close()
+    server_b.close()
+    tmp.cleanup()
+
+
 def _cpu_s(process: psutil.Process) -> float:
     t = process.cpu_times()
     return float(t.user + t.system)
@@ -255,9 +321,16 @@ def main() -> None:
     m.add_argument("--hops", type=int, default=3)
     m.add_argument("--n", type=int, default=200)
     m.add_argument("--width", type=int, default=640)
+    pr = sub.add_parser("profile", help="two links in one process under cProfile")
+    pr.add_argument("--library", choices=QUIC_LIBRARIES, default=DEFAULT_LIBRARY)
+    pr.add_argument("--n", type=int, default=2000)
+    pr.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     if args.cmd == "forward":
         event_loop.run(forward(args))
+        return
+    if args.cmd == "profile":
+        event_loop.run(profile(args.library, args.n, args.top))
         return
     print(f"loop {event_loop.loop_name()}, load {os.getloadavg()[0]:.2f}")
     for transport in TRANSPORTS:
