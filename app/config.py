@@ -10,6 +10,7 @@ from typing import Any
 
 from app.errors import ConfigError
 from core.types import LayerRange
+from net.quic import DEFAULT_LIBRARY
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -53,8 +54,8 @@ class WorkerConfig:
     """Every session's rows in a llama_decode of their own, on a KV stream of its own:
     a request gives exactly the tokens it gives alone, at the cost of batching."""
     max_datagram_size: int = 1200
-    quic_library: str = "aioquic"
-    """"aioquic" or "qh3" (see net.quic)."""
+    quic_library: str = DEFAULT_LIBRARY
+    """"qh3" (default) or "aioquic" (see net.quic)."""
     return_logits: bool = False
     """Diagnostics: the last stage sends the logits each token was chosen from."""
     idle_timeout: float = 5.0
@@ -104,7 +105,7 @@ class WorkerConfig:
                 reproducible=bool(doc.get("reproducible", False)),
                 max_datagram_size=int(doc.get("max_datagram_size", 1200)),
                 return_logits=bool(doc.get("return_logits", False)),
-                quic_library=str(doc.get("quic_library", "aioquic")),
+                quic_library=str(doc.get("quic_library", DEFAULT_LIBRARY)),
                 idle_timeout=float(doc.get("idle_timeout", 5.0)),
                 relink_timeout=float(doc.get("relink_timeout", 20.0)),
                 resume_grace=float(doc.get("resume_grace", 30.0)),

@@ -20,25 +20,28 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
+import psutil
 
 from app.credentials import init_ca, issue_node, load_credentials
 from app.ports import free_tcp_port, free_udp_port
-from net import wire
+from net import event_loop, wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
-from net.quic import QuicTuning
+from net.quic import DEFAULT_LIBRARY, QUIC_LIBRARIES, QuicTuning
 from net.tensors import WireDtype, decode_rows, encode_rows
 
 Send = Callable[[wire.Frame], None]
-TRANSPORTS = ("quic", "qh3", "tcp")
-"""quic: the default QUIC library (aioquic); qh3: the alternative; tcp: plain asyncio TCP."""
+TRANSPORTS = ("quic", "aioquic", "qh3", "tcp")
+"""quic: the default QUIC library (net.quic.DEFAULT_LIBRARY); aioquic, qh3: that library;
+tcp: plain asyncio TCP. All on the event loop net.event_loop picks (uvloop on Linux)."""
 
 
 def _library(transport: str) -> str:
-    return "qh3" if transport == "qh3" else "aioquic"
+    return DEFAULT_LIBRARY if transport == "quic" else transport
 
 
 def _reencode(frame: wire.Frame) -> wire.Frame:
@@ -203,17 +206,25 @@ async def measure(
         send(wire.Open("bench", "ring", dtype, wire.SamplingSpec(), "origin", 1, 1))
         await asyncio.wait_for(arrived.get(), 10)
         trips = []
+        forwarders = [psutil.Process(p.pid) for p in procs]
         for i in range(n + 20):
+            if i == 20:  # warm-up done: handshakes, congestion windows, caches
+                cpu0 = sum(_cpu_s(f) for f in forwarders)
             t0 = time.perf_counter()
             send(frame)
             t1 = await asyncio.wait_for(arrived.get(), 10)
-            if i >= 20:  # warm-up: handshakes, congestion windows, caches
+            if i >= 20:
                 trips.append((t1 - t0) * 1e3)
+        cpu = sum(_cpu_s(f) for f in forwarders) - cpu0
         links = hops + 1
         med = statistics.median(trips)
         return {
             "trip_ms": med,
             "hop_ms": med / links,
+            # A forwarder receives on one link and sends on the next for every frame: the
+            # software of one hop, both ends. CPU time hardly depends on the machine's load,
+            # where the round trip does (every wake-up waits for a core).
+            "cpu_ms_per_hop": cpu * 1e3 / (n * hops),
             "links": links,
             "frame_bytes": len(wire.encode(frame)),
         }
@@ -223,6 +234,76 @@ async def measure(
             await p.wait()
         del server
         tmp.cleanup()
+
+
+# ---------------------------------------------------------------- profile (one process)
+
+
+async def profile(library: str, n: int, top: int) -> None:
+    """Two authenticated QUIC links in this process, A -> B -> A, one frame at a time,
+    under cProfile: where a hop's CPU goes, and how many transmits, datagrams and loop
+    wake-ups one frame costs (the counts are what bench/README.md compares)."""
+    import cProfile
+    import pstats
+
+    tmp = tempfile.TemporaryDirectory(prefix="sangama-ring-profile-")
+    wd = Path(tmp.name)
+    init_ca(wd / "ca")
+    for node in ("a", "b"):
+        issue_node(wd / "ca", node, "worker", out_dir=wd / node)
+    ca, cb = load_credentials(wd / "a", "a"), load_credentials(wd / "b", "b")
+    pa, pb = free_udp_port(), free_udp_port()
+    arrived: asyncio.Queue[float] = asyncio.Queue()
+    back: list[Send] = []
+    server_a = await _quic_server(ca, pa, lambda _f: arrived.put_nowait(0.0), 1200, library)
+    server_b = await _quic_server(cb, pb, lambda f: back[0](_reencode(f)), 1200, library)
+    back.append(await _quic_sender(cb, pa, "a", 1200, library))
+    send = await _quic_sender(ca, pb, "b", 1200, library)
+    rows = np.random.default_rng(0).standard_normal((1, 640)).astype(np.float32)
+    frame = wire.Step("bench", 0, 0, (), encode_rows(rows, WireDtype.F32), 1, 640, WireDtype.F32)
+    send(wire.Open("bench", "ring", WireDtype.F32, wire.SamplingSpec(), "a", 1, 1))
+    await asyncio.wait_for(arrived.get(), 10)
+    for _ in range(100):  # warm-up
+        send(frame)
+        await asyncio.wait_for(arrived.get(), 10)
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(n):
+        send(frame)
+        await asyncio.wait_for(arrived.get(), 10)
+    prof.disable()
+    elapsed = time.perf_counter() - t0
+    stats = pstats.Stats(prof)
+    raw: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+    calls: dict[str, int] = {f"{Path(k[0]).name}:{k[2]}": int(v[1]) for k, v in raw.items()}
+    links = 2 * n
+
+    def per_link(*names: str) -> float:
+        return sum(calls.get(name, 0) for name in names) / links
+
+    sent = per_link("~:<method 'send' of '_socket.socket' objects>") + per_link(
+        "~:<method 'sendto' of '_socket.socket' objects>"
+    )
+    print(
+        f"{library}, loop {event_loop.loop_name()}: {elapsed / links * 1e3:.3f} ms per link "
+        "(profiled; both ends in this process)"
+    )
+    print(
+        f"  per frame and link: transmits {per_link('quic.py:_transmit'):.2f}, "
+        f"datagrams received {per_link('quic.py:datagram_received'):.2f}, sent {sent:.2f}, "
+        f"loop turns {per_link('base_events.py:_run_once'):.2f} (standard loop only), "
+        f"timers armed {per_link('base_events.py:call_at'):.2f}"
+    )
+    stats.sort_stats("tottime").print_stats(top)
+    server_a.close()
+    server_b.close()
+    tmp.cleanup()
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    t = process.cpu_times()
+    return float(t.user + t.system)
 
 
 def main() -> None:
@@ -240,14 +321,22 @@ def main() -> None:
     m.add_argument("--hops", type=int, default=3)
     m.add_argument("--n", type=int, default=200)
     m.add_argument("--width", type=int, default=640)
+    pr = sub.add_parser("profile", help="two links in one process under cProfile")
+    pr.add_argument("--library", choices=QUIC_LIBRARIES, default=DEFAULT_LIBRARY)
+    pr.add_argument("--n", type=int, default=2000)
+    pr.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     if args.cmd == "forward":
-        asyncio.run(forward(args))
+        event_loop.run(forward(args))
         return
+    if args.cmd == "profile":
+        event_loop.run(profile(args.library, args.n, args.top))
+        return
+    print(f"loop {event_loop.loop_name()}, load {os.getloadavg()[0]:.2f}")
     for transport in TRANSPORTS:
         for dtype in (WireDtype.F32, WireDtype.BF16):
-            r = asyncio.run(measure(transport, args.hops, dtype, args.width, args.n, 1200))
-            print(f"{transport:5} {dtype.name:5} {r}")
+            r = event_loop.run(measure(transport, args.hops, dtype, args.width, args.n, 1200))
+            print(f"{transport:7} {dtype.name:5} {r}")
 
 
 if __name__ == "__main__":

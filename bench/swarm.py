@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -30,6 +30,8 @@ from bench.hop_ring import measure as measure_hops
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from core.types import LayerRange
+from net import event_loop
+from net.quic import DEFAULT_LIBRARY
 from net.tensors import WireDtype
 
 PROMPT = "Write a short story about a lighthouse keeper who befriends a whale."
@@ -102,12 +104,21 @@ async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:
                 swarm.client_credentials, swarm.route, step_timeout=30
             ) as client:
                 events = [ev async for ev in client.generate([1, 2, 3, 4, 5, 6, 7, 8], tokens)][1:]
+            # The proxies' own error along a token's path: each link's forward direction
+            # (client -> stage 0 -> ... -> last stage), then the last stage's TOKENS back.
+            proxies = swarm.proxies
+            proxy_late = sum(p.late_up.mean_ms for p in proxies[:-1])
+            proxy_late += proxies[-1].late_down.mean_ms
+            proxy_late_max = max(max(p.late_up.max_ms, p.late_down.max_ms) for p in proxies)
         finally:
             await swarm.stop()
             swarm.cleanup()
     trip = statistics.median(e.trip_ms for e in events)
     compute = statistics.median(sum(t.compute_ms for t in e.timings) for e in events)
+    queue = statistics.median(sum(t.queue_ms for t in e.timings) for e in events)
     bound = compute + sum(delays)
+    links = len(delays)
+    sangama = trip - bound - proxy_late
     return {
         "stages": 20,
         "link_delays_ms": delays,
@@ -116,6 +127,13 @@ async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:
         "bound_ms": bound,
         "trip_ms": trip,
         "overhead_ms": trip - bound,
+        # trip - bound = the delay proxies' lateness + Sangama (QUIC, frames, the engine
+        # task's wake-up: queue_ms) on every link and stage.
+        "proxy_late_ms": proxy_late,
+        "proxy_late_max_ms": proxy_late_max,
+        "queue_ms": queue,
+        "sangama_ms": sangama,
+        "sangama_ms_per_hop": sangama / links,
         "wan20_vs_bound": bound / trip,
     }
 
@@ -138,33 +156,40 @@ def main() -> int:
     tok.close()
     out: dict[str, Any] = {"model": model.name, "decode_tokens": args.tokens}
 
+    out["loop"] = event_loop.loop_name()
+    out["quic_library"] = DEFAULT_LIBRARY
+    out["load_average_start"] = os.getloadavg()[0]
     whole = whole_model_tps(model, prompt, args.tokens, threads=2)
-    configs = [(1, "aioquic"), (2, "aioquic"), (2, "qh3")]
+    other = "aioquic" if DEFAULT_LIBRARY == "qh3" else "qh3"
+    configs = [(1, DEFAULT_LIBRARY), (2, DEFAULT_LIBRARY), (2, other)]
     swarm_runs = {
-        f"{lib}_threads_{t}": asyncio.run(swarm_tps(model, prompt, args.tokens, t, lib))
+        f"{lib}_threads_{t}": event_loop.run(swarm_tps(model, prompt, args.tokens, t, lib))
         for t, lib in configs
     }
     default = max(
-        (k for k in swarm_runs if k.startswith("aioquic")),
+        (k for k in swarm_runs if k.startswith(DEFAULT_LIBRARY)),
         key=lambda k: swarm_runs[k]["tokens_per_s"],
     )
     out["whole_model_tokens_per_s"] = whole
     out["swarm"] = swarm_runs
     out["swarm_vs_mono"] = swarm_runs[default]["tokens_per_s"] / whole
-    out["swarm_vs_mono_qh3"] = swarm_runs["qh3_threads_2"]["tokens_per_s"] / whole
+    out[f"swarm_vs_mono_{other}"] = swarm_runs[f"{other}_threads_2"]["tokens_per_s"] / whole
 
     hops: dict[str, dict[str, float]] = {}
-    for transport in ("quic", "qh3", "tcp"):
+    for transport in ("quic", other, "tcp"):  # quic = the default library
         for dtype in (WireDtype.F32, WireDtype.BF16):
-            hops[f"{transport}_{dtype.name.lower()}"] = asyncio.run(
+            hops[f"{transport}_{dtype.name.lower()}"] = event_loop.run(
                 measure_hops(transport, 3, dtype, 640, args.hop_frames, 1200)
             )
     out["hops"] = hops
     out["hop_ms_quic"] = hops["quic_f32"]["hop_ms"]
     out["hop_ms_tcp"] = hops["tcp_f32"]["hop_ms"]
-    out["hop_ms_qh3"] = hops["qh3_f32"]["hop_ms"]
+    out[f"hop_ms_{other}"] = hops[f"{other}_f32"]["hop_ms"]
+    out["hop_cpu_ms_quic"] = hops["quic_f32"]["cpu_ms_per_hop"]
+    out["hop_cpu_ms_tcp"] = hops["tcp_f32"]["cpu_ms_per_hop"]
 
-    w = asyncio.run(wan20(args.tokens))
+    w = event_loop.run(wan20(args.tokens))
+    out["load_average_end"] = os.getloadavg()[0]
     out["wan20"] = w
     out["wan20_vs_bound"] = w["wan20_vs_bound"]
 
@@ -181,18 +206,30 @@ def main() -> int:
             f"{r['network_and_handling_ms']:.2f} ({r['per_hop_ms']:.2f} per hop)"
         )
     print(
-        f"  swarm_vs_mono {out['swarm_vs_mono']:.2f} (aioquic), "
-        f"{out['swarm_vs_mono_qh3']:.2f} (qh3)"
+        f"  swarm_vs_mono {out['swarm_vs_mono']:.2f} ({DEFAULT_LIBRARY}), "
+        f"{out[f'swarm_vs_mono_{other}']:.2f} ({other})"
     )
-    print("(b) per-hop software cost, one 640-wide row, 3 forwarders (4 links); quic = aioquic")
+    print(
+        f"(b) per-hop software cost, one 640-wide row, 3 forwarders (4 links); "
+        f"quic = {DEFAULT_LIBRARY}, loop {out['loop']}"
+    )
     for k, r in hops.items():
-        print(f"  {k:10} {r['hop_ms']:.3f} ms per hop ({r['frame_bytes']} B frames)")
+        print(
+            f"  {k:12} {r['hop_ms']:.3f} ms per hop, {r['cpu_ms_per_hop']:.3f} ms CPU "
+            f"({r['frame_bytes']} B frames)"
+        )
     print("(c) 20 stages, tiny model, 1-56 ms per link")
     print(
         f"  trip {w['trip_ms']:.1f} ms; bound {w['bound_ms']:.1f} ms "
         f"(compute {w['compute_ms']:.1f} + delays {w['sum_delays_ms']:.0f}); "
         f"wan20_vs_bound {w['wan20_vs_bound']:.3f}"
     )
+    print(
+        f"  over the bound {w['overhead_ms']:.1f} ms = delay proxies late "
+        f"{w['proxy_late_ms']:.1f} + Sangama {w['sangama_ms']:.1f} "
+        f"({w['sangama_ms_per_hop']:.2f} per hop; engine wake-ups {w['queue_ms']:.1f})"
+    )
+    print(f"  load average {out['load_average_start']:.2f} -> {out['load_average_end']:.2f}")
     return 0
 
 

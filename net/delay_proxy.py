@@ -4,6 +4,9 @@ These machines lack netem, so tests and benchmarks put this between QUIC peers. 
 client address gets its own upstream socket, so the target's replies find their way
 back; both directions get `delay_ms` one way; jitter never reorders the packets of one
 flow and direction (netem without reordering); `loss` drops packets as they arrive.
+All lanes share one time-ordered schedule and one timer, woken early by the loop's
+measured lateness (net.delay_schedule), so a datagram leaves at its due time, not up to
+a millisecond after; `late_up`/`late_down` say how late they really left.
 
     python -m net.delay_proxy --listen 127.0.0.1:9000 --target 127.0.0.1:9001 --delay-ms 20
 """
@@ -18,11 +21,12 @@ import math
 import random
 import signal
 import sys
-from collections import deque
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from net.delay_schedule import LaneSchedule, WakeLead
 from net.errors import ProxyError
 
 log = logging.getLogger(__name__)
@@ -57,71 +61,32 @@ class ProxyStats:
     """Socket errors reported by the OS (e.g. ICMP port unreachable from the target)."""
 
 
-class _Lane:
-    """One direction of one flow: a FIFO whose send times never decrease, so no reordering.
-
-    `send` returns False while its socket is not ready; `resume` continues once it is.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[bytes], bool]) -> None:
-        self._loop = loop
-        self._send = send
-        self._queue: deque[tuple[float, bytes]] = deque()
-        self._last_at = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-
-    def push(self, data: bytes, delay_s: float) -> None:
-        now = self._loop.time()
-        # Jitter may make this packet "due" before the previous one: hold it until then.
-        at = max(now + delay_s, now, self._last_at)
-        self._last_at = at
-        self._queue.append((at, data))
-        if self._timer is None:
-            self._flush(now)
-
-    def resume(self) -> None:
-        self._flush(self._loop.time())
-
-    def discard(self) -> int:
-        """Forget queued packets (closing); how many there were."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        n = len(self._queue)
-        self._queue.clear()
-        return n
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        # The loop may wake us up to one clock tick early: the head is due all the same.
-        self._flush(max(self._loop.time(), self._queue[0][0]))
-
-    def _flush(self, until: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        while self._queue and self._queue[0][0] <= until:
-            if not self._send(self._queue[0][1]):
-                return  # not connected yet: `resume` picks up from here
-            self._queue.popleft()
-        if self._queue:
-            self._timer = self._loop.call_at(self._queue[0][0], self._on_timer)
-
-
 class _Flow:
     """One client address: its own upstream socket and a lane each way."""
 
-    def __init__(
-        self,
-        client: Any,
-        up: Callable[[_Flow, bytes], bool],
-        down: Callable[[_Flow, bytes], bool],
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
         self.upstream: asyncio.DatagramTransport | None = None
-        self.up = _Lane(loop, lambda data: up(self, data))
-        self.down = _Lane(loop, lambda data: down(self, data))
+        self.up = (client, "up")
+        self.down = (client, "down")
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """How long after their due time datagrams left (the proxy's own error, on top of
+    the delay asked for); never negative, nothing leaves early."""
+
+    packets: int = 0
+    total_ms: float = 0.0
+    max_ms: float = 0.0
+
+    @property
+    def mean_ms(self) -> float:
+        return self.total_ms / self.packets if self.packets else 0.0
+
+    def add(self, late_s: float) -> Lateness:
+        ms = max(late_s, 0.0) * 1e3
+        return Lateness(self.packets + 1, self.total_ms + ms, max(self.max_ms, ms))
 
 
 class _ClientSide(asyncio.DatagramProtocol):
@@ -179,6 +144,13 @@ class DelayProxy:
         self._connecting: set[asyncio.Task[None]] = set()
         self._transport: asyncio.DatagramTransport | None = None
         self._closed = False
+        self._schedule: LaneSchedule[tuple[Any, str]] = LaneSchedule()
+        self._lead = WakeLead()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self.late_up = Lateness()
+        self.late_down = Lateness()
+        """Lateness of forwarded datagrams, client -> target and back."""
 
     async def start(self) -> None:
         if self._transport is not None or self._closed:
@@ -196,9 +168,12 @@ class DelayProxy:
         for task in list(self._connecting):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for flow in self._flows.values():
-            flow.up.discard()
-            flow.down.discard()
+            self._schedule.discard(flow.up)
+            self._schedule.discard(flow.down)
             if flow.upstream is not None:
                 flow.upstream.close()
         if self._transport is not None:
@@ -234,7 +209,7 @@ class DelayProxy:
         if self._drop(self._rng_up):
             self._counts.up_dropped += 1
             return
-        flow.up.push(data, self._delay(self._rng_up))
+        self._hold(flow.up, data, self._delay(self._rng_up))
 
     def _from_target(self, flow: _Flow, data: bytes) -> None:
         if self._closed:
@@ -242,22 +217,67 @@ class DelayProxy:
         if self._drop(self._rng_down):
             self._counts.down_dropped += 1
             return
-        flow.down.push(data, self._delay(self._rng_down))
+        self._hold(flow.down, data, self._delay(self._rng_down))
 
-    def _send_up(self, flow: _Flow, data: bytes) -> bool:
-        if flow.upstream is None:
-            return False
+    # --- timing: one timer for every lane, woken early by its measured lateness -----------
+
+    def _hold(self, lane: tuple[Any, str], data: bytes, delay_s: float) -> None:
+        now = asyncio.get_running_loop().time()
+        self._schedule.push(lane, data, now, delay_s)
+        self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        due = self._schedule.next_due()
+        if due is None:
+            return
+        if due <= now:
+            self._release(now)
+            return
+        wake = due - self._lead.lead
+        if self._timer is not None:
+            if self._timer_at <= wake:
+                return  # already armed early enough
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = asyncio.get_running_loop().call_at(wake, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        woke = loop.time()
+        self._lead.observe(self._timer_at, woke)
+        due = self._schedule.next_due()
+        if due is not None and 0 < due - woke <= self._lead.cap_s:
+            # Woken early on purpose: wait out the fraction of a millisecond that the
+            # loop's timer cannot resolve, yielding the CPU meanwhile.
+            while loop.time() < due:
+                time.sleep(0)
+        self._release(loop.time())
+
+    def _release(self, now: float) -> None:
+        for lane, data, due in self._schedule.pop_due(now):
+            flow = self._flows.get(lane[0])
+            if flow is None:
+                continue
+            if lane[1] == "up":
+                self._send_up(flow, data)
+                self.late_up = self.late_up.add(now - due)
+            else:
+                self._send_down(flow, data)
+                self.late_down = self.late_down.add(now - due)
+        self._arm(now)
+
+    def _send_up(self, flow: _Flow, data: bytes) -> None:
+        assert flow.upstream is not None  # the up lane is held until it is connected
         flow.upstream.sendto(data)
         self._counts.up_packets += 1
         self._counts.up_bytes += len(data)
-        return True
 
-    def _send_down(self, flow: _Flow, data: bytes) -> bool:
+    def _send_down(self, flow: _Flow, data: bytes) -> None:
         assert self._transport is not None  # flows only exist after start()
         self._transport.sendto(data, flow.client)
         self._counts.down_packets += 1
         self._counts.down_bytes += len(data)
-        return True
 
     def _error(self, exc: Exception) -> None:
         self._counts.errors += 1
@@ -274,7 +294,8 @@ class DelayProxy:
 
     def _open_flow(self, client: Any) -> _Flow:
         loop = asyncio.get_running_loop()
-        flow = _Flow(client, self._send_up, self._send_down, loop)
+        flow = _Flow(client)
+        self._schedule.hold(flow.up)  # until its upstream socket is connected
         self._flows[client] = flow
         task = loop.create_task(self._connect(flow))
         self._connecting.add(task)
@@ -290,14 +311,16 @@ class DelayProxy:
         except OSError as exc:
             log.warning("delay proxy cannot reach %s: %s", self.target, exc)
             self._counts.errors += 1
-            self._counts.up_dropped += flow.up.discard()
+            self._counts.up_dropped += self._schedule.discard(flow.up)
+            self._schedule.discard(flow.down)
             del self._flows[flow.client]  # the client's next packet tries again
             return
         if self._closed:
             transport.close()
             return
         flow.upstream = transport
-        flow.up.resume()
+        self._schedule.release(flow.up)
+        self._arm(loop.time())
 
 
 # --- command line -----------------------------------------------------------------------

@@ -9,8 +9,11 @@ TLS authenticates the server (its certificate must chain to the swarm CA and nam
 expected node id). Clients prove themselves at the application layer (net.protocol),
 because stock aioquic servers neither request nor verify client certificates.
 
-Cheap wins taken (docs/architecture.md, "Links"): transmissions are coalesced to once per
-event-loop turn, several frames sent in one turn share packets; the packet pacer is bypassed
+Cheap wins taken (docs/architecture.md, "Links"; figures in bench/README.md): qh3 (a Rust
+packet core) is the default library; transmissions are coalesced to once per event-loop
+turn, both for frames sent and for datagrams received (a burst read in one wake-up,
+net.quic_udp, is answered by one transmit after the whole burst, not an ACK per datagram);
+the loss/ACK timer is re-armed only when it must fire earlier; the packet pacer is bypassed
 for the small bursts a token's hidden state makes; the datagram size is configurable for
 paths that allow more than 1200 bytes (loopback, LAN).
 """
@@ -18,16 +21,14 @@ paths that allow more than 1200 bytes (loopback, LAN).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import importlib
 import logging
-import socket
 import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import aioquic.buffer
 import aioquic.quic.events
@@ -38,7 +39,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from net.errors import NetError
+from net.quic_udp import Receiver, UdpPath
 from net.rate import AsyncThrottle
+
+__all__ = ["Addr", "Receiver", "UdpPath"]  # re-exported: callers import paths from here
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,8 @@ class TlsIdentity:
 
 
 QUIC_LIBRARIES = ("aioquic", "qh3")
+DEFAULT_LIBRARY = "qh3"
+"""Measured faster per hop with the same TLS and client proof (bench/README.md)."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,8 @@ class QuicTuning:
     keepalive: float = 1.25
     """Seconds between PINGs on an idle link: keeps NAT mappings and detects dead peers."""
     pace: bool = False
-    library: str = "aioquic"
-    """"aioquic" (default) or "qh3" (same sans-IO API, Rust packet core, less CPU)."""
+    library: str = DEFAULT_LIBRARY
+    """"qh3" (default: Rust packet core, less CPU per hop) or "aioquic" (same sans-IO API)."""
     send_throttle: AsyncThrottle | None = field(default=None, compare=False, repr=False)
     """The volunteer's upload cap, shared by every link that carries this tuning."""
 
@@ -197,74 +203,6 @@ class DatagramPath(Protocol):
     def close(self) -> None: ...
 
 
-Receiver = Callable[[bytes, Addr], None]
-
-
-class UdpPath(asyncio.DatagramProtocol):
-    """A UDP socket. Connected (one peer) for outgoing links, so ICMP "port unreachable"
-    from a dead peer is reported at once instead of after the idle timeout."""
-
-    def __init__(
-        self, receiver: Receiver, on_error: Callable[[Exception], None] | None = None
-    ) -> None:
-        self._receiver = receiver
-        self._on_error = on_error
-        self._transport: asyncio.DatagramTransport | None = None
-        self.connected = False
-
-    @classmethod
-    async def bind(cls, host: str, port: int, receiver: Receiver) -> UdpPath:
-        loop = asyncio.get_running_loop()
-        _, proto = await loop.create_datagram_endpoint(
-            lambda: cls(receiver), local_addr=(host, port)
-        )
-        return proto
-
-    @classmethod
-    async def connect(
-        cls, remote: Addr, receiver: Receiver, on_error: Callable[[Exception], None]
-    ) -> UdpPath:
-        loop = asyncio.get_running_loop()
-        _, proto = await loop.create_datagram_endpoint(
-            lambda: cls(receiver, on_error), remote_addr=remote
-        )
-        proto.connected = True
-        return proto
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.DatagramTransport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-                with contextlib.suppress(OSError):  # best effort: larger buffers absorb bursts
-                    sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-
-    @property
-    def local_address(self) -> Addr:
-        assert self._transport is not None
-        host, port = self._transport.get_extra_info("sockname")[:2]
-        return str(host), int(port)
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self._receiver(data, (str(addr[0]), int(addr[1])))
-
-    def error_received(self, exc: Exception) -> None:
-        if self._on_error is not None:
-            self._on_error(exc)
-
-    def send(self, data: bytes, addr: Addr) -> None:
-        if self._transport is None or self._transport.is_closing():
-            return
-        if self.connected:
-            self._transport.sendto(data)
-        else:
-            self._transport.sendto(data, addr)
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-
 # ---------------------------------------------------------------- a link
 
 
@@ -280,9 +218,15 @@ class QuicLink:
         self._tuning = tuning
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        """When `_timer` fires (wall clock, as the QUIC library's deadlines)."""
         self._keepalive: asyncio.TimerHandle | None = None
         self._transmit_scheduled = False
         self._deferred: asyncio.TimerHandle | None = None
+        self._received = False
+        """Datagrams arrived that `flush_received` has not acted on yet."""
+        self.burst_aware = False
+        """True when the path calls `flush_received` at the end of every burst."""
         self._last_activity = time.monotonic()
         self.connected: asyncio.Future[None] = self._loop.create_future()
         self.closed: asyncio.Future[str] = self._loop.create_future()
@@ -307,14 +251,34 @@ class QuicLink:
         self._last_activity = time.monotonic()
         try:
             self._quic.receive_datagram(data, addr, now=time.time())
-            self._process_events()
         except Exception as exc:  # a bug or hostile input in one link must not hang it
-            log.exception("link to %s failed", self.peer_address)
-            self._quic.close(error_code=0x1, reason_phrase="internal error")
-            self._transmit()
-            self._terminate(f"internal error: {exc}")
+            self._internal_error(exc)
             return
+        if not self._received:
+            self._received = True
+            if not self.burst_aware:
+                self._loop.call_soon(self.flush_received)
+
+    def flush_received(self) -> None:
+        """Act on the datagrams received since the last call: deliver the stream's bytes
+        (one `on_data` for a whole burst), then transmit once (ACKs, and frames the
+        handlers sent) at the end of this loop turn. The path calls this at the end of a
+        burst (`burst_aware`); otherwise it runs on the next loop turn."""
+        if not self._received:
+            return
+        self._received = False
+        try:
+            self._process_events()
+        except Exception as exc:  # a handler's bug must not hang the link
+            self._internal_error(exc)
+            return
+        self._schedule_transmit()
+
+    def _internal_error(self, exc: Exception) -> None:
+        log.exception("link to %s failed", self.peer_address)
+        self._quic.close(error_code=0x1, reason_phrase="internal error")
         self._transmit()
+        self._terminate(f"internal error: {exc}")
 
     def path_error(self, exc: Exception) -> None:
         self._terminate(f"peer unreachable ({exc})", PeerUnreachable)
@@ -326,18 +290,27 @@ class QuicLink:
         self._transmit()
 
     def _process_events(self) -> None:
+        chunks: list[bytes] = []
         while (ev := self._quic.next_event()) is not None:
             if isinstance(ev, self._events.StreamDataReceived):
                 if ev.data:
-                    self.bytes_received += len(ev.data)
-                    self.on_data(ev.data)
+                    chunks.append(ev.data)
             elif isinstance(ev, self._events.HandshakeCompleted):
                 if not self.connected.done():
                     self.connected.set_result(None)
                 self._arm_keepalive()
             elif isinstance(ev, self._events.ConnectionTerminated):
+                self._deliver(chunks)  # what arrived before the close is still the peer's
+                chunks = []
                 reason = ev.reason_phrase or f"QUIC error {ev.error_code:#x}"
                 self._terminate(reason)
+        self._deliver(chunks)
+
+    def _deliver(self, chunks: list[bytes]) -> None:
+        if chunks and not self.closed.done():
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self.bytes_received += len(data)
+            self.on_data(data)
 
     # -- output
     def send(self, data: bytes) -> None:
@@ -345,6 +318,9 @@ class QuicLink:
             raise LinkError(f"link to {self.peer_address} is closed: {self.closed.result()}")
         self._quic.send_stream_data(STREAM_ID, data)
         self.bytes_sent += len(data)
+        self._schedule_transmit()
+
+    def _schedule_transmit(self) -> None:
         if not self._transmit_scheduled:
             # Coalesce: everything sent during this loop turn leaves in one transmit.
             self._transmit_scheduled = True
@@ -379,9 +355,15 @@ class QuicLink:
     def _reschedule_timer(self, now: float) -> None:
         deadline = self._quic.get_timer()
         if self._timer is not None:
+            if deadline is not None and self._timer_at <= deadline:
+                # Already armed for no later: it fires, finds nothing due, re-arms. Cheaper
+                # than a cancel and a new handle on every transmit (the idle deadline moves
+                # with every packet), which also bloat the loop's timer heap.
+                return
             self._timer.cancel()
             self._timer = None
         if deadline is not None:
+            self._timer_at = deadline
             self._timer = self._loop.call_later(max(0.0, deadline - now), self._on_timer)
 
     def _arm_keepalive(self) -> None:
@@ -469,6 +451,9 @@ async def connect(
         path = await UdpPath.connect(address, receive, error)
     link = QuicLink(quic, path, address, tuning)
     link.owns_path = True
+    if isinstance(path, UdpPath) and path.reads_bursts:
+        path.on_burst_end = link.flush_received
+        link.burst_aware = True
     holder.append(link)
     quic.connect(address, now=time.time())
     link._transmit()
@@ -494,6 +479,8 @@ class QuicServer:
         self._path: UdpPath | None = None
         self._path_links: set[QuicLink] = set()
         """Links accepted over paths of their own (`accept`), not the listening socket."""
+        self._touched: list[QuicLink] = []
+        """Links of the listening socket that received datagrams in the current burst."""
 
     def update_identity(self, identity: TlsIdentity) -> None:
         """Use a renewed certificate for new connections; open ones keep theirs."""
@@ -502,7 +489,14 @@ class QuicServer:
 
     async def listen(self, host: str, port: int) -> Addr:
         self._path = await UdpPath.bind(host, port, self._datagram_received)
+        if self._path.reads_bursts:
+            self._path.on_burst_end = self._burst_end
         return self._path.local_address
+
+    def _burst_end(self) -> None:
+        touched, self._touched = self._touched, []
+        for link in touched:
+            link.flush_received()
 
     @property
     def links(self) -> list[QuicLink]:
@@ -557,7 +551,7 @@ class QuicServer:
     def _datagram_received(self, data: bytes, addr: Addr) -> None:
         link = self._links.get(addr)
         if link is not None and not link.closed.done():
-            link.datagram_received(data, addr)
+            self._received(link, data, addr)
             return
         odcid = self._backend.initial_dcid(data)
         if odcid is None:
@@ -573,6 +567,13 @@ class QuicServer:
 
         link.closed.add_done_callback(lambda fut: forget(fut.result()))
         self._on_link(link)
+        self._received(link, data, addr)
+
+    def _received(self, link: QuicLink, data: bytes, addr: Addr) -> None:
+        if self._path is not None and self._path.reads_bursts:
+            link.burst_aware = True
+            if not link._received:
+                self._touched.append(link)
         link.datagram_received(data, addr)
 
     def close(self) -> None:

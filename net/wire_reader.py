@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import Any
 
 from net.errors import ErrorCode, FrameError
 from net.frames import (
@@ -36,16 +37,25 @@ class _Reader:
     def __init__(self, body: memoryview) -> None:
         self.body = body  # a view: only `raw` copies, so hidden rows are copied once
         self.offset = 0
+        self._end = len(body)
 
-    def unpack(self, st: struct.Struct) -> tuple[int | float, ...]:
-        self._need(st.size)
-        values: tuple[int | float, ...] = st.unpack_from(self.body, self.offset)
-        self.offset += st.size
+    def unpack(self, st: struct.Struct) -> tuple[Any, ...]:
+        # The per-token path runs this a dozen times a frame: bounds checked inline.
+        start = self.offset
+        end = start + st.size
+        if end > self._end:
+            raise FrameError(ErrorCode.MALFORMED, "body ends inside a field")
+        self.offset = end
+        values: tuple[Any, ...] = st.unpack_from(self.body, start)
         return values
 
     def u(self, st: struct.Struct) -> int:
-        (value,) = self.unpack(st)
-        assert isinstance(value, int)
+        start = self.offset
+        end = start + st.size
+        if end > self._end:
+            raise FrameError(ErrorCode.MALFORMED, "body ends inside a field")
+        self.offset = end
+        value: int = st.unpack_from(self.body, start)[0]
         return value
 
     def f64(self) -> float:
@@ -84,12 +94,11 @@ class _Reader:
 
     def timings(self) -> tuple[StageTiming, ...]:
         n = self.u(_U32)
-        self._need(_TIMING.size * n)
-        out = []
-        for _ in range(n):
-            stage, compute, queue, hop = self.unpack(_TIMING)
-            out.append(StageTiming(int(stage), float(compute), float(queue), float(hop)))
-        return tuple(out)
+        size = _TIMING.size * n
+        self._need(size)
+        block = self.body[self.offset : self.offset + size]
+        self.offset += size
+        return tuple(StageTiming(*values) for values in _TIMING.iter_unpack(block))
 
     def finish(self) -> None:
         if self.offset != len(self.body):
@@ -108,6 +117,8 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
 _TIMING = struct.Struct(">Iddd")
+_STEP_HEAD = struct.Struct(">QIBII")
+"""step_id, start, wire dtype, n_rows, width: the fixed fields after a STEP's session."""
 
 
 def _read_open(r: _Reader) -> Open:
@@ -120,9 +131,10 @@ def _read_open(r: _Reader) -> Open:
 
 
 def _read_step(r: _Reader) -> Step:
-    session, step_id, start = r.string(), r.u(_U64), r.u(_U32)
-    dtype = as_enum(WireDtype, r.u(_U8), ErrorCode.BAD_DTYPE, "wire dtype")
-    n_rows, width, tokens = r.u(_U32), r.u(_U32), r.ints()
+    session = r.string()
+    step_id, start, raw_dtype, n_rows, width = r.unpack(_STEP_HEAD)
+    dtype = as_enum(WireDtype, raw_dtype, ErrorCode.BAD_DTYPE, "wire dtype")
+    tokens = r.ints()
     hidden = r.blob() if r.flag("hidden") else None
     drafts = r.ints()
     keep_until = r.u(_U32) if r.flag("keep_until") else None

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise", default=None, help="address peers should dial, if not --listen")
     p.add_argument("--vram-cap", default="0", help="memory to offer, e.g. 12G (default: all free)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quic", choices=["aioquic", "qh3"], default="aioquic")
+    p.add_argument("--quic", choices=["aioquic", "qh3"], default="qh3")  # net.quic.DEFAULT_LIBRARY
     p.add_argument("--relay-only", action="store_true", help="reach peers only via the relay")
     p.add_argument(
         "--coordinator",

@@ -20,7 +20,7 @@ from core.models import resolve_model, stage_files
 from core.types import LayerRange
 from net.channel import NodeCredentials
 from net.delay_proxy import DelayProxy
-from net.quic import QuicTuning
+from net.quic import DEFAULT_LIBRARY, QuicTuning
 
 CLIENT_ID = "client"
 
@@ -48,7 +48,7 @@ class LocalSwarm:
     n_ctx: int = 2048
     max_datagram_size: int = 1200
     return_logits: bool = False
-    quic_library: str = "aioquic"
+    quic_library: str = DEFAULT_LIBRARY
     idle_timeout: float = 5.0
     """Seconds of silence before a link counts as dead (tests shorten it)."""
     link_delays_ms: list[float] | None = None

@@ -45,7 +45,8 @@ from coordinator.errors import CoordinatorError
 from core.admission import LLAMA_MAX_SEQ
 from core.hardware import detect_hardware, memory_in_use
 from core.types import LayerRange
-from net.quic import QuicTuning
+from net import event_loop
+from net.quic import DEFAULT_LIBRARY, QuicTuning
 from net.rate import Throttle, upload_throttle
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class CoordinatedOptions:
     threads: int = 1
     max_sessions: int = 0
     """The volunteer's limit on sessions; 0: as many as the coordinator plans (<= 256)."""
-    quic_library: str = "aioquic"
+    quic_library: str = DEFAULT_LIBRARY
     relay_only: bool = False
     """Reach peers only through the swarm's relay (as the seeds ran): tests, odd networks."""
     coordinator: str | None = None
@@ -455,4 +456,4 @@ async def run(options: CoordinatedOptions) -> int:
 
 
 def run_coordinated(options: CoordinatedOptions) -> int:
-    return asyncio.run(run(options))
+    return event_loop.run(run(options))  # uvloop on Linux

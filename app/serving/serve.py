@@ -17,6 +17,7 @@ from core.gguf_slices import assemble_stage, stage_file_name
 from core.manifest import MANIFEST_FILE, Manifest
 from core.models import resolve_model, stage_files
 from core.types import StageSpec
+from net import event_loop
 from net.channel import NodeCredentials
 
 if TYPE_CHECKING:
@@ -122,5 +123,5 @@ async def serve(config: WorkerConfig, ready_line: bool = True) -> None:
 
 def run_worker(config_path: Path) -> int:
     config = WorkerConfig.load(config_path)
-    asyncio.run(serve(config))
+    event_loop.run(serve(config))  # uvloop on Linux
     return 0

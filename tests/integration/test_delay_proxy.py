@@ -98,6 +98,9 @@ def test_replies_arrive_and_counters_match() -> None:
             size = sum(map(len, sent))
             assert proxy.stats == ProxyStats(40, size, 40, size, 0, 0, flows=1, errors=0)
             assert echo.received == 40
+            # Every forwarded datagram's lateness is recorded, and none left early.
+            assert proxy.late_up.packets == 40 and proxy.late_down.packets == 40
+            assert proxy.late_up.max_ms >= 0 and proxy.late_down.mean_ms >= 0
             transport.close()
         echo_transport.close()
 
