@@ -245,6 +245,51 @@ def measure(layout: str, args: argparse.Namespace) -> dict[str, Any]:
             s.shutdown()
 
 
+def _full_chain(x: Any, params: Any, rng: np.random.Generator, history: list[int]) -> int:
+    """The chain as `sample` ran it before its fast paths: every filter on the full vector."""
+    from core.sampling import (
+        apply_repetition_penalty,
+        greedy,
+        min_p_filter,
+        softmax,
+        top_k_filter,
+        top_p_filter,
+    )
+
+    x = np.asarray(x, dtype=np.float32)
+    if np.isnan(x).any() or np.isposinf(x).any() or not np.isfinite(x).any():
+        raise ValueError("unusable logits")
+    y = apply_repetition_penalty(x, history, params.repetition_penalty, params.repetition_window)
+    if params.greedy:
+        return greedy(y)
+    y = min_p_filter(top_p_filter(top_k_filter(y, params.top_k), params.top_p), params.min_p)
+    candidates = np.flatnonzero(np.isfinite(y))
+    cumulative = np.cumsum(softmax(y[candidates], params.temperature))
+    u = rng.random() * cumulative[-1]
+    return int(candidates[min(int(np.searchsorted(cumulative, u, side="right")), candidates.size - 1)])
+
+
+def sampling_costs(n_vocab: int = 262_144, repeats: int = 30) -> dict[str, Any]:
+    """ms per sampled token on one vocabulary-sized row: the old full-vector chain vs now."""
+    from core.sampling import make_rng, sample
+    from core.types import SamplingParams
+
+    row = (np.random.default_rng(0).standard_normal(n_vocab) * 3).astype(np.float32)
+    history = list(range(0, 4096, 64))
+    out: dict[str, Any] = {}
+    for name, kwargs in SAMPLINGS.items():
+        params = SamplingParams(**kwargs)
+        times: dict[str, float] = {}
+        picks: dict[str, list[int]] = {}
+        for label, fn in (("full_chain_ms", _full_chain), ("sample_ms", sample)):
+            rng = make_rng(params)
+            t0 = time.perf_counter()
+            picks[label] = [fn(row, params, rng, history) for _ in range(repeats)]
+            times[label] = (time.perf_counter() - t0) / repeats * 1e3
+        out[name] = {**times, "same_tokens": picks["full_chain_ms"] == picks["sample_ms"]}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -254,11 +299,12 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--layout", choices=["inproc", "procs", "both"], default="both")
+    ap.add_argument("--layout", choices=["inproc", "procs", "both", "none"], default="both")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    layouts = ["inproc", "procs"] if args.layout == "both" else [args.layout]
+    layouts = {"both": ["inproc", "procs"], "none": []}.get(args.layout, [args.layout])
     load_before = os.getloadavg()[0]
+    costs = sampling_costs()
     results = [measure(layout, args) for layout in layouts]
     report = {
         "model": args.model,
@@ -267,6 +313,7 @@ def main() -> int:
         "tokens": args.tokens,
         "repeats": args.repeats,
         "loadavg": [load_before, os.getloadavg()[0]],
+        "sampling_one_row": costs,
         "layouts": results,
     }
     if args.json:
@@ -293,6 +340,12 @@ def main() -> int:
                     f"{res['layout']:7} {name:9} {label:6} {r['compute_ms']:8.2f} "
                     f"{r['sample_ms']:7.2f}  {steps:24} {decodes:26} {ratio} {same}"
                 )
+    print("sampling one 262k-entry row, ms per token: full-vector chain (before) vs sample()")
+    for name, c in costs.items():
+        print(
+            f"  {name:9} {c['full_chain_ms']:7.2f} -> {c['sample_ms']:6.2f}"
+            f"  same tokens: {'yes' if c['same_tokens'] else 'NO'}"
+        )
     return 0
 
 

@@ -193,10 +193,14 @@ def _sample_top_k(logits: Logits, params: SamplingParams, rng: np.random.Generat
     """
     k = params.top_k
     threshold = np.partition(logits, logits.size - k)[logits.size - k]
-    above = np.flatnonzero(logits > threshold)
-    ties = np.flatnonzero(logits == threshold)[: k - above.size]
-    ids = np.sort(np.concatenate([above, ties]))
-    vals = logits[ids]
+    # One pass over the vocabulary; the tie rule (lowest ids first) then runs on the few.
+    at_least = np.flatnonzero(logits >= threshold)
+    level = logits[at_least]
+    above = level > threshold
+    n_ties = k - int(above.sum())
+    tie_rank = np.cumsum(~above)  # 1 for the first tie, 2 for the second, ...
+    chosen = above | (~above & (tie_rank <= n_ties))
+    ids, vals = at_least[chosen], level[chosen]
     finite = np.isfinite(vals)
     ids, vals = ids[finite], vals[finite]
     if params.top_p < 1.0:
