@@ -13,6 +13,7 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,8 @@ class LlamaStageEngine:
         self._out_view: npt.NDArray[np.int8] = np.empty(0, dtype=np.int8)
         self._tok_view: npt.NDArray[np.int32] | None = None
         self._embd_view: F32Array | None = None
+        self.last_decode_s = 0.0
+        """Seconds the last `llama_decode` took (the model's own work, for bench/)."""
         try:
             self.n_layer = int(LL.llama_model_n_layer(self._model))
             self.n_embd = int(LL.llama_model_n_embd(self._model))
@@ -325,7 +328,9 @@ class LlamaStageEngine:
         if self._cstate is not None:
             self._cstate.written = 0
             self._cstate.overflow = 0
+        t0 = time.perf_counter()
         rc = int(LL.llama_decode(self._ctx, b))
+        self.last_decode_s = time.perf_counter() - t0
         if rc != 0:
             raise DecodeError(rc)
         if not self.config.capture_hidden:

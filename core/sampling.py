@@ -29,6 +29,7 @@ __all__ = [
     "apply_repetition_penalty",
     "draft_acceptance",
     "greedy",
+    "greedy_rows",
     "make_rng",
     "min_p_filter",
     "sample",
@@ -49,16 +50,32 @@ def sample(
     rng: np.random.Generator,
     history: Sequence[int] = (),
 ) -> int:
-    """Pick the next token id from `logits` given the tokens generated so far."""
+    """Pick the next token id from `logits` given the tokens generated so far.
+
+    `logits` may be a read-only view of the engine's own buffer: nothing here writes to
+    it or copies all of it unless the settings need a full-vocabulary pass.
+    """
     x = _checked(logits)
-    x = apply_repetition_penalty(x, history, params.repetition_penalty, params.repetition_window)
+    if params.repetition_penalty != 1.0 and params.repetition_window > 0 and history:
+        x = apply_repetition_penalty(
+            x, history, params.repetition_penalty, params.repetition_window
+        )
     if params.greedy:
         # The argmax survives top-k/top-p/min-p by construction, so they cannot change it.
         return greedy(x)
+    if 0 < params.top_k < x.size:
+        return _sample_top_k(x, params, rng)
     x = top_k_filter(x, params.top_k)
     x = top_p_filter(x, params.top_p)
     x = min_p_filter(x, params.min_p)
     return _draw(x, params.temperature, rng)
+
+
+def greedy_rows(logits: Logits) -> list[int]:
+    """`greedy` of every row of a (rows, vocab) array (e.g. k drafted tokens plus one)."""
+    if logits.ndim != 2 or logits.shape[1] == 0:
+        raise ValueError(f"logits rows must be a (rows, vocab) array, got shape {logits.shape}")
+    return [int(i) for i in np.argmax(logits, axis=1)]
 
 
 def greedy(logits: Logits) -> int:
@@ -157,11 +174,49 @@ def _checked(logits: npt.ArrayLike) -> Logits:
     x = np.asarray(logits, dtype=np.float32)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"logits must be a non-empty 1-D vector, got shape {x.shape}")
-    if np.isnan(x).any() or np.isposinf(x).any():
+    # One pass instead of three: the max is NaN if any entry is, +inf if any entry is,
+    # and -inf only if every entry is.
+    top = float(np.max(x))
+    if math.isnan(top) or top == math.inf:
         raise ValueError("logits contain NaN or +inf")
-    if not np.isfinite(x).any():
+    if top == -math.inf:
         raise ValueError("every logit is -inf: nothing to sample")
     return x
+
+
+def _sample_top_k(logits: Logits, params: SamplingParams, rng: np.random.Generator) -> int:
+    """top-k -> top-p -> min-p -> draw on the k survivors only, never the whole vocabulary.
+
+    Equal, bit for bit and draw for draw, to the composition of the filters and `_draw`:
+    the survivors are the same tokens in the same (ascending id) order, so every softmax,
+    cumulative sum and search below sees the same floats as on the full vector.
+    """
+    k = params.top_k
+    threshold = np.partition(logits, logits.size - k)[logits.size - k]
+    # One pass over the vocabulary; the tie rule (lowest ids first) then runs on the few.
+    at_least = np.flatnonzero(logits >= threshold)
+    level = logits[at_least]
+    above = level > threshold
+    n_ties = k - int(above.sum())
+    tie_rank = np.cumsum(~above)  # 1 for the first tie, 2 for the second, ...
+    chosen = above | (~above & (tie_rank <= n_ties))
+    ids, vals = at_least[chosen], level[chosen]
+    finite = np.isfinite(vals)
+    ids, vals = ids[finite], vals[finite]
+    if params.top_p < 1.0:
+        order = np.argsort(-vals, kind="stable")
+        cumulative = np.cumsum(softmax(vals[order]))
+        n_keep = min(int(np.searchsorted(cumulative, params.top_p, side="left")) + 1, order.size)
+        keep = np.sort(order[:n_keep])
+        ids, vals = ids[keep], vals[keep]
+    if params.min_p > 0.0:
+        floor = float(np.max(vals)) + math.log(params.min_p)
+        keep_mask = vals >= floor
+        ids, vals = ids[keep_mask], vals[keep_mask]
+    cumulative = np.cumsum(softmax(vals, params.temperature))
+    u = rng.random() * cumulative[-1]
+    pick = min(int(np.searchsorted(cumulative, u, side="right")), ids.size - 1)
+    return int(ids[pick])
 
 
 def _draw(logits: Logits, temperature: float, rng: np.random.Generator) -> int:
