@@ -4,11 +4,12 @@
 
 Briefcase 0.4 reads its settings only from pyproject.toml, and the engine the MSI must
 carry is the wheel built by installers/engine/build_wheel.py, not the PyPI sdist. So the
-staged copy holds the four source packages, LICENSE, and a pyproject.toml that is the
-project's own with briefcase.toml's tables appended, the engine pin in `requires`
-replaced by the wheel's path. Plain text work on purpose: briefcase.toml's tables are
-appended as written (comments and all), and only the one pin line changes, so what the
-MSI is built from reads the same as the file reviewers read.
+staged copy holds the four source packages, LICENSE, and a pyproject.toml that is
+briefcase.toml with the engine pin in `requires` replaced by the wheel's path. The
+project's own `[project]` table stays out: Briefcase reads PEP 621 metadata when it is
+there, and its dependency list names the engine by its PyPI pin. Plain text work on
+purpose: only the one pin line changes, so what the MSI is built from reads the same as
+the file reviewers read.
 
 Standard library only; runs the same on Windows and here (tests/unit/test_windows_installer.py).
 """
@@ -32,7 +33,8 @@ class StageError(RuntimeError):
 
 
 def merged_pyproject(pyproject: str, briefcase: str, engine_wheel: Path) -> str:
-    """pyproject.toml's text with briefcase.toml's appended, the engine pin replaced."""
+    """The staged pyproject.toml: briefcase.toml with the engine pin replaced. `pyproject`
+    (the project's own) must not hold Briefcase settings of its own."""
     if "[tool.briefcase" in pyproject:
         raise StageError(
             "pyproject.toml has its own [tool.briefcase] tables: keep them in one place"
@@ -44,8 +46,8 @@ def merged_pyproject(pyproject: str, briefcase: str, engine_wheel: Path) -> str:
     # and need no escaping in a TOML string.
     wheel = engine_wheel.resolve().as_posix()
     replaced = ENGINE_PIN.sub(lambda m: f'{m.group(1)}"{wheel}",', briefcase, count=1)
-    text = pyproject.rstrip("\n") + "\n\n" + replaced.lstrip("\n")
-    doc = tomllib.loads(text)  # the merge must still be one valid TOML document
+    text = replaced
+    doc = tomllib.loads(text)  # still one valid TOML document
     requires = doc["tool"]["briefcase"]["app"]["sangama"]["requires"]
     if wheel not in requires:
         raise StageError("the engine wheel did not make it into requires")

@@ -1,6 +1,6 @@
 """The Windows installer's inputs, checked here where the MSI itself cannot be built:
 briefcase.toml's Windows settings, and the staging step build.ps1 runs before Briefcase
-(the project's pyproject.toml with briefcase.toml's tables and the engine wheel)."""
+(briefcase.toml as pyproject.toml, the engine pin replaced by the built wheel)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def test_staging_appends_the_briefcase_tables_and_swaps_the_engine_pin(tmp_path:
     wheel.write_bytes(b"PK")
     pyproject = stage.stage(tmp_path / "project", wheel)
     doc = tomllib.loads(pyproject.read_text())
-    assert doc["project"]["name"] == "sangama"  # the project's own metadata, untouched
+    assert "project" not in doc  # its PyPI engine pin must not reach Briefcase
+    assert doc["tool"]["briefcase"]["version"] == "0.1.0"
     app = doc["tool"]["briefcase"]["app"]["sangama"]
     assert wheel.resolve().as_posix() in app["requires"]
     assert not any(r.startswith("llama-cpp-python==") for r in app["requires"])
