@@ -52,6 +52,10 @@ from net.rate import Throttle, upload_throttle
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
+MEMORY_EVERY_S = 30.0
+"""How often a serving stage re-reads its memory for the heartbeat and the status window:
+each read opens and closes NVML, which costs far more than the heartbeat itself on a PC
+with an NVIDIA driver, and a loaded stage's memory hardly moves."""
 
 
 @dataclass(frozen=True)
@@ -339,6 +343,7 @@ async def _heartbeats(
     loop = asyncio.get_running_loop()
     hop_text = serving.next_hop
     last_tokens, last_rows, last_t = 0, 0, time.monotonic()
+    memory, memory_at = await loop.run_in_executor(None, memory_in_use), time.monotonic()
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
@@ -347,7 +352,8 @@ async def _heartbeats(
         identity = await _renew_if_due(identity, client, worker)
         rtt = await worker.next_hop_rtt()
         rtt_ms = next(iter(rtt.values()), None)
-        memory = await loop.run_in_executor(None, memory_in_use)
+        if time.monotonic() - memory_at >= MEMORY_EVERY_S:
+            memory, memory_at = await loop.run_in_executor(None, memory_in_use), time.monotonic()
         now = time.monotonic()
         capacity = worker.capacity
         beat_report = replace(

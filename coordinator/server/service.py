@@ -254,6 +254,9 @@ class Coordinator:
     def heartbeat(self, node_id: str, beat: Heartbeat) -> Assignment | None:
         """Record what an (already authenticated) node reports; return its assignment."""
         now = utcnow()
+        if beat.paused:
+            self._paused_beat(node_id, beat, now)
+            return None  # out of the plan: no stage
         with self.store.session() as s:
             node = s.get(Node, node_id)
             assert node is not None
@@ -274,10 +277,7 @@ class Coordinator:
             node.kv_reserved_bytes = max(0, beat.kv_reserved_bytes)
             node.last_seen = now
             with self._lock:
-                if beat.paused:
-                    self._paused[node_id] = beat.paused[:100]
-                else:
-                    self._paused.pop(node_id, None)
+                self._paused.pop(node_id, None)
             s.execute(delete(Rtt).where(Rtt.src == node_id))
             for peer, ms in list(beat.rtt_ms.items())[:256]:
                 s.add(Rtt(src=node_id, dst=peer[:64], ms=float(ms), measured_at=now))
@@ -287,6 +287,17 @@ class Coordinator:
                 )
         self.replan()
         return self.assignment(node_id)
+
+    def _paused_beat(self, node_id: str, beat: Heartbeat, now: dt.datetime) -> None:
+        """A paused node says only that it is there and why it serves nothing: what it
+        reported while serving stays on the operator page; placement leaves it out."""
+        with self.store.session() as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            node.last_seen = now
+        with self._lock:
+            self._paused[node_id] = beat.paused[:100]
+        self.replan()
 
     def paused_reason(self, node_id: str) -> str:
         """Why the node said it is paused; "" when it offers to serve."""
