@@ -34,6 +34,10 @@ class NodeStatus:
     coordinator: str = ""
     progress: float = 0.0
     """0..1 while downloading."""
+    downloaded_bytes: int = 0
+    download_bytes: int = 0
+    """Bytes of the stage's pieces on disk, and in all, while downloading (speed and
+    time left are the viewer's to work out: app.ui.first_run_flow.DownloadMeter)."""
     layers: tuple[int, int] | None = None
     model: str = ""
     address: str = ""

@@ -16,8 +16,9 @@ from net.tensors import WireDtype
 
 DEMO_SAMPLING = SamplingParams(repetition_penalty=1.2)
 """A mild repetition penalty: reads well on a small base model continuing text."""
-DEMO_CHAT_SAMPLING = SamplingParams(repetition_penalty=1.1)
-"""Greedy with a lighter penalty for an instruction-tuned model's answer."""
+DEMO_CHAT_SAMPLING = SamplingParams()
+"""Greedy, no penalty, for an instruction-tuned model's answer: a penalty over the
+prompt's words (the template's system turn included) steers it off the answer."""
 
 DEMO_QUESTION = "Why do people volunteer? Answer in two sentences."
 """What the demos ask a model that follows chat turns (the default SmolLM2 Instruct)."""

@@ -239,7 +239,14 @@ async def serve_coordinated(
 
         def on_progress(p: DownloadProgress, status: NodeStatus = status) -> None:
             fraction = p.all_done_bytes / p.all_total_bytes if p.all_total_bytes else 1.0
-            report(replace(status, progress=min(1.0, fraction)))
+            report(
+                replace(
+                    status,
+                    progress=min(1.0, fraction),
+                    downloaded_bytes=p.all_done_bytes,
+                    download_bytes=p.all_total_bytes,
+                )
+            )
 
         pieces_dir = await prepare_pieces(
             identity, client, assignment, on_progress, options.download_bytes_per_s

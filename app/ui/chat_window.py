@@ -89,7 +89,7 @@ class ChatWindow(QWidget):
         self.repetition = QDoubleSpinBox()
         self.repetition.setRange(1.0, 2.0)
         self.repetition.setSingleStep(0.05)
-        self.repetition.setValue(1.1)
+        self.repetition.setValue(1.0)
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 4096)
         self.max_tokens.setValue(256)
@@ -147,7 +147,10 @@ class ChatWindow(QWidget):
 
     def sampling(self) -> SamplingParams:
         if not self.sampling_box.isChecked():
-            return SamplingParams(repetition_penalty=1.1)
+            # Greedy, no penalty: how the instruction-tuned default answers best (a
+            # penalty over the prompt's words, the template's system turn included,
+            # steers it off the answer).
+            return SamplingParams()
         return SamplingParams(
             temperature=self.temperature.value(),
             top_k=self.top_k.value(),

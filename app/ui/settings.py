@@ -72,6 +72,8 @@ class Settings:
     """Piece download cap in KiB/s; 0: none."""
     max_upload_kib_s: int = 0
     """Upload cap for the stage's links in KiB/s; 0: none."""
+    first_run_done: bool = False
+    """The first-run walk-through (app.ui.first_run) was finished."""
 
     def guest(self) -> GuestSettings:
         """The good-guest settings these describe; unusable quiet hours count as none

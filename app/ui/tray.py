@@ -29,6 +29,8 @@ from app.node_status import NodeStatus, ServeState
 from app.serving.coordinated import CoordinatedOptions
 from app.ui.chat_window import ChatWindow
 from app.ui.controllers import ApiController, AsyncThread, ChatController, NodeController
+from app.ui.first_run import FirstRunWizard
+from app.ui.first_run_flow import needs_first_run, quit_question
 from app.ui.history import History
 from app.ui.icons import state_icon
 from app.ui.join_dialog import JoinDialog
@@ -67,7 +69,7 @@ class NoTrayWindow(QWidget):
         self.buttons["Pause"].clicked.connect(app.toggle_pause)
         self.buttons["Join a swarm..."].clicked.connect(app.open_join)
         self.buttons["Settings..."].clicked.connect(app.open_settings)
-        self.buttons["Quit"].clicked.connect(app.quit)
+        self.buttons["Quit"].clicked.connect(app.request_quit)
 
     def show_status(self, status: NodeStatus, pause_text: str) -> None:
         self.state_label.setText(status.summary)
@@ -118,6 +120,9 @@ class DesktopApp(QObject):
         self.join_dialog: JoinDialog | None = None
         self.settings_dialog: SettingsDialog | None = None
         self.error_box: QMessageBox | None = None
+        self.quit_box: QMessageBox | None = None
+        self.first_run: FirstRunWizard | None = None
+        self.notices: list[tuple[str, str]] = []
         self.quitting = False
 
         has_tray = (
@@ -208,7 +213,7 @@ class DesktopApp(QObject):
         m.addAction("Join a swarm...").triggered.connect(self.open_join)
         m.addAction("Settings...").triggered.connect(self.open_settings)
         m.addSeparator()
-        m.addAction("Quit").triggered.connect(self.quit)
+        m.addAction("Quit").triggered.connect(self.request_quit)
 
     @Slot(QSystemTrayIcon.ActivationReason)
     def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
@@ -312,6 +317,38 @@ class DesktopApp(QObject):
             self.chat.set_connector(self._joined_connector())
         self._serve_api()
 
+    def open_first_run(self) -> FirstRunWizard:
+        """The first-run walk-through (app.ui.first_run); run_app opens it on a first start."""
+        if self.first_run is None:
+            self.first_run = FirstRunWizard(self)
+        _raise(self.first_run)
+        return self.first_run
+
+    def notify(self, title: str, text: str) -> None:
+        """A desktop notification from the tray icon (kept in `notices` for the record)."""
+        self.notices.append((title, text))
+        if self.tray is not None:
+            self.tray.showMessage(title, text, QSystemTrayIcon.MessageIcon.Information, 10000)
+
+    @Slot()
+    def request_quit(self) -> QMessageBox | None:
+        """Quit from the menu: asks first while conversations run through this PC."""
+        question = quit_question(self.node.status)
+        if question is None:
+            self.quit()
+            return None
+        if self.quit_box is None:
+            self.quit_box = QMessageBox(QMessageBox.Icon.Question, "Quit Sangama?", "")
+            self.quit_box.setStandardButtons(
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
+            )
+            self.quit_box.setDefaultButton(QMessageBox.StandardButton.No)
+            self.quit_box.setWindowModality(Qt.WindowModality.NonModal)
+            self.quit_box.accepted.connect(self.quit)  # Yes is the accept role
+        self.quit_box.setText(question)
+        _raise(self.quit_box)
+        return self.quit_box
+
     @Slot()
     def quit(self) -> None:
         """Stop serving (frees the stage), close links, end the loop thread, leave Qt."""
@@ -325,7 +362,7 @@ class DesktopApp(QObject):
         if self.tray is not None:
             self.tray.hide()
         windows = (self.chat_window, self.status_window, self.join_dialog, self.settings_dialog)
-        for w in (*windows, self.error_box, self.fallback):
+        for w in (*windows, self.error_box, self.quit_box, self.first_run, self.fallback):
             if w is not None:
                 w.hide()
         app = QApplication.instance()
@@ -363,5 +400,7 @@ def run_app(argv: Sequence[str] | None = None) -> int:
     _configure_logging(settings)
     desktop = DesktopApp(settings)
     app.aboutToQuit.connect(desktop.quit)
+    if needs_first_run(settings, desktop.node.joined):
+        desktop.open_first_run()
     log.info("sangama-app started on %s", QGuiApplication.platformName())
     return app.exec()

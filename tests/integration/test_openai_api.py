@@ -1,9 +1,10 @@
 """The OpenAI-compatible API over a real loopback swarm, driven by the official `openai` client.
 
-A static 3-stage swarm (default model) runs in a background thread's event loop with the
+A static 3-stage swarm (Gemma 3 270M) runs in a background thread's event loop with the
 API served by uvicorn on a free localhost port; the tests talk to it as any OpenAI tool
 would. A fake backend (failing, or never ending) and a swarm losing a stage show how
-failures and callers hanging up are handled.
+failures and callers hanging up are handled. A 2-stage swarm of the default model
+(SmolLM2 135M Instruct) shows a chat answered through its own template.
 """
 
 from __future__ import annotations
@@ -422,3 +423,44 @@ def test_a_stage_vanishing_is_a_503_with_the_reason(gemma_path: Path) -> None:
             assert info.value.status_code == 503
             assert "stage1" in info.value.message
     assert refreshed, "a stage error makes the backend ask for a fresh route"
+
+
+# ------------------------------------------------- the default model answers through the API
+
+
+@pytest.fixture(scope="module")
+def smollm2_api(smollm2_path: Path) -> Iterator[str]:
+    """A 2-stage swarm of the default model, SmolLM2 135M Instruct, behind the API."""
+
+    @contextlib.asynccontextmanager
+    async def backend() -> AsyncIterator[SwarmBackend]:
+        async with LocalSwarm(model=str(smollm2_path), cuts=[0, 15, 30]) as swarm:
+            assert swarm.route is not None and swarm.client_credentials is not None
+            tok = Tokenizer.from_gguf(smollm2_path)
+            served = SwarmBackend(swarm.client_credentials, swarm.route, tok, tuning=swarm.tuning)
+            try:
+                yield served
+            finally:
+                await served.aclose()
+                tok.close()
+
+    with _api_in_thread(backend) as (url, _):
+        yield url
+
+
+def test_the_default_model_answers_a_chat_and_stops_at_its_end_of_turn(smollm2_api: str) -> None:
+    client = _client(smollm2_api)
+    (model,) = [m.id for m in client.models.list()]
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is 2 + 2?"}],
+        max_tokens=48,
+        temperature=0,
+    )
+    answer = r.choices[0].message.content or ""
+    # ChatML from the GGUF's template: an answer, not the question continued or echoed,
+    # and it ends on <|im_end|> (finish_reason "stop"), which is not part of the text.
+    assert "4" in answer and "What is 2 + 2" not in answer, answer
+    assert r.choices[0].finish_reason == "stop", answer
+    assert r.usage is not None and r.usage.completion_tokens < 48
+    assert "<|im_end|>" not in answer and "<|im_start|>" not in answer

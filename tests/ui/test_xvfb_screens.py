@@ -1,7 +1,8 @@
 """The real tray under X11: Xvfb + openbox + tint2 (an XEmbed tray host), the app joining a
-real coordinator serving Gemma 3 270M, a real right click on the icon, and screenshots
-of the tray menu, join dialog, chat window (a streamed answer), status window, settings
-dialog and an error's message (a real left click on the icon) in artifacts/ui/.
+real coordinator serving the default model (SmolLM2 135M Instruct), a real right click on
+the icon, and screenshots of the tray menu, join dialog, serving notification, chat window
+(a streamed answer to a question), status window, settings dialog and an error's message
+(a real left click on the icon) in artifacts/ui/.
 Needs: xvfb openbox tint2 xdotool imagemagick libxcb-cursor0 libxcb-icccm4
 libxcb-keysyms1 (Debian)."""
 
@@ -25,6 +26,7 @@ SCENES = (
     "tray_menu",
     "join_dialog_refused",
     "join_dialog",
+    "serving_notification",
     "chat_window",
     "status_window",
     "settings_dialog",
@@ -102,9 +104,11 @@ def test_tray_menu_dialogs_chat_and_status_on_a_real_x_server(
         png = artifacts / f"{name}.png"
         assert png.exists() and png.stat().st_size > 2000, name
     tooltip = next(line for line in r.stdout.splitlines() if line.startswith("TOOLTIP"))
-    assert "serving layers 0-17" in tooltip
+    assert "serving layers 0-29" in tooltip
     footer = next(line for line in r.stdout.splitlines() if line.startswith("FOOTER"))
     assert "tokens/s" in footer and "1 stage" in footer
+    answer = next(line for line in r.stdout.splitlines() if line.startswith("ANSWER"))
+    assert "4" in answer.split("Swarm", 1)[-1], answer  # answered, not echoed
     error = next(line for line in r.stdout.splitlines() if line.startswith("ERROR_TOOLTIP"))
     assert "Sangama: error: " in error and "node.pem" in error
     box = next(line for line in r.stdout.splitlines() if line.startswith("ERROR_BOX"))

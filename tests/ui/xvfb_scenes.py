@@ -1,6 +1,7 @@
 """Run under a real X server with a tray host (see test_xvfb_screens.py): the real app,
-a real coordinator serving Gemma 3 270M, this app joining it, serving every layer and
-answering a chat, its settings, then an error shown from a click on the icon.
+a real coordinator serving the default model (SmolLM2 135M Instruct), this app joining
+it, serving every layer (and the notification saying so), answering a question in the
+chat window, its settings, then an error shown from a click on the icon.
 Screenshots of each scene go to the folder given as argv[1].
 
 Prints `SCENE name path` per screenshot and `DONE` at the end.
@@ -20,6 +21,7 @@ from PySide6.QtCore import QPoint
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from app.node_status import ServeState
+from app.ui.first_run_flow import serving_notice
 from app.ui.history import History
 from app.ui.settings import Settings
 from app.ui.tray import DesktopApp
@@ -114,11 +116,16 @@ def main() -> int:
             150,
         )
 
+        # 2b. the notification the first-run wizard gives when serving starts (same call)
+        desk.notify(*serving_notice(desk.node.status))
+        pump(1.5)
+        shoot(out, "serving_notification")
+
         # 3. chat through the swarm this PC now serves
         chat = desk.open_chat()
         chat.move(QPoint(60, 40))
-        chat.prompt.setPlainText("What is the capital of France? Answer in one sentence.")
-        chat.max_tokens.setValue(40)  # the question and the whole answer fit in the shot
+        chat.prompt.setPlainText("What is 2 + 2?")
+        chat.max_tokens.setValue(60)  # the model stops at its end of turn well before
         done: list[object] = []
         desk.chat.finished.connect(done.append)
         desk.chat.failed.connect(done.append)
