@@ -253,6 +253,72 @@ def wan20(levels: list[int], tokens: int, model: Path, seed: int = 7) -> LocalSw
     )
 
 
+def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 64) -> dict[str, Any]:
+    """What the unified KV cache costs as it fills: one Gemma stage (layers 0-6), in this
+    process; `filled` sessions each hold `context` positions, then 8 of them decode one
+    row each (timed), and one rolls back 4 positions (seq_rm, timed). The same with one
+    KV stream per session (non-unified), each decode holding one session."""
+    import numpy as np
+
+    from core.models import stage_files
+    from core.stage import Stage, StepRequest
+    from core.types import LayerRange, StageSpec
+
+    _, (path,) = stage_files(resolve_model("default"), [LayerRange(0, 6)])
+    rows: list[dict[str, Any]] = []
+    for unified in (True, False):
+        for n in filled:
+            spec = StageSpec(
+                LayerRange(0, 6),
+                18,
+                n_ctx=256 * (context + 16),
+                n_batch=256,
+                n_seq_max=256,
+                n_threads=2,
+                use_gpu=False,
+                reproducible=not unified,
+            )
+            stage = Stage.from_file(path, spec)
+            try:
+                for k in range(n):
+                    stage.open(f"s{k}")
+                    toks = np.arange(1, context + 1, dtype=np.int32) + k
+                    stage.step([StepRequest(f"s{k}", 0, tokens=toks)])
+                decode_ms: list[float] = []
+                rm_ms: list[float] = []
+                for rep in range(6):
+                    reqs = [
+                        StepRequest(f"s{k}", context + rep, tokens=np.array([7], dtype=np.int32))
+                        for k in range(8)
+                    ]
+                    t = time.perf_counter()
+                    stage.step(reqs)
+                    decode_ms.append((time.perf_counter() - t) * 1e3)
+                    t = time.perf_counter()
+                    stage.rollback("s0", context + rep - 3)
+                    rm_ms.append((time.perf_counter() - t) * 1e3)
+                    stage.step(
+                        [
+                            StepRequest(
+                                "s0",
+                                context + rep - 3,
+                                tokens=np.array([7, 7, 7, 7], dtype=np.int32),
+                            )
+                        ]
+                    )
+            finally:
+                stage.shutdown()
+            rows.append(
+                {
+                    "kv": "unified" if unified else "per session",
+                    "sessions_filled": n,
+                    "decode_8_rows_ms": statistics.median(decode_ms[1:]),
+                    "seq_rm_ms": statistics.median(rm_ms[1:]),
+                }
+            )
+    return {"context_per_session": context, "rows": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -265,12 +331,27 @@ def main() -> int:
     ap.add_argument(
         "--reproducible", action="store_true", help="add 32 requests in reproducible mode"
     )
+    ap.add_argument(
+        "--kv-cost", action="store_true", help="only: what the unified KV costs as it fills"
+    )
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x]
     if args.quick:
         levels, args.tokens = [1, 4, 16], 8
     if any(not 1 <= n <= 256 for n in levels):
         ap.error("levels must lie in 1..256 (a stage holds 256 sessions)")
+    if args.kv_cost:
+        cost = kv_cost()
+        if args.json:
+            print(json.dumps(cost, indent=1))
+        else:
+            print(f"KV as it fills ({cost['context_per_session']} positions per session)")
+            for r in cost["rows"]:
+                print(
+                    f"  {r['kv']:11} {r['sessions_filled']:4d} sessions: 8-row decode"
+                    f" {r['decode_8_rows_ms']:7.2f} ms, seq_rm {r['seq_rm_ms']:.3f} ms"
+                )
+        return 0
     settings = [s for s in args.settings.split(",") if s]
     gemma = resolve_model("default")
     tok = Tokenizer.from_gguf(gemma)
