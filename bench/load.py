@@ -1,6 +1,6 @@
 """Many requests at once: the seeds' load table, two settings side by side in one run.
 
-(a) compute-bound: the default model (Gemma 3 270M) as three stages on loopback;
+(a) compute-bound: Gemma 3 270M as three stages on loopback;
 (b) latency-bound: a 20-stage chain of the tiny model, each link 1-56 ms one way
     through net.delay_proxy (the seeds' 20-PC fleet, as bench/swarm.py builds it).
 
@@ -41,6 +41,8 @@ from core.models import resolve_model
 from core.tokenizer import Tokenizer
 
 LEVELS = (1, 4, 16, 32, 64, 128, 256)
+GEMMA = "gemma-3-270m"
+"""The compute-bound setting's model (its cuts 0, 6, 12, 18 are Gemma 3 270M's)."""
 PROMPTS = (
     "Write a short story about a lighthouse keeper who befriends a whale.",
     "Explain how a refrigerator keeps food cold.",
@@ -116,6 +118,12 @@ def _limit(level: dict[str, Any], n_cores: int) -> str:
     machine = level["machine_cpu_share"]
     if machine >= 0.9:
         return f"this machine's {n_cores} cores ({machine:.0%} busy with the chain's processes)"
+    load = float(level["load_average"][0])
+    if load >= 2 * n_cores:  # others' work: every wake-up of every process waits for a core
+        return (
+            f"this machine's other load (load average {load:.0f} on {n_cores} cores; the"
+            f" chain itself used {machine:.0%} of them)"
+        )
     if busy["client"] >= 0.9:
         return f"the client process (one event loop, {busy['client']:.0%} of a core)"
     if held[worst] >= 0.5 * trip:
@@ -233,7 +241,7 @@ def _stops_rising(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
 def loopback(levels: list[int], tokens: int, reproducible: bool = False) -> LocalSwarm:
     per = 64 + tokens + 16
     return LocalSwarm(
-        model=str(resolve_model("default")),
+        model=str(resolve_model(GEMMA)),
         cuts=[0, 6, 12, 18],
         max_sessions=max(levels),
         n_ctx=max(levels) * per,
@@ -264,7 +272,7 @@ def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 64) -> dict[s
     from core.stage import Stage, StepRequest
     from core.types import LayerRange, StageSpec
 
-    _, (path,) = stage_files(resolve_model("default"), [LayerRange(0, 6)])
+    _, (path,) = stage_files(resolve_model(GEMMA), [LayerRange(0, 6)])
     rows: list[dict[str, Any]] = []
     for unified in (True, False):
         for n in filled:
@@ -353,7 +361,7 @@ def main() -> int:
                 )
         return 0
     settings = [s for s in args.settings.split(",") if s]
-    gemma = resolve_model("default")
+    gemma = resolve_model(GEMMA)
     tok = Tokenizer.from_gguf(gemma)
     gemma_prompts = [tok.encode(p) for p in PROMPTS]
     tok.close()
