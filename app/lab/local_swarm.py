@@ -54,6 +54,8 @@ class LocalSwarm:
     link_delays_ms: list[float] | None = None
     """One-way delay per link, WAN emulation through net.delay_proxy: client->stage0,
     each stage->next, last stage->client (len = stages + 1)."""
+    reproducible: bool = False
+    """Workers in reproducible mode (WorkerConfig.reproducible)."""
     workdir: Path | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     route: Route | None = None
@@ -107,6 +109,7 @@ class LocalSwarm:
                     return_logits=self.return_logits,
                     quic_library=self.quic_library,
                     idle_timeout=self.idle_timeout,
+                    reproducible=self.reproducible,
                 )
             )
         client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)

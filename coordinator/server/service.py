@@ -38,7 +38,8 @@ from coordinator.server.invite_book import (
     list_invites,
     revoke_invite,
 )
-from coordinator.server.placement import ModelSpec, NodeInfo, Plan, plan
+from coordinator.server.placement import ModelSpec, NodeInfo, Plan
+from coordinator.server.routes import StageLoad, pick_chain, plan_chains
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from core.manifest import Manifest
 from net import auth
@@ -95,6 +96,10 @@ class Settings:
     """Positions of KV per session. A worker's KV cache is one shared pool (llama.cpp's
     unified cache) of max_sessions x this; the assignment tells the worker both, so
     placement counts exactly the memory the stage allocates."""
+    max_chains: int = 1
+    """Complete chains to form when nodes beyond the main chain (and its spares) can
+    hold the model again; new routes go to the one with the most room by measured load
+    (coordinator/server/routes.py). 1: one chain, every other node a spare."""
     turn_server: tuple[str, int] | None = None
     """The swarm's relay (coturn), if any: nodes get short-lived credentials for it."""
     turn_secret: str = field(default="", repr=False)
@@ -107,6 +112,14 @@ def placement_capacity(node: Node) -> int:
     capacity = max(0, int(node.capacity_bytes))
     cap = int(node.vram_cap_bytes or 0)
     return min(capacity, cap) if cap > 0 else capacity
+
+
+def _stage_load(node: Node | None) -> StageLoad:
+    if node is None:
+        return StageLoad()
+    return StageLoad(
+        node.sessions, node.max_sessions, node.kv_budget_bytes, node.kv_reserved_bytes
+    )
 
 
 class Coordinator:
@@ -127,6 +140,10 @@ class Coordinator:
         self.ca_fingerprint = auth.fingerprint(ca.certificate)
         self._lock = threading.Lock()
         self._plan: Plan | None = None
+        self._chains: list[Plan] = []
+        """The main chain (`_plan`) and any more complete chains, in placement order."""
+        self._handed: list[int] = []
+        """Routes handed out per chain since its first stage's last heartbeat."""
         self._plan_error: str | None = None
         self._plan_inputs: tuple[Any, ...] = ()
         self._signals: dict[str, list[Signal]] = {}
@@ -285,6 +302,10 @@ class Coordinator:
                 s.add(
                     Sample(at=now, node_id=node_id, tokens=beat.tokens, compute_ms=beat.compute_ms)
                 )
+        with self._lock:  # its beat counts the routes handed to its chain since the last
+            for i, chain in enumerate(self._chains):
+                if chain.stages[0].node_id == node_id and i < len(self._handed):
+                    self._handed[i] = 0
         self.replan()
         return self.assignment(node_id)
 
@@ -348,22 +369,32 @@ class Coordinator:
                     None,
                     (f"waiting for workers: {len(infos)} of {self.settings.min_stages} joined"),
                 )
+                self._chains, self._handed = [], []
                 return None
             try:
-                self._plan = plan(
+                chains = plan_chains(
                     self.model.spec,
                     infos,
+                    max_chains=self.settings.max_chains,
                     rtt_ms=self.store.rtt_map(),
-                    previous=self._plan,
+                    previous=self._chains,
                     sessions_per_stage=self.settings.sessions_per_stage,
                     context_tokens=self.settings.context_tokens,
                     spares=self.settings.spares,
                     min_stages=self.settings.min_stages,
                 )
-                self._plan_error = None
+                if [c.node_ids for c in chains] != [c.node_ids for c in self._chains]:
+                    self._handed = [0] * len(chains)
+                self._chains, self._plan, self._plan_error = chains, chains[0], None
             except PlacementError as exc:
                 self._plan, self._plan_error = None, str(exc)
+                self._chains, self._handed = [], []
             return self._plan
+
+    @property
+    def chains(self) -> list[Plan]:
+        """Every complete chain, the main one first."""
+        return list(self._chains)
 
     @property
     def current_plan(self) -> Plan | None:
@@ -374,7 +405,7 @@ class Coordinator:
         return self._plan_error
 
     def assignment(self, node_id: str) -> Assignment | None:
-        current = self._plan
+        current = next((c for c in self._chains if c.stage_of(node_id) is not None), None)
         if current is None:
             return None
         stage = current.stage_of(node_id)
@@ -398,7 +429,18 @@ class Coordinator:
         current = self.replan()
         if current is None:
             raise NotFound(f"no route yet: {self._plan_error or 'no plan'}")
-        addresses = {n.node_id: n.address for n in self.nodes()}
+        nodes = {n.node_id: n for n in self.nodes()}
+        addresses = {k: n.address for k, n in nodes.items()}
+        with self._lock:
+            chains = self._chains or [current]
+            if len(chains) > 1 and len(self._handed) == len(chains):
+                loads = [
+                    [_stage_load(nodes.get(st.node_id)) for st in chain.stages]
+                    for chain in chains
+                ]
+                pick = pick_chain(loads, self._handed)
+                self._handed[pick] += 1
+                current = chains[pick]
         stages = tuple(
             RouteStage(st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
             for st in current.stages

@@ -370,3 +370,46 @@ def test_nodes_from_before_migration_0002_read_as_serving_nothing(db_url: str) -
     with engine.connect() as conn:
         assert conn.execute(text("SELECT node_id FROM nodes")).scalars().all() == ["w-1"]
     engine.dispose()
+
+
+def test_spare_capacity_forms_a_second_chain_and_routes_follow_the_load(
+    http: TestClient, coord: Coordinator
+) -> None:
+    coord.settings = Settings(min_stages=2, max_chains=2, stale_after_s=30, dead_after_s=60)
+    workers = [_join(http, _invite(http)) for _ in range(4)]
+
+    def beat(w: dict[str, str], port: int, sessions: int) -> None:
+        load = {"sessions": sessions, "max_sessions": 256, "kv_budget_bytes": 256 << 20}
+        load["kv_reserved_bytes"] = sessions << 20
+        body = {"address": f"127.0.0.1:{port}", "capacity_bytes": 8 << 30, **load}
+        url = f"/api/v1/nodes/{w['node_id']}/heartbeat"
+        assert http.post(url, headers=_node_headers(w), json=body).status_code == 200
+
+    for i, w in enumerate(workers):
+        beat(w, 7100 + i, 0)
+    chains = coord.chains
+    assert len(chains) == 2
+    assert not set(chains[0].node_ids) & set(chains[1].node_ids)
+    assert all(coord.assignment(w["node_id"]) is not None for w in workers)
+    # The main chain's stages run 200 sessions, the second's none: routes go there.
+    port = {w["node_id"]: 7100 + i for i, w in enumerate(workers)}
+    by_id = {w["node_id"]: w for w in workers}
+    for nid in chains[0].node_ids:
+        beat(by_id[nid], port[nid], 200)
+    client = _join(http, _invite(http, role="client"))
+    first = [
+        s["node_id"]
+        for s in http.get("/api/v1/route", headers=_node_headers(client)).json()["stages"]
+    ]
+    assert first == list(chains[1].node_ids)
+    # Both loaded alike: the routes handed out since the last beats tip it back.
+    for nid in chains[1].node_ids:
+        beat(by_id[nid], port[nid], 200)
+    picks = [
+        tuple(
+            s["node_id"]
+            for s in http.get("/api/v1/route", headers=_node_headers(client)).json()["stages"]
+        )
+        for _ in range(4)
+    ]
+    assert set(picks) == {chains[0].node_ids, chains[1].node_ids}

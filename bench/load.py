@@ -1,0 +1,420 @@
+"""Many requests at once: the seeds' load table, two settings side by side in one run.
+
+(a) compute-bound: Gemma 3 270M as three stages on loopback;
+(b) latency-bound: a 20-stage chain of the tiny model, each link 1-56 ms one way
+    through net.delay_proxy (the seeds' 20-PC fleet, as bench/swarm.py builds it).
+
+For each level (requests started at once, every one a session of its own on every
+stage, all over one client connection): total tokens/s (the sum of each request's decode
+speed once it runs, and all tokens over the wall time), each request's tokens/s, time
+to first token, how many requests gave exactly the tokens they give alone, per-stage
+compute / waiting from the TOKENS timings and the network and handling rest, CPU busy
+share of every worker and of the client, and peak memory per worker. Where the total
+stops rising, the busiest resource is named. `--reproducible` adds a 32-request run of
+(a) with the workers in reproducible mode, against the same run in the default mode.
+
+    .venv/bin/python bench/load.py [--json] [--quick] [--levels 1,4,16] [--tokens 16]
+        [--settings loopback,wan20] [--reproducible]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.client.swarm_client import SwarmClient, TokenEvent
+from app.errors import ClientError
+from app.lab.local_swarm import LocalSwarm
+from core.models import resolve_model
+from core.tokenizer import Tokenizer
+
+LEVELS = (1, 4, 16, 32, 64, 128, 256)
+GEMMA = "gemma-3-270m"
+"""The compute-bound setting's model (its cuts 0, 6, 12, 18 are Gemma 3 270M's)."""
+PROMPTS = (
+    "Write a short story about a lighthouse keeper who befriends a whale.",
+    "Explain how a refrigerator keeps food cold.",
+    "List three uses of copper and why it suits each.",
+    "What is the capital of Australia, and why is it not Sydney?",
+    "Describe the water cycle to a ten-year-old.",
+    "Give a recipe for a simple tomato soup.",
+    "Why do leaves change colour in autumn?",
+    "Summarise the rules of chess in a paragraph.",
+)
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _one(
+    client: SwarmClient, prompt: list[int], tokens: int, t0: float
+) -> dict[str, Any]:
+    events: list[TokenEvent] = []
+    stamps: list[float] = []
+    try:
+        async for ev in client.generate(prompt, tokens):
+            events.append(ev)
+            stamps.append(time.perf_counter())
+    except ClientError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    out = [t for ev in events for t in ev.tokens]
+    decode_s = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
+    return {
+        "tokens": out,
+        "ttft_ms": (stamps[0] - t0) * 1e3,
+        "decode_tps": (len(out) - len(events[0].tokens)) / decode_s if decode_s > 0 else 0.0,
+        "events": events[1:],
+        "end": stamps[-1],
+    }
+
+
+def _stage_split(events: list[TokenEvent]) -> dict[str, Any]:
+    """Per-stage medians over decode steps: compute, waiting, and the rest of the trip."""
+    if not events:
+        return {}
+    n = len(events[0].timings)
+    compute = [statistics.median(e.timings[i].compute_ms for e in events) for i in range(n)]
+    queue = [statistics.median(e.timings[i].queue_ms for e in events) for i in range(n)]
+    inside = statistics.median(sum(t.recv_to_send_ms for t in e.timings) for e in events)
+    trip = statistics.median(e.trip_ms for e in events)
+    return {
+        "trip_ms": trip,
+        "compute_ms": compute,
+        "queue_ms": queue,
+        "network_and_handling_ms": trip - inside,
+    }
+
+
+def _limit(level: dict[str, Any], n_cores: int) -> str:
+    """The busiest resource at this level, in words."""
+    split = level["stages"]
+    busy = level["cpu_busy"]
+    trip = split.get("trip_ms", 0.0) or 1.0
+    held = [c + q for c, q in zip(split["compute_ms"], split["queue_ms"], strict=True)]
+    worst = max(range(len(held)), key=lambda i: held[i])
+    machine = level["machine_cpu_share"]
+    if machine >= 0.9:
+        return f"this machine's {n_cores} cores ({machine:.0%} busy with the chain's processes)"
+    load = float(level["load_average"][0])
+    if load >= 2 * n_cores:  # others' work: every wake-up of every process waits for a core
+        return (
+            f"this machine's other load (load average {load:.0f} on {n_cores} cores; the"
+            f" chain itself used {machine:.0%} of them)"
+        )
+    if busy["client"] >= 0.9:
+        return f"the client process (one event loop, {busy['client']:.0%} of a core)"
+    if held[worst] >= 0.5 * trip:
+        return (
+            f"stage {worst} compute: {split['compute_ms'][worst]:.1f} ms a step plus"
+            f" {split['queue_ms'][worst]:.1f} ms waiting for its engine, of a {trip:.1f} ms"
+            f" trip ({busy['workers'][worst]:.0%} of a core; load average"
+            f" {level['load_average'][0]} from everything on this machine)"
+        )
+    net = split["network_and_handling_ms"]
+    return f"the trip's latency ({net:.0f} of {trip:.0f} ms is network and handling)"
+
+
+async def _level(
+    swarm: LocalSwarm,
+    client: SwarmClient,
+    prompts: list[list[int]],
+    solo: list[list[int]],
+    n: int,
+    tokens: int,
+) -> dict[str, Any]:
+    pids = [w.process.pid for w in swarm.workers]
+    cpu0 = [_cpu_s(p) for p in pids]
+    client0 = time.process_time()
+    t0 = time.perf_counter()
+    runs = await asyncio.gather(
+        *(_one(client, prompts[k % len(prompts)], tokens, t0) for k in range(n))
+    )
+    wall = time.perf_counter() - t0
+    ok = [r for r in runs if "error" not in r]
+    errors = sorted({r["error"] for r in runs if "error" in r})
+    cpu = [(_cpu_s(p) - c) / wall for p, c in zip(pids, cpu0, strict=True)]
+    client_busy = (time.process_time() - client0) / wall
+    n_cores = os.cpu_count() or 1
+    same = sum(
+        r["tokens"] == solo[k % len(prompts)] for k, r in enumerate(runs) if "error" not in r
+    )
+    level: dict[str, Any] = {
+        "requests": n,
+        "completed": len(ok),
+        "errors": errors,
+        "total_tokens_per_s": sum(r["decode_tps"] for r in ok),
+        "wall_tokens_per_s": sum(len(r["tokens"]) for r in ok) / wall,
+        "per_request_tokens_per_s": statistics.median(r["decode_tps"] for r in ok) if ok else 0,
+        "ttft_ms": statistics.median(r["ttft_ms"] for r in ok) if ok else 0,
+        "same_as_alone": same,
+        "stages": _stage_split([e for r in ok for e in r["events"]]),
+        "cpu_busy": {"workers": cpu, "client": client_busy},
+        "machine_cpu_share": (sum(cpu) + client_busy) / n_cores,
+        "peak_rss_mib": [_peak_rss_mib(p) for p in pids],
+        "load_average": Path("/proc/loadavg").read_text().split()[:3],
+    }
+    level["limit"] = _limit(level, n_cores) if ok else "; ".join(errors)
+    return level
+
+
+async def _setting(
+    name: str,
+    swarm: LocalSwarm,
+    prompts: list[list[int]],
+    levels: list[int],
+    tokens: int,
+) -> dict[str, Any]:
+    await swarm.start()
+    try:
+        assert swarm.route is not None and swarm.client_credentials is not None
+        async with SwarmClient(
+            swarm.client_credentials,
+            swarm.route,
+            swarm.tuning,
+            first_token_timeout=300,
+            step_timeout=120,
+        ) as client:
+            # Alone: each prompt by itself on the same chain (after a warm-up).
+            [ev async for ev in client.generate(prompts[0], 4)]
+            solo = []
+            for p in prompts:
+                solo.append([t async for ev in client.generate(p, tokens) for t in ev.tokens])
+            rows = []
+            for n in levels:
+                rows.append(await _level(swarm, client, prompts, solo, n, tokens))
+                _print_row(name, rows[-1], live=True)
+    finally:
+        await swarm.stop()
+        swarm.cleanup()
+    return {"setting": name, "stages": len(swarm.cuts) - 1, "tokens": tokens, "levels": rows}
+
+
+def _print_row(name: str, r: dict[str, Any], live: bool = False) -> None:
+    s = r["stages"]
+    comp = "/".join(f"{c:.1f}" for c in s.get("compute_ms", [])[:4])
+    more = "/..." if len(s.get("compute_ms", [])) > 4 else ""
+    wait = max(s.get("queue_ms", [0.0]))
+    print(
+        f"{'  ' if not live else '> '}{name:9} {r['requests']:4d} "
+        f"{r['total_tokens_per_s']:8.1f} {r['wall_tokens_per_s']:8.1f} "
+        f"{r['per_request_tokens_per_s']:7.2f} {r['ttft_ms']:8.0f} "
+        f"{r['same_as_alone']:4d}/{r['completed']:<4d} "
+        f"trip {s.get('trip_ms', 0):7.1f} = compute {comp}{more} + max wait {wait:.1f} + net "
+        f"{s.get('network_and_handling_ms', 0):.1f} ms | peak "
+        f"{max(r['peak_rss_mib'], default=0):.0f} MiB | {r['limit']}",
+        file=sys.stderr if live else sys.stdout,
+        flush=True,
+    )
+
+
+def _stops_rising(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first level whose total is under 1.1x the previous one (or falls)."""
+    for prev, cur in itertools.pairwise(levels):
+        if cur["total_tokens_per_s"] < 1.1 * prev["total_tokens_per_s"]:
+            return cur
+    return None
+
+
+def loopback(levels: list[int], tokens: int, reproducible: bool = False) -> LocalSwarm:
+    per = 64 + tokens + 16
+    return LocalSwarm(
+        model=str(resolve_model(GEMMA)),
+        cuts=[0, 6, 12, 18],
+        max_sessions=max(levels),
+        n_ctx=max(levels) * per,
+        reproducible=reproducible,
+    )
+
+
+def wan20(levels: list[int], tokens: int, model: Path, seed: int = 7) -> LocalSwarm:
+    rng = random.Random(seed)
+    delays = [float(rng.randint(1, 56)) for _ in range(21)]
+    return LocalSwarm(
+        model=str(model),
+        cuts=list(range(21)),
+        max_sessions=max(levels),
+        n_ctx=max(levels) * (8 + tokens + 16),
+        link_delays_ms=delays,
+    )
+
+
+def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 64) -> dict[str, Any]:
+    """What the unified KV cache costs as it fills: one Gemma stage (layers 0-6), in this
+    process; `filled` sessions each hold `context` positions, then 8 of them decode one
+    row each (timed), and one rolls back 4 positions (seq_rm, timed). The same with one
+    KV stream per session (non-unified), each decode holding one session."""
+    import numpy as np
+
+    from core.models import stage_files
+    from core.stage import Stage, StepRequest
+    from core.types import LayerRange, StageSpec
+
+    _, (path,) = stage_files(resolve_model(GEMMA), [LayerRange(0, 6)])
+    rows: list[dict[str, Any]] = []
+    for unified in (True, False):
+        for n in filled:
+            spec = StageSpec(
+                LayerRange(0, 6),
+                18,
+                n_ctx=256 * (context + 16),
+                n_batch=256,
+                n_seq_max=256,
+                n_threads=2,
+                use_gpu=False,
+                reproducible=not unified,
+            )
+            stage = Stage.from_file(path, spec)
+            try:
+                for k in range(n):
+                    stage.open(f"s{k}")
+                    toks = np.arange(1, context + 1, dtype=np.int32) + k
+                    stage.step([StepRequest(f"s{k}", 0, tokens=toks)])
+                decode_ms: list[float] = []
+                rm_ms: list[float] = []
+                for rep in range(6):
+                    reqs = [
+                        StepRequest(f"s{k}", context + rep, tokens=np.array([7], dtype=np.int32))
+                        for k in range(8)
+                    ]
+                    t = time.perf_counter()
+                    stage.step(reqs)
+                    decode_ms.append((time.perf_counter() - t) * 1e3)
+                    t = time.perf_counter()
+                    stage.rollback("s0", context + rep - 3)
+                    rm_ms.append((time.perf_counter() - t) * 1e3)
+                    stage.step(
+                        [
+                            StepRequest(
+                                "s0",
+                                context + rep - 3,
+                                tokens=np.array([7, 7, 7, 7], dtype=np.int32),
+                            )
+                        ]
+                    )
+            finally:
+                stage.shutdown()
+            rows.append(
+                {
+                    "kv": "unified" if unified else "per session",
+                    "sessions_filled": n,
+                    "decode_8_rows_ms": statistics.median(decode_ms[1:]),
+                    "seq_rm_ms": statistics.median(rm_ms[1:]),
+                }
+            )
+    return {"context_per_session": context, "rows": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="levels 1,4,16 and 8 tokens")
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--settings", default="loopback,wan20")
+    ap.add_argument(
+        "--reproducible", action="store_true", help="add 32 requests in reproducible mode"
+    )
+    ap.add_argument(
+        "--kv-cost", action="store_true", help="only: what the unified KV costs as it fills"
+    )
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",") if x]
+    if args.quick:
+        levels, args.tokens = [1, 4, 16], 8
+    if any(not 1 <= n <= 256 for n in levels):
+        ap.error("levels must lie in 1..256 (a stage holds 256 sessions)")
+    if args.kv_cost:
+        cost = kv_cost()
+        if args.json:
+            print(json.dumps(cost, indent=1))
+        else:
+            print(f"KV as it fills ({cost['context_per_session']} positions per session)")
+            for r in cost["rows"]:
+                print(
+                    f"  {r['kv']:11} {r['sessions_filled']:4d} sessions: 8-row decode"
+                    f" {r['decode_8_rows_ms']:7.2f} ms, seq_rm {r['seq_rm_ms']:.3f} ms"
+                )
+        return 0
+    settings = [s for s in args.settings.split(",") if s]
+    gemma = resolve_model(GEMMA)
+    tok = Tokenizer.from_gguf(gemma)
+    gemma_prompts = [tok.encode(p) for p in PROMPTS]
+    tok.close()
+    out: dict[str, Any] = {"levels": levels, "tokens": args.tokens, "settings": []}
+    print(
+        "  setting   reqs  total/s   wall/s  each/s  ttft ms same/done  per-stage timings",
+        file=sys.stderr,
+    )
+    if "loopback" in settings:
+        swarm = loopback(levels, args.tokens)
+        out["settings"].append(
+            asyncio.run(_setting("loopback", swarm, gemma_prompts, levels, args.tokens))
+        )
+    if "wan20" in settings:
+        from tests.support.tiny_models import write_tiny_model
+
+        with tempfile.TemporaryDirectory(prefix="sangama-load-") as tmp:
+            model = write_tiny_model(
+                Path(tmp) / "tiny20.gguf", n_layer=20, n_embd=256, n_head=4, n_ff=512
+            )
+            tiny_prompts = [[1 + (k * 31 + j * 7) % 500 for j in range(8)] for k in range(8)]
+            swarm = wan20(levels, args.tokens, model)
+            out["settings"].append(
+                asyncio.run(_setting("wan20", swarm, tiny_prompts, levels, args.tokens))
+            )
+    if args.reproducible:
+        n = 32
+        for mode, repro in (("default", False), ("reproducible", True)):
+            swarm = loopback([n], args.tokens, reproducible=repro)
+            r = asyncio.run(_setting(f"repro:{mode}", swarm, gemma_prompts, [n], args.tokens))
+            out["settings"].append(r)
+    for s in out["settings"]:
+        rows = s["levels"]
+        top = _stops_rising(rows)
+        s["stops_rising_at"] = None if top is None else top["requests"]
+        s["limit_there"] = None if top is None else top["limit"]
+        if len(rows) > 1 and rows[0]["total_tokens_per_s"] > 0:
+            by_n = {r["requests"]: r["total_tokens_per_s"] for r in rows}
+            s["total_vs_one"] = {n: v / rows[0]["total_tokens_per_s"] for n, v in by_n.items()}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print("  setting   reqs  total/s   wall/s  each/s  ttft ms same/done  per-stage timings")
+    for s in out["settings"]:
+        for r in s["levels"]:
+            _print_row(s["setting"], r)
+        where = s["stops_rising_at"]
+        print(
+            f"  {s['setting']}: total "
+            + (f"stops rising at {where} requests: {s['limit_there']}" if where else "still rising")
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
