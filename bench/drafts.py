@@ -10,13 +10,16 @@ output equals plain greedy. Chains:
   Prompts are the Gemma token ids folded into the tiny vocabulary; the tiny model's
   greedy text is not language, so its acceptance says how the machinery pays, not how
   often n-grams guess real text.
+- wan18_gemma: Gemma 3 270M, one layer per stage (18), on the same kind of links:
+  real text, so n-gram guesses meet real repetition; delays still dominate.
 - gemma3: Gemma 3 270M in three stages on loopback (real text, compute matters).
 
 Also: the undo cost per trip on every stage (keep_until -> seq_rm, timed inside
 core.stage on the same stage files), drafting with 16 sessions at once (gemma3), and
-time to first token of a ~460-token prompt, chunked (64) vs one piece, on wan20.
+time to first token of a 460-token prompt, chunked (64) vs one piece, on the WAN chains.
 
-    .venv/bin/python bench/drafts.py [--json] [--quick] [--tokens 48] [--chains wan20,gemma3]
+    .venv/bin/python bench/drafts.py [--json] [--quick] [--tokens 48]
+                                     [--chains wan20,wan18_gemma,gemma3] [--exact]
 
 `--json` prints {chain: {prompt: {setting: {tokens_per_trip, accepted, proposed,
 tokens_per_s, speed_up, identical, ...}}}} plus the keys "undo", "many_sessions",
@@ -224,9 +227,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     tok.close()
     out: dict[str, Any] = {"decode_tokens": args.tokens, "settings": SETTINGS}
     chains = args.chains.split(",")
+    rng = random.Random(7)
+    delays = [float(rng.randint(1, 56)) for _ in range(21)]
     if "wan20" in chains:
-        rng = random.Random(7)
-        delays = [float(rng.randint(1, 56)) for _ in range(21)]
         with tempfile.TemporaryDirectory(prefix="sangama-drafts-wan20-") as tmp:
             model = write_tiny_model(
                 Path(tmp) / "tiny20.gguf", n_layer=20, n_embd=256, n_head=4, n_ff=512
@@ -237,9 +240,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ) as swarm:
                 prompts = {k: _fold(v) for k, v in ids.items()}
                 out["wan20"] = await _chain_table(swarm, prompts, args.tokens, SETTINGS)
-                out["chunked_prompt"] = await _ttft(swarm, _fold(long_ids))
+                out.setdefault("chunked_prompt", {})["wan20"] = await _ttft(swarm, _fold(long_ids))
             out["wan20_links_ms"] = {"delays": delays, "sum": sum(delays)}
             out.setdefault("undo", {})["wan20"] = _undo(model, cuts, 8, N_CTX)
+    if "wan18_gemma" in chains:
+        # Gemma 3 270M, one layer per stage, the same kind of links: real text, so the
+        # n-gram guesses meet real repetition.
+        cuts = list(range(19))
+        links = delays[:18] + delays[-1:]
+        async with LocalSwarm(
+            model=str(gemma), cuts=cuts, threads=1, link_delays_ms=links, n_ctx=N_CTX
+        ) as swarm:
+            out["wan18_gemma"] = await _chain_table(swarm, ids, args.tokens, SETTINGS)
+            out.setdefault("chunked_prompt", {})["wan18_gemma"] = await _ttft(swarm, long_ids)
+        out["wan18_gemma_links_ms"] = {"delays": links, "sum": sum(links)}
+        out.setdefault("undo", {})["wan18_gemma"] = _undo(gemma, cuts, 8, N_CTX)
     if "gemma3" in chains:
         cuts = [0, 6, 12, 18]
         if args.exact:  # the workers inherit it: no repacked weights (see --exact)
@@ -261,7 +276,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print(out: dict[str, Any]) -> None:
-    for chain in ("wan20", "gemma3"):
+    for chain in ("wan20", "wan18_gemma", "gemma3"):
         if chain not in out:
             continue
         print(f"{chain}: {out['decode_tokens']} tokens per run, n-gram guesses from the client")
@@ -287,10 +302,9 @@ def _print(out: dict[str, Any]) -> None:
                 f"  guesses {k:8} total {r['total_tokens_per_s']:7.1f} tok/s, "
                 f"{r['tokens_per_trip']:.2f} tok/trip, same as solo {r['same_as_solo']}"
             )
-    if "chunked_prompt" in out:
-        c = out["chunked_prompt"]
+    for chain, c in out.get("chunked_prompt", {}).items():
         print(
-            f"wan20, {c['prompt_tokens']}-token prompt, first token: chunked (64) "
+            f"{chain}, {c['prompt_tokens']}-token prompt, first token: chunked (64) "
             f"{c['chunked_64_ttft_ms']:.0f} ms, one piece {c['unchunked_ttft_ms']:.0f} ms "
             f"({c['speed_up']:.2f}x)"
         )
@@ -305,7 +319,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer tokens and sessions")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--sessions", type=int, default=16)
-    ap.add_argument("--chains", default="wan20,gemma3")
+    ap.add_argument("--chains", default="wan20,wan18_gemma,gemma3")
     ap.add_argument(
         "--exact",
         action="store_true",
