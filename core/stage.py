@@ -102,7 +102,7 @@ class StageStats:
     failures: int = 0
     per_decode_rows: list[int] = field(default_factory=list)
     undos: int = 0
-    """Rollbacks that cut rejected guesses (keep_until below the cache's end)."""
+    """Rollbacks that cut the cache (rejected guesses: keep_until below its end)."""
     undo_ms: float = 0.0
     """Time spent in those rollbacks, in total."""
 

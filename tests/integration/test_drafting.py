@@ -2,6 +2,10 @@
 
 Greedy output with n-gram guesses must equal plain greedy output token for token (a
 solo run), on the tiny model and on Gemma; a seeded sampled run replays identically.
+Gemma's workers run without repacked weights (SANGAMA_WEIGHT_REPACK=0): llama.cpp's
+repacked Q4_K kernels compute a k+1-row verification slightly differently from k+1
+one-row decodes (up to ~0.9 in a logit, measured), which can flip a near-tie; without
+them the rows are bit-identical, so the comparison can be exact.
 """
 
 from __future__ import annotations
@@ -19,25 +23,26 @@ from core.types import SamplingParams
 
 pytestmark = pytest.mark.integration
 
-SETTINGS = ["none", "4", "adaptive"]
+SAMPLED = SamplingParams(temperature=0.8, seed=11)
+RUNS = [
+    ("none", SamplingParams()),
+    ("4", SamplingParams()),
+    ("adaptive", SamplingParams()),
+    ("4", SAMPLED),
+    ("4", SAMPLED),
+]
 
 
-async def _runs(
-    model: Path, cuts: list[int], prompt: list[int], n: int, sampling: SamplingParams
-) -> dict[str, list[TokenEvent]]:
-    out: dict[str, list[TokenEvent]] = {}
+async def _runs(model: Path, cuts: list[int], prompt: list[int], n: int) -> list[list[TokenEvent]]:
+    out: list[list[TokenEvent]] = []
     async with LocalSwarm(model=str(model), cuts=cuts, n_ctx=512) as swarm:
         assert swarm.route is not None and swarm.client_credentials is not None
         async with SwarmClient(swarm.client_credentials, swarm.route, swarm.tuning) as client:
-            for setting in SETTINGS:
+            for setting, sampling in RUNS:
                 policy = GuessPolicy.parse(setting)
-                out[setting] = [
-                    ev async for ev in client.generate(prompt, n, sampling, guesses=policy)
-                ]
-            out["again"] = [
-                ev
-                async for ev in client.generate(prompt, n, sampling, guesses=GuessPolicy.parse("4"))
-            ]
+                out.append(
+                    [ev async for ev in client.generate(prompt, n, sampling, guesses=policy)]
+                )
     return out
 
 
@@ -45,41 +50,38 @@ def _tokens(events: list[TokenEvent]) -> list[int]:
     return [t for ev in events for t in ev.tokens]
 
 
-def test_tiny_chain_drafted_greedy_equals_plain(tiny_llama: Path) -> None:
-    prompt = [1, 5, 17, 42, 99, 7, 300, 2, 5, 17, 42]
-    runs = asyncio.run(_runs(tiny_llama, [0, 3, 6, 8], prompt, 40, SamplingParams()))
-    plain = _tokens(runs["none"])
-    assert len(plain) == 40
-    assert all(ev.n_drafts == 0 for ev in runs["none"])
-    for setting in ("4", "adaptive"):
-        events = runs[setting]
-        assert _tokens(events) == plain, setting
+def _check(runs: list[list[TokenEvent]], n: int) -> None:
+    plain, fixed, adaptive, sampled, sampled_again = runs
+    assert len(_tokens(plain)) == n and all(ev.n_drafts == 0 for ev in plain)
+    for events in (fixed, adaptive):
+        assert _tokens(events) == _tokens(plain)
         proposed = sum(ev.n_drafts for ev in events)
         accepted = sum(ev.n_accepted for ev in events)
-        assert proposed > 0 and 0 < accepted <= proposed, setting
-        # Fewer trips than tokens: the guesses were confirmed in one trip each.
-        assert len(events) < len(plain), setting
+        assert proposed > 0 and 0 < accepted <= proposed
+        # Fewer trips than tokens: guesses were confirmed several per trip.
+        assert len(events) < n
         assert all(ev.n_accepted <= ev.n_drafts for ev in events)
+    # Seeded sampling with guesses replays identically and stops at max_tokens.
+    assert _tokens(sampled) == _tokens(sampled_again) and len(_tokens(sampled)) == n
+    assert sum(ev.n_drafts for ev in sampled) > 0
 
 
-def test_gemma_chain_drafted_greedy_equals_plain_and_sampling_replays(gemma_path: Path) -> None:
+def test_tiny_chain_drafted_greedy_equals_plain(tiny_llama: Path) -> None:
+    prompt = [1, 5, 17, 42, 99, 7, 300, 2, 5, 17, 42]
+    _check(asyncio.run(_runs(tiny_llama, [0, 3, 6, 8], prompt, 40)), 40)
+
+
+def test_gemma_chain_drafted_greedy_equals_plain(
+    gemma_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANGAMA_WEIGHT_REPACK", "0")  # the workers inherit it
     tok = Tokenizer.from_gguf(gemma_path)
     prompt = tok.encode(
         "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
     )
     tok.close()
-    greedy = asyncio.run(_runs(gemma_path, [0, 6, 12, 18], prompt, 24, SamplingParams()))
-    plain = _tokens(greedy["none"])
-    for setting in ("4", "adaptive", "again"):
-        assert _tokens(greedy[setting]) == plain, setting
-    events = greedy["4"]
-    assert sum(ev.n_accepted for ev in events) > 0
-    # Some guesses were rejected, so keep_until cut every stage's cache, and the
-    # output still equals plain decoding.
-    assert any(ev.n_accepted < ev.n_drafts for ev in events)
-
-    sampled = SamplingParams(temperature=0.8, seed=11)
-    runs = asyncio.run(_runs(gemma_path, [0, 6, 12, 18], prompt, 24, sampled))
-    assert _tokens(runs["4"]) == _tokens(runs["again"])  # seeded: replays identically
-    assert len(_tokens(runs["4"])) == 24
-    assert sum(ev.n_drafts for ev in runs["4"]) > 0
+    runs = asyncio.run(_runs(gemma_path, [0, 6, 12, 18], prompt, 20))
+    _check(runs, 20)
+    # Some guesses were rejected, so keep_until cut every stage's cache, and the output
+    # still equals plain decoding.
+    assert any(ev.n_accepted < ev.n_drafts for ev in runs[1] + runs[2])
