@@ -39,6 +39,7 @@ from coordinator.server.invite_book import (
     revoke_invite,
 )
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan, plan
+from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from core.manifest import Manifest
 from net import auth
@@ -127,12 +128,17 @@ class Coordinator:
         self.ca_fingerprint = auth.fingerprint(ca.certificate)
         self._lock = threading.Lock()
         self._plan: Plan | None = None
+        self._kept: Plan | None = plan_from_json(store.get_setting(PLAN_SETTING))
+        """The last good plan: where the next re-plan starts, after a failed one or a
+        restart, so that assignments stay put (coordinator/server/plan_store.py)."""
         self._plan_error: str | None = None
         self._plan_inputs: tuple[Any, ...] = ()
         self._signals: dict[str, list[Signal]] = {}
         self._paused: dict[str, str] = {}
         """Nodes that said they are paused, and why. Kept in memory: a paused node says so
         in every heartbeat, so a restarted coordinator learns it again within seconds."""
+        self._suspects: set[str] = set()
+        """Nodes a client found unreachable mid-answer (cleared by their next heartbeat)."""
         store.set_setting(CA_CERT, self.ca_pem)
 
     # ------------------------------------------------------------ invites
@@ -254,6 +260,8 @@ class Coordinator:
     def heartbeat(self, node_id: str, beat: Heartbeat) -> Assignment | None:
         """Record what an (already authenticated) node reports; return its assignment."""
         now = utcnow()
+        with self._lock:
+            self._suspects.discard(node_id)  # it speaks: whoever could not reach it, it lives
         with self.store.session() as s:
             node = s.get(Node, node_id)
             assert node is not None
@@ -315,13 +323,17 @@ class Coordinator:
         now = utcnow()
         with self._lock:
             paused = set(self._paused)
+            suspects = set(self._suspects)
         workers = [
             n
             for n in self.nodes()
             if n.role == "worker"
             and n.address
             and n.node_id not in paused
-            and self.health(n, now) in ("healthy", "stale")
+            and (
+                self.health(n, now) == "healthy"
+                or (self.health(n, now) == "stale" and n.node_id not in suspects)
+            )
         ]
         infos = tuple(
             NodeInfo(n.node_id, placement_capacity(n), healthy=True, address=n.address)
@@ -343,13 +355,16 @@ class Coordinator:
                     self.model.spec,
                     infos,
                     rtt_ms=self.store.rtt_map(),
-                    previous=self._plan,
+                    previous=self._plan or self._kept,
                     sessions_per_stage=self.settings.sessions_per_stage,
                     context_tokens=self.settings.context_tokens,
                     spares=self.settings.spares,
                     min_stages=self.settings.min_stages,
                 )
                 self._plan_error = None
+                if self._kept is None or self._kept.stages != self._plan.stages:
+                    self.store.set_setting(PLAN_SETTING, plan_to_json(self._plan))
+                self._kept = self._plan
             except PlacementError as exc:
                 self._plan, self._plan_error = None, str(exc)
             return self._plan
@@ -381,12 +396,22 @@ class Coordinator:
             context_tokens=self.settings.context_tokens,
         )
 
-    def route(self, model: str) -> RouteAnswer:
+    def route(self, model: str, avoid: tuple[str, ...] = ()) -> RouteAnswer:
+        """The current chain; with `avoid` (stages a client found dead mid-answer), only
+        a chain without them. A reported node already silent past `stale_after_s` leaves
+        the plan at once instead of at `dead_after_s`: its spare takes over sooner, and
+        a node that still heartbeats cannot be pushed out by a client's report."""
         if model not in (self.model.name, "default"):
             raise NotFound(f"this swarm serves {self.model.name!r}, not {model!r}")
+        if avoid:
+            with self._lock:
+                self._suspects.update(avoid)
         current = self.replan()
         if current is None:
             raise NotFound(f"no route yet: {self._plan_error or 'no plan'}")
+        blocked = sorted({st.node_id for st in current.stages} & set(avoid))
+        if blocked:
+            raise NotFound(f"no route avoiding {', '.join(blocked)} yet: waiting for a re-plan")
         addresses = {n.node_id: n.address for n in self.nodes()}
         stages = tuple(
             RouteStage(st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
