@@ -16,6 +16,7 @@ does for every child it starts).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -40,9 +41,12 @@ def watch_parent(grace_s: float = 10.0) -> threading.Thread:
     """Stop this process once its stdin (the parent's pipe) reaches EOF."""
 
     def run() -> None:
-        stream = sys.stdin.buffer if sys.stdin is not None else None
-        while stream is not None and stream.read(4096):
-            pass  # the parent never writes; anything read is ignored
+        # The raw descriptor, not sys.stdin: a thread blocked inside the buffered reader
+        # holds its lock, and the interpreter aborts on it at exit.
+        fd = sys.stdin.fileno() if sys.stdin is not None else -1
+        with contextlib.suppress(OSError):
+            while fd >= 0 and os.read(fd, 4096):
+                pass  # the parent never writes; anything read is ignored
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(grace_s)
         os._exit(3)  # the clean stop hung: do not outlive the parent anyway

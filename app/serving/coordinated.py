@@ -403,7 +403,7 @@ async def _heartbeats(
                 hop_text = f"{moved.node_id} at {format_address(moved.address)}"
                 log.info("next stage is now %s", hop_text)
                 continue
-            log.info("assignment changed; rebuilding the stage")
+            log.warning("assignment changed (%s -> %s); rebuilding", assignment, beat.assignment)
             break
     return identity, serving
 

@@ -137,6 +137,7 @@ class Coordinator:
         self._paused: dict[str, str] = {}
         """Nodes that said they are paused, and why. Kept in memory: a paused node says so
         in every heartbeat, so a restarted coordinator learns it again within seconds."""
+        self.started_at = utcnow()
         self._suspects: set[str] = set()
         """Nodes a client found unreachable mid-answer (cleared by their next heartbeat)."""
         store.set_setting(CA_CERT, self.ca_pem)
@@ -306,7 +307,11 @@ class Coordinator:
             return "revoked"
         if node.last_seen is None:
             return "joined"
-        age = ((now or utcnow()) - as_utc(node.last_seen)).total_seconds()
+        # Silence counts from when this process could hear it: after a restart every
+        # node gets a full timeout to heartbeat again, instead of all looking gone and
+        # the plan being torn down (a re-plan storm).
+        seen = max(as_utc(node.last_seen), self.started_at)
+        age = ((now or utcnow()) - seen).total_seconds()
         if age > self.settings.dead_after_s:
             return "gone"
         if age > self.settings.stale_after_s:

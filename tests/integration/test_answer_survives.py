@@ -81,8 +81,7 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
                         gap = loop.time() - killed_at
             return out, client, gap, victim.ready_line.split()[1]
         finally:
-            for w in workers:
-                await w.stop()
+            await asyncio.gather(*(w.stop() for w in workers))
 
     try:
         out, client, gap, victim = asyncio.run(scenario())
@@ -97,3 +96,88 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
     print(f"\nkill -9 of the middle stage: token {KILL_AFTER} -> {KILL_AFTER + 1} took {gap:.2f} s")
     for r in client.recoveries:
         print(f"  recovery: stall {r.stall_s:.2f} s, replayed {r.replayed}, {r.failure[:120]}")
+
+
+def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
+    tmp_path: Path,
+) -> None:
+    model = write_tiny_model(tmp_path / "tiny8.gguf", n_layer=8)
+    whole = build_pipeline([model], [LayerRange(0, 8)], 8, 512, 64, 1, True)
+    expected = list(whole.generate(PROMPT, N_TOKENS).tokens)
+    whole.shutdown()
+    data = tmp_path / "coordinator"
+    args = ["--stale-after", "4", "--dead-after", "8"]
+    coords = [CoordinatorProcess.start(data, model, min_stages=3, extra_args=args)]
+    port = int(coords[0].url.rsplit(":", 1)[1].split("/")[0])
+
+    async def scenario() -> tuple[
+        list[int], list[int], list[str], list[str], float, float, list[str]
+    ]:
+        workers = list(
+            await asyncio.gather(*(_worker(coords[0], tmp_path, f"w{i}", True) for i in range(3)))
+        )
+        try:
+            loop = asyncio.get_running_loop()
+            me = await loop.run_in_executor(
+                None, join_swarm, coords[0].admin.create_invite("client")["code"], tmp_path / "me"
+            )
+            route, _ = await loop.run_in_executor(None, fetch_route, me)
+
+            async def avoiding(avoid: tuple[str, ...]) -> Route:
+                return await loop.run_in_executor(None, route_avoiding, me, avoid)
+
+            out: list[int] = []
+            restarted: asyncio.Future[CoordinatorProcess] | None = None
+            down_at = 0.0
+            gaps: list[float] = []
+            last_t = loop.time()
+            async with RecoveringClient(me.credentials(), route, avoiding) as client:
+                async for event in client.generate(PROMPT, N_TOKENS):
+                    out.extend(event.tokens)
+                    gaps.append(loop.time() - last_t)
+                    last_t = loop.time()
+                    if len(out) == KILL_AFTER:
+                        coords[0].proc.kill()  # SIGKILL: no clean shutdown
+                        coords[0].proc.wait()
+                        down_at = loop.time()
+                        restarted = loop.run_in_executor(
+                            None,
+                            lambda: CoordinatorProcess.start(
+                                data, model, min_stages=3, port=port, extra_args=args
+                            ),
+                        )
+                assert not client.recoveries  # nothing broke: no replay was needed
+                assert restarted is not None
+                coords.append(await restarted)
+                back_after = loop.time() - down_at
+                # A later answer, on the route the restarted coordinator hands out.
+                after_route, _ = await loop.run_in_executor(None, fetch_route, me)
+                later = [t async for ev in client.generate(PROMPT, 8) for t in ev.tokens]
+            # Before the workers stop (then the chain shrinks and they are re-planned).
+            logs = [(tmp_path / f"w{i}.log").read_text() for i in range(3)]
+            return (
+                out,
+                later,
+                [s.node_id for s in route.stages],
+                [s.node_id for s in after_route.stages],
+                back_after,
+                max(gaps[KILL_AFTER:]),
+                logs,
+            )
+        finally:
+            await asyncio.gather(*(w.stop() for w in workers))
+
+    try:
+        out, later, chain, chain_after, back_after, worst, logs = asyncio.run(scenario())
+    finally:
+        for c in coords:
+            c.stop()
+    assert out == expected  # the running answer never needed the coordinator
+    assert later == expected[:8]
+    assert chain_after == chain  # assignments unchanged: no re-plan storm
+    for log_text in logs:  # no worker rebuilt its stage after the restart
+        assert "rebuilding" not in log_text
+    print(
+        f"\ncoordinator kill -9 mid-answer: back (READY) after {back_after:.2f} s; "
+        f"longest gap between tokens after the kill {worst * 1e3:.0f} ms"
+    )

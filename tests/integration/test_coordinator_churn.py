@@ -123,6 +123,7 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
     # Silent past stale_after_s (but not yet dead_after_s) and reported: out at once, the
     # spare takes exactly its place; the other stages keep theirs.
     _silence(db, middle, SETTINGS.stale_after_s + 1)
+    coord.started_at -= dt.timedelta(minutes=5)  # it has been up long enough to tell
     status, rerouted = _chain(http, client, [middle])
     assert status == 200 and isinstance(rerouted, list)
     assert rerouted == [chain[0], spare["node_id"], chain[2]]
