@@ -25,6 +25,9 @@ class ErrorCode(IntEnum):
     OVERLOADED = 11
     UNAUTHENTICATED = 12
     INTERNAL = 13
+    MISSING_POSITIONS = 14
+    """A stage was sent rows that do not continue its cache (it restarted and lost its KV,
+    or rows were skipped): the sender must replay the session, never get garbage."""
 
 
 class NetError(Exception):

@@ -12,6 +12,7 @@ from typing import Any
 
 from app.cli.swarm_commands import add_commands as add_swarm_commands
 from app.errors import AppError, ConfigError
+from app.parent_watch import maybe_watch_parent
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteError
 from core.errors import CoreError
@@ -216,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    maybe_watch_parent()  # a child of the demo or a test ends with its parent
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,

@@ -27,6 +27,7 @@ from typing import Any
 import platformdirs
 
 from app.errors import AppError
+from app.parent_watch import child_preexec
 from net import turn
 from net.turn import RelayConfig
 
@@ -270,6 +271,7 @@ def start_relay(
     _check_port_free(cfg)
     config = write_config(cfg, run_dir)
     out = open(run_dir / OUTPUT_FILE, "wb")  # noqa: SIM115 - handed to the child, closed below
+    parent = os.getpid()
     try:
         proc = subprocess.Popen(
             [str(exe), "-c", str(config.resolve())],
@@ -279,6 +281,8 @@ def start_relay(
             stderr=subprocess.STDOUT,
             # Own session: a terminal's Ctrl-C reaches only us, and we decide the shutdown.
             start_new_session=True,
+            # ... and it still ends with us if we are killed (app/parent_watch.py).
+            preexec_fn=(lambda: child_preexec(parent)) if sys.platform == "linux" else None,
         )
     finally:
         out.close()

@@ -13,6 +13,13 @@ from coordinator.contract import manifest_path, pieces_path
 from core.manifest import EMBEDDING
 
 
+def route_avoiding(identity: Identity, avoid: tuple[str, ...], model: str = "default") -> Route:
+    """The coordinator's route without the `avoid` nodes (a stage found dead mid-answer);
+    CoordinatorError (NotFound) while the current plan still needs one of them."""
+    answer = identity.client().route(model, avoid=avoid)
+    return Route.from_dict(asdict(answer))
+
+
 def fetch_route(identity: Identity, model: str = "default") -> tuple[Route, Path]:
     """The coordinator's current route, and a GGUF with the tokenizer (the embedding
     piece, downloaded and verified once)."""

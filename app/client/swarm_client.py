@@ -124,6 +124,12 @@ class SwarmClient:
         self.relinks = 0
         """Links replaced while generations were running."""
 
+    @property
+    def linked(self) -> frozenset[str]:
+        """Node ids this client holds an open link to (they are alive as far as it knows)."""
+        pairs = ((self._first, self.route.first), (self._last, self.route.last))
+        return frozenset(st.node_id for ch, st in pairs if ch is not None and not ch.closed.done())
+
     async def connect(self) -> None:
         self._closing = False
         try:

@@ -1,5 +1,6 @@
 """Child `sangama` processes for the demo, tests and benchmarks: start one, wait for its
-READY line, keep its stderr in a log file, stop it with SIGTERM."""
+READY line, keep its stderr in a log file, stop it with SIGTERM. Every child ends with
+this process, however this one ends (kill -9 included: app/parent_watch.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import AppError
+from app.parent_watch import PARENT_WATCH_ENV, child_preexec
 
 
 @dataclass
@@ -53,14 +55,20 @@ async def spawn_sangama(
     name: str, args: list[str], log_path: Path, timeout: float, wait_ready: bool = True
 ) -> Child:
     """Run `sangama ARGS...` and return once it prints its READY line (or at once)."""
+    parent = os.getpid()
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "app.cli",
         *args,
+        # The child's stdin is a pipe nobody writes to: EOF there means this process is
+        # gone, and the child stops itself (app/parent_watch.py); on Linux the kernel
+        # also sends it SIGTERM when this process dies.
+        stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_WATCH_ENV: "1"},
+        preexec_fn=(lambda: child_preexec(parent)) if sys.platform == "linux" else None,
     )
     assert proc.stdout is not None and proc.stderr is not None
     child = Child(name, proc, log_path)

@@ -21,6 +21,7 @@ from typing import Any
 
 from app.compute import stage_compute
 from app.config import Hop, WorkerConfig, format_address, parse_address
+from app.errors import ConfigError
 from app.identity import Identity, default_identity_dir, join_swarm
 from app.links import (
     LinkDialer,
@@ -407,9 +408,30 @@ async def _heartbeats(
             continue
         worker.set_revoked(frozenset(int(s) for s in beat.revoked_serials))
         if beat.assignment != assignment:
-            log.info("assignment changed; rebuilding the stage")
+            moved = only_next_hop_moved(assignment, beat.assignment)
+            if moved is not None and worker.retarget(moved):
+                # Same layers, a spare where the next stage was: keep the loaded stage
+                # (and the sessions' KV upstream of the gap) and forward to it.
+                assert beat.assignment is not None
+                assignment = beat.assignment
+                hop_text = f"{moved.node_id} at {format_address(moved.address)}"
+                log.info("next stage is now %s", hop_text)
+                continue
+            log.warning("assignment changed (%s -> %s); rebuilding", assignment, beat.assignment)
             break
     return identity, serving
+
+
+def only_next_hop_moved(old: Assignment, new: Assignment | None) -> Hop | None:
+    """The new next hop when an assignment changed in nothing else, else None (pure)."""
+    if new is None or old.next_hop is None or new.next_hop is None:
+        return None
+    if replace(new, next_hop=old.next_hop) != old:
+        return None
+    try:
+        return Hop(new.next_hop.node_id, parse_address(new.next_hop.address))
+    except ConfigError:
+        return None  # an address that cannot be dialled: rebuild and report it there
 
 
 async def _finish_sessions(

@@ -93,6 +93,25 @@ class Downstream:
         """A session ended here and the next stage learns it otherwise: do not resend it."""
         self._replay.forget(session)
 
+    def retarget(self, hop: Hop) -> tuple[str, ...]:
+        """Send to another next stage from now on (the coordinator replaced the one
+        there); return the sessions that ran through the old one: their state is on
+        that stage, so they cannot go on here (the client replays them elsewhere)."""
+        if hop == self.hop:
+            return ()
+        self.hop = hop
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close("next stage replaced")
+        sessions = self._replay.sessions
+        for name in sessions:
+            self._replay.forget(name)
+        self._backlog.clear()
+        self.relinks_pending = False
+        return sessions
+
     def _ensure_connecting(self) -> None:
         if self._closing or (self._connecting is not None and not self._connecting.done()):
             return

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.config import WorkerConfig
+from app.config import Hop, WorkerConfig
 from app.serving.calibration import calibrated_row_budget
 from app.serving.downstream import Dialer, Downstream
 from app.serving.session_rules import Action as RuleAction
@@ -52,7 +52,7 @@ from app.serving.session_rules import Event as RuleEvent
 from app.wire_convert import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
 from core.draft_acceptance import accept_drafts
-from core.errors import CoreError
+from core.errors import CoreError, PositionError
 from core.sampling import make_rng, sample
 from core.scheduling import Queued, select_batch
 from core.stage import Stage, StepFailure, StepRequest, StepResult
@@ -194,6 +194,17 @@ class StageWorker:
             return {}
         ms = await self._downstream.measure_rtt()
         return {} if ms is None else {self._downstream.hop.node_id: ms}
+
+    def retarget(self, hop: Hop) -> bool:
+        """Forward to another next stage without reloading this one (the coordinator put
+        a spare where the next stage was). Sessions that ran through the old one fail
+        with a typed error (their client replays them on the new chain). False when this
+        stage has no next hop to move (the caller rebuilds instead)."""
+        if self._downstream is None:
+            return False
+        for name in self._downstream.retarget(hop):
+            self._fail(name, ErrorCode.STAGE_ERROR, "next stage replaced", forward_close=False)
+        return True
 
     def update_credentials(self, creds: NodeCredentials) -> None:
         """Serve and dial with a renewed certificate from now on."""
@@ -413,7 +424,11 @@ class StageWorker:
         if session is None:
             return  # closed while computing
         if isinstance(result, StepFailure):
-            self._fail(p.step.session, ErrorCode.STAGE_ERROR, str(result.error))
+            # Rows that do not continue the cache (this stage restarted, its KV is gone):
+            # a typed code the client answers by replaying, never a guess.
+            missing = isinstance(result.error, PositionError)
+            code = ErrorCode.MISSING_POSITIONS if missing else ErrorCode.STAGE_ERROR
+            self._fail(p.step.session, code, str(result.error))
             return
         self.stats.steps += 1
         timing = wire.StageTiming(

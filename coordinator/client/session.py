@@ -163,8 +163,12 @@ class CoordinatorClient:
         doc = _call(self.session, "GET", self.url(c.ASSIGNMENT.format(node_id=self.node_id)))
         return Assignment.from_json(doc) if isinstance(doc, dict) else None
 
-    def route(self, model: str = "default") -> RouteAnswer:
-        doc = _call(self.session, "GET", self.url(c.ROUTE), params={"model": model})
+    def route(self, model: str = "default", avoid: tuple[str, ...] = ()) -> RouteAnswer:
+        """The current route; with `avoid`, only one that none of those nodes is in."""
+        params: dict[str, str | list[str]] = {"model": model}
+        if avoid:
+            params["avoid"] = list(avoid)
+        doc = _call(self.session, "GET", self.url(c.ROUTE), params=params)
         return RouteAnswer.from_json(doc)
 
     def manifest(self, manifest_url: str) -> Manifest:

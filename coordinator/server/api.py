@@ -392,8 +392,13 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return coord.revoked_serials()
 
     @app.get(c.ROUTE, response_model=RouteAnswer, tags=["nodes"], responses=_errors(401, 404))
-    def route(_who: NodeId, model: str = "default") -> RouteAnswer:
-        return coord.route(model)
+    def route(
+        _who: NodeId,
+        model: str = "default",
+        avoid: Annotated[list[str] | None, Query()] = None,
+    ) -> RouteAnswer:
+        # A client that found stages dead asks around them (at most 16 ids are read).
+        return coord.route(model, tuple(a[:64] for a in (avoid or [])[:16]))
 
     @app.get(c.MANIFEST, tags=["nodes"], responses=_errors(401, 404))
     def manifest(name: str, _who: NodeId) -> Response:

@@ -39,6 +39,7 @@ from coordinator.server.invite_book import (
     revoke_invite,
 )
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan
+from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
 from coordinator.server.routes import StageLoad, pick_chain, plan_chains
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from core.manifest import Manifest
@@ -144,12 +145,18 @@ class Coordinator:
         """The main chain (`_plan`) and any more complete chains, in placement order."""
         self._handed: list[int] = []
         """Routes handed out per chain since its first stage's last heartbeat."""
+        self._kept: Plan | None = plan_from_json(store.get_setting(PLAN_SETTING))
+        """The last good main chain: where the next re-plan starts, after a failed one or
+        a restart, so that assignments stay put (coordinator/server/plan_store.py)."""
         self._plan_error: str | None = None
         self._plan_inputs: tuple[Any, ...] = ()
         self._signals: dict[str, list[Signal]] = {}
         self._paused: dict[str, str] = {}
         """Nodes that said they are paused, and why. Kept in memory: a paused node says so
         in every heartbeat, so a restarted coordinator learns it again within seconds."""
+        self.started_at = utcnow()
+        self._suspects: set[str] = set()
+        """Nodes a client found unreachable mid-answer (cleared by their next heartbeat)."""
         store.set_setting(CA_CERT, self.ca_pem)
 
     # ------------------------------------------------------------ invites
@@ -271,6 +278,8 @@ class Coordinator:
     def heartbeat(self, node_id: str, beat: Heartbeat) -> Assignment | None:
         """Record what an (already authenticated) node reports; return its assignment."""
         now = utcnow()
+        with self._lock:
+            self._suspects.discard(node_id)  # it speaks: whoever could not reach it, it lives
         if beat.paused:
             self._paused_beat(node_id, beat, now)
             return None  # out of the plan: no stage
@@ -330,7 +339,11 @@ class Coordinator:
             return "revoked"
         if node.last_seen is None:
             return "joined"
-        age = ((now or utcnow()) - as_utc(node.last_seen)).total_seconds()
+        # Silence counts from when this process could hear it: after a restart every
+        # node gets a full timeout to heartbeat again, instead of all looking gone and
+        # the plan being torn down (a re-plan storm).
+        seen = max(as_utc(node.last_seen), self.started_at)
+        age = ((now or utcnow()) - seen).total_seconds()
         if age > self.settings.dead_after_s:
             return "gone"
         if age > self.settings.stale_after_s:
@@ -347,13 +360,17 @@ class Coordinator:
         now = utcnow()
         with self._lock:
             paused = set(self._paused)
+            suspects = set(self._suspects)
         workers = [
             n
             for n in self.nodes()
             if n.role == "worker"
             and n.address
             and n.node_id not in paused
-            and self.health(n, now) in ("healthy", "stale")
+            and (
+                self.health(n, now) == "healthy"
+                or (self.health(n, now) == "stale" and n.node_id not in suspects)
+            )
         ]
         infos = tuple(
             NodeInfo(n.node_id, placement_capacity(n), healthy=True, address=n.address)
@@ -377,7 +394,7 @@ class Coordinator:
                     infos,
                     max_chains=self.settings.max_chains,
                     rtt_ms=self.store.rtt_map(),
-                    previous=self._chains,
+                    previous=self._chains or ([self._kept] if self._kept else []),
                     sessions_per_stage=self.settings.sessions_per_stage,
                     context_tokens=self.settings.context_tokens,
                     spares=self.settings.spares,
@@ -386,6 +403,9 @@ class Coordinator:
                 if [c.node_ids for c in chains] != [c.node_ids for c in self._chains]:
                     self._handed = [0] * len(chains)
                 self._chains, self._plan, self._plan_error = chains, chains[0], None
+                if self._kept is None or self._kept.stages != self._plan.stages:
+                    self.store.set_setting(PLAN_SETTING, plan_to_json(self._plan))
+                self._kept = self._plan
             except PlacementError as exc:
                 self._plan, self._plan_error = None, str(exc)
                 self._chains, self._handed = [], []
@@ -423,9 +443,16 @@ class Coordinator:
             context_tokens=self.settings.context_tokens,
         )
 
-    def route(self, model: str) -> RouteAnswer:
+    def route(self, model: str, avoid: tuple[str, ...] = ()) -> RouteAnswer:
+        """The current chain; with `avoid` (stages a client found dead mid-answer), only
+        a chain without them. A reported node already silent past `stale_after_s` leaves
+        the plan at once instead of at `dead_after_s`: its spare takes over sooner, and
+        a node that still heartbeats cannot be pushed out by a client's report."""
         if model not in (self.model.name, "default"):
             raise NotFound(f"this swarm serves {self.model.name!r}, not {model!r}")
+        if avoid:
+            with self._lock:
+                self._suspects.update(avoid)
         current = self.replan()
         if current is None:
             raise NotFound(f"no route yet: {self._plan_error or 'no plan'}")
@@ -433,14 +460,23 @@ class Coordinator:
         addresses = {k: n.address for k, n in nodes.items()}
         with self._lock:
             chains = self._chains or [current]
-            if len(chains) > 1 and len(self._handed) == len(chains):
+            # Only chains without a stage the client found dead.
+            usable = [i for i, c in enumerate(chains) if not set(c.node_ids) & set(avoid)]
+            if not usable:
+                blocked = sorted({st.node_id for st in current.stages} & set(avoid))
+                raise NotFound(
+                    f"no route avoiding {', '.join(blocked)} yet: waiting for a re-plan"
+                )
+            pick = usable[0]
+            if len(usable) > 1 and len(self._handed) == len(chains):
                 loads = [
-                    [_stage_load(nodes.get(st.node_id)) for st in chain.stages]
-                    for chain in chains
+                    [_stage_load(nodes.get(st.node_id)) for st in chains[i].stages]
+                    for i in usable
                 ]
-                pick = pick_chain(loads, self._handed)
+                pick = usable[pick_chain(loads, [self._handed[i] for i in usable])]
+            if len(self._handed) == len(chains):
                 self._handed[pick] += 1
-                current = chains[pick]
+            current = chains[pick]
         stages = tuple(
             RouteStage(st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
             for st in current.stages

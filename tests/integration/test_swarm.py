@@ -169,7 +169,7 @@ def test_bad_frames_from_an_authenticated_peer_close_only_that_session(
     got, tokens = asyncio.run(scenario())
     errors = {f.session: f.code for f in got if isinstance(f, wire.Error)}
     assert errors.get("nobody") == ErrorCode.NOT_OWNER
-    assert errors.get("s1") == ErrorCode.STAGE_ERROR  # positions out of order, typed by the stage
+    assert errors.get("s1") == ErrorCode.MISSING_POSITIONS  # rows not continuing the cache
     assert errors.get("s2") == ErrorCode.BAD_SHAPE
     assert len(tokens) == 4
 

@@ -1,0 +1,261 @@
+"""A swarm client whose answers survive a stage dying mid-way (the shell of
+`app.client.recovery`, which decides).
+
+It wraps one `SwarmClient` at a time. When a generation fails, it probes every stage of
+the route (a short dial each: a killed worker's port answers nothing), asks the
+policy what to do, asks the route source for a route avoiding the dead stages (the
+coordinator offers one once it re-planned around them), connects a fresh client on it
+and replays the tokens so far (prompt + generated) as a new session. The caller's
+stream goes on with the next token: a pause, never an error, while a replacement exists.
+Each recovery's stall (failure noticed -> next token) is kept in `stalls`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from app.client.recovery import (
+    Decision,
+    RecoveryPolicy,
+    Verdict,
+    classify,
+    decide,
+)
+from app.client.swarm_client import DEFAULT_CHUNK, ChannelDialer, SwarmClient, TokenEvent
+from app.config import Route
+from app.errors import AppError, ClientError, RouteUnavailable, StageFailed
+from coordinator.errors import CoordinatorError
+from core.types import SamplingParams
+from net.channel import NodeCredentials, connect_channel
+from net.errors import NetError
+from net.quic import QuicTuning
+from net.tensors import WireDtype
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLICY = RecoveryPolicy()
+
+RouteSource = Callable[[tuple[str, ...]], Awaitable[Route]]
+"""(node ids to avoid) -> a route without them; raises AppError while there is none."""
+
+
+class StageDead(RouteUnavailable):
+    """A stage of the route stopped answering dials while an answer waited on it."""
+
+    def __init__(self, dead: tuple[str, ...]) -> None:
+        super().__init__(f"stage {', '.join(dead)} stopped answering")
+        self.dead = dead
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One answer's recovery, for logs, tests and the soak report."""
+
+    failure: str
+    dead: tuple[str, ...]
+    replayed: int
+    """Positions replayed on the new chain."""
+    stall_s: float
+    """Failure noticed -> first token on the new chain."""
+    route: tuple[str, ...] = field(default=())
+
+
+class RecoveringClient:
+    def __init__(
+        self,
+        creds: NodeCredentials,
+        route: Route,
+        route_source: RouteSource,
+        policy: RecoveryPolicy = DEFAULT_POLICY,
+        tuning: QuicTuning = QuicTuning(),
+        dialer: ChannelDialer | None = None,
+        step_timeout: float | None = None,
+    ) -> None:
+        self.creds = creds
+        self.route = route
+        self.policy = policy
+        self._route_source = route_source
+        self._tuning = tuning
+        self._dialer = dialer
+        self._step_timeout = policy.step_timeout_s if step_timeout is None else step_timeout
+        self._client = self._make(route)
+        self.recoveries: list[Recovery] = []
+
+    def _make(self, route: Route) -> SwarmClient:
+        return SwarmClient(
+            self.creds, route, self._tuning, step_timeout=self._step_timeout, dialer=self._dialer
+        )
+
+    @property
+    def stalls(self) -> list[float]:
+        return [r.stall_s for r in self.recoveries]
+
+    async def connect(self) -> None:
+        await self._client.connect()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self) -> RecoveringClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def generate(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+        wire_dtype: WireDtype = WireDtype.F32,
+        chunk: int = DEFAULT_CHUNK,
+        is_end: Callable[[int], bool] = lambda _t: False,
+    ) -> AsyncIterator[TokenEvent]:
+        """`SwarmClient.generate`, continued on a replacement chain when a stage dies."""
+        produced: list[int] = []
+        recoveries = 0
+        pending: tuple[Decision, float, str, tuple[str, ...]] | None = None
+        while True:
+            history = [*prompt, *produced]
+            try:
+                async for event in self._watched(
+                    self._client.generate(
+                        history, max_tokens - len(produced), sampling, wire_dtype, chunk, is_end
+                    )
+                ):
+                    if pending is not None:
+                        decision, noticed, failure, dead = pending
+                        stall = time.monotonic() - noticed
+                        self.recoveries.append(
+                            Recovery(
+                                failure,
+                                dead,
+                                decision.replay_tokens,
+                                stall,
+                                tuple(s.node_id for s in self.route.stages),
+                            )
+                        )
+                        log.warning(
+                            "answer resumed on %s after %.2f s (%d positions replayed)",
+                            " -> ".join(s.node_id for s in self.route.stages),
+                            stall,
+                            decision.replay_tokens,
+                        )
+                        pending = None
+                    produced.extend(event.tokens)
+                    yield event
+                return
+            except (ClientError, NetError) as exc:
+                noticed = time.monotonic()
+                code = exc.error_code if isinstance(exc, StageFailed) else None
+                if isinstance(exc, StageDead):
+                    dead = exc.dead
+                else:
+                    # Stages it still has a link to are alive; dialling them again would
+                    # move their replies off that link (the last stage sends TOKENS on
+                    # a client's newest link).
+                    dead = await self._probe(self.route, skip=self._client.linked)
+                decision = decide(
+                    classify(code, bool(dead)), recoveries, dead, len(history), self.policy
+                )
+                log.warning("answer broke (%s); dead stages %s: %s", exc, dead, decision.verdict)
+                if decision.verdict is Verdict.GIVE_UP:
+                    raise
+                recoveries += 1
+                if pending is not None:  # broke again before a token came: one long stall
+                    noticed, failure = pending[1], f"{pending[2]}; then {exc}"
+                    dead = tuple(dict.fromkeys([*pending[3], *dead]))
+                else:
+                    failure = str(exc)
+                await self._switch(decision, exc)
+                pending = (decision, noticed, failure, dead)
+
+    async def _watched(self, stream: AsyncIterator[TokenEvent]) -> AsyncIterator[TokenEvent]:
+        """`stream`, probing the route whenever an answer is `probe_after_s` late: a dead
+        stage ends the wait at once (`StageDead`) instead of at the step deadline, and
+        a stage that is merely slow is waited for."""
+        try:
+            while True:
+                nxt = asyncio.ensure_future(anext(stream))
+                while True:
+                    done, _ = await asyncio.wait({nxt}, timeout=self.policy.probe_after_s)
+                    if done:
+                        break
+                    dead = await self._probe(self.route, skip=self._client.linked)
+                    if dead:
+                        nxt.cancel()
+                        with contextlib.suppress(BaseException):
+                            await nxt
+                        raise StageDead(dead)
+                try:
+                    event = nxt.result()
+                except StopAsyncIteration:
+                    return
+                yield event
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+
+    async def _probe(self, route: Route, skip: frozenset[str] = frozenset()) -> tuple[str, ...]:
+        """The stages of `route` outside `skip` that cannot be dialled now (in parallel,
+        briefly)."""
+
+        async def dead(node_id: str, address: tuple[str, int]) -> bool:
+            try:
+                if self._dialer is not None:
+                    channel = await asyncio.wait_for(
+                        self._dialer(node_id, address), self.policy.probe_timeout_s
+                    )
+                else:
+                    channel = await connect_channel(
+                        address, self.creds, node_id, self._tuning, self.policy.probe_timeout_s
+                    )
+            except (NetError, OSError, TimeoutError):
+                return True
+            channel.close("probe done")
+            return False
+
+        stages = [s for s in route.stages if s.node_id not in skip]
+        found = await asyncio.gather(*(dead(s.node_id, s.address) for s in stages))
+        return tuple(s.node_id for s, gone in zip(stages, found, strict=True) if gone)
+
+    async def _switch(self, decision: Decision, error: Exception) -> None:
+        """Close the broken client and connect one on a route the decision allows."""
+        with contextlib.suppress(Exception):
+            await self._client.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.policy.route_wait_s
+        last: Exception = error
+        while loop.time() < deadline:
+            try:
+                route = (
+                    self.route
+                    if decision.verdict is Verdict.REPLAY and not decision.avoid
+                    else await self._route_source(decision.avoid)
+                )
+                if any(s.node_id in decision.avoid for s in route.stages):
+                    raise RouteUnavailable("the route still passes through a dead stage")
+                # A spare the coordinator just placed may still be loading: replaying
+                # before it listens would only fail again.
+                old = frozenset(s.node_id for s in self.route.stages) - set(decision.avoid)
+                waiting = await self._probe(route, skip=old)
+                if waiting:
+                    raise RouteUnavailable(f"{', '.join(waiting)} not serving yet")
+                client = self._make(route)
+                await client.connect()
+            except (AppError, CoordinatorError, NetError, OSError, TimeoutError) as exc:
+                last = exc
+                await asyncio.sleep(0.5)
+                continue
+            self._client, self.route = client, route
+            return
+        raise RouteUnavailable(
+            f"no route avoiding {', '.join(decision.avoid) or 'the failed stage'} "
+            f"within {self.policy.route_wait_s:.0f} s: {last}"
+        ) from error

@@ -1,0 +1,128 @@
+"""What a client does when an answer breaks mid-way: a pure policy, no IO, no clock.
+
+A generation that fails (an ERROR relayed up the chain, a stage that cannot be reached
+again, the step deadline) is not lost while the swarm has a replacement for the stage
+that broke: the client asks the coordinator for a route that avoids the dead stage and
+replays the session's tokens so far (prompt + generated) on it as a fresh session, in
+chunks; the new chain's last stage then samples the next position exactly where the old
+one stopped. `app.client.recovering.RecoveringClient` feeds each failure here and does
+what `decide` says:
+
+    failure                                  attempts left   verdict
+    ---------------------------------------  --------------  ---------------------------
+    the client's own fault (BAD_VALUE, ...)  -               GIVE_UP (re-sending fails
+                                                             the same way)
+    a stage of the route is unreachable      yes             REROUTE avoiding it, replay
+    a stage reported it lacks positions or   yes             REPLAY on the same route
+      the session (it restarted, no KV)                      (a fresh session)
+    anything else (STAGE_ERROR, timeout,     yes             REROUTE (avoid what the
+      OVERLOADED, link lost)                                 probe found dead), replay
+    any                                      no              GIVE_UP
+
+Replaying as a fresh session (not resuming the old one) keeps every stage's rules simple
+and its KV consistent: a stage never mixes positions computed along two chains. Stages
+drop the old session by its CLOSE or, where the link is gone, by their resume grace.
+Greedy answers equal the uninterrupted run; a seeded sampler starts its stream again at
+the replay (documented, not hidden: `exact_for` says which answers are exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from core.types import SamplingParams
+from net.errors import ErrorCode
+
+
+class Verdict(Enum):
+    REPLAY = "replay on the same route"
+    REROUTE = "ask for a route avoiding the dead stages, then replay"
+    GIVE_UP = "give up: raise the error"
+
+
+class FailureKind(Enum):
+    CLIENT_FAULT = "the request itself is wrong"
+    MISSING_STATE = "a stage lacks the session's positions (restarted)"
+    UNREACHABLE = "a stage of the route cannot be reached"
+    STAGE = "a stage failed or went silent"
+
+
+CLIENT_FAULTS = frozenset(
+    {
+        ErrorCode.MALFORMED,
+        ErrorCode.UNSUPPORTED_VERSION,
+        ErrorCode.TOO_LARGE,
+        ErrorCode.BAD_DTYPE,
+        ErrorCode.BAD_SHAPE,
+        ErrorCode.BAD_VALUE,
+        ErrorCode.NOT_OWNER,
+        ErrorCode.UNAUTHENTICATED,
+    }
+)
+"""Codes that say the request is wrong, not the stage: replaying it would fail again."""
+
+MISSING_STATE = frozenset({ErrorCode.UNKNOWN_SESSION, ErrorCode.MISSING_POSITIONS})
+
+
+def classify(code: ErrorCode | None, unreachable: bool) -> FailureKind:
+    """The kind of a failure: the wire code of an ERROR (None for a timeout or a lost
+    link) and whether a stage of the route was found unreachable."""
+    if code in CLIENT_FAULTS:
+        return FailureKind.CLIENT_FAULT
+    if unreachable:
+        return FailureKind.UNREACHABLE
+    if code in MISSING_STATE:
+        return FailureKind.MISSING_STATE
+    return FailureKind.STAGE
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    max_recoveries: int = 6
+    """Replays per answer; one more failure after that is raised."""
+    route_wait_s: float = 90.0
+    """How long to wait for the coordinator to offer a route avoiding a dead stage
+    (it re-plans once the stage misses its heartbeats, and the spare loads)."""
+    probe_timeout_s: float = 3.0
+    """How long one dial may take when probing which stage of the route is dead."""
+    probe_after_s: float = 2.0
+    """An answer this late makes the client probe the route's stages (a short dial to
+    each it has no link to); a dead one ends the wait at once."""
+    step_timeout_s: float = 40.0
+    """The step deadline while recovering is allowed (a silent chain must be noticed)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    avoid: tuple[str, ...] = ()
+    """Node ids the next route must not contain."""
+    replay_tokens: int = 0
+    """Positions to replay (prompt + generated so far); generation resumes after them."""
+
+
+def decide(
+    kind: FailureKind,
+    recoveries: int,
+    dead: Sequence[str],
+    n_tokens: int,
+    policy: RecoveryPolicy,
+) -> Decision:
+    """What to do after a failure: `recoveries` done so far for this answer, `dead` the
+    stages a probe found unreachable now, `n_tokens` the session's tokens so far (prompt
+    + generated). Only what is dead now is avoided: a stage that was down during an
+    earlier failure and serves again (a spare that was still loading) is usable."""
+    if kind is FailureKind.CLIENT_FAULT or recoveries >= policy.max_recoveries:
+        return Decision(Verdict.GIVE_UP)
+    avoid = tuple(dict.fromkeys(dead))
+    if kind is FailureKind.MISSING_STATE:
+        return Decision(Verdict.REPLAY, avoid, n_tokens)
+    return Decision(Verdict.REROUTE, avoid, n_tokens)
+
+
+def exact_for(sampling: SamplingParams) -> bool:
+    """Whether a replayed answer equals the uninterrupted one token for token: greedy
+    decoding depends only on the tokens; a sampler's random stream restarts."""
+    return sampling.temperature <= 0.0

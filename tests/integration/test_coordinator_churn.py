@@ -1,0 +1,147 @@
+"""The coordinator under churn, over its real HTTP API and SQLite: a client's report of a
+dead stage gets a route around it as soon as that stage is silent past stale_after_s (a
+stage that still heartbeats cannot be pushed out), and a restarted coordinator keeps
+every assignment where it was (no re-plan storm)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from fastapi.testclient import TestClient
+
+from coordinator import invites as inv
+from coordinator.server.api import ADMIN_TOKEN, create_app
+from coordinator.server.service import Coordinator, HostedModel, Settings, hash_token
+from coordinator.server.store import Node, Store, migrate
+from core.gguf_slices import slice_model
+from net import auth
+
+pytestmark = pytest.mark.integration
+
+ADMIN = "admin-token-for-churn"
+SETTINGS = Settings(min_stages=3, spares=1, stale_after_s=30, dead_after_s=60)
+
+
+@pytest.fixture(scope="module")
+def pieces(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    out = tmp_path_factory.mktemp("pieces")
+    return out, slice_model(tiny_llama, out)
+
+
+def _coordinator(url: str, ca: auth.CertifiedKey, pieces: tuple[Path, object]) -> Coordinator:
+    directory, manifest = pieces
+    c = Coordinator(
+        Store(url),
+        ca,
+        "https://127.0.0.1:8443",
+        HostedModel("tiny", directory, manifest),  # type: ignore[arg-type]
+        SETTINGS,
+    )
+    c.store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
+    return c
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    migrate(url)
+    yield url
+
+
+def _join(http: TestClient, role: str) -> dict[str, str]:
+    r = http.post(
+        "/api/v1/invites",
+        json={"role": role, "uses": 1, "expires": "1d"},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    )
+    secret = inv.InviteCode.decode(str(r.json()["code"])).secret
+    key = auth.new_private_key()
+    csr = auth.make_csr(key, "me").public_bytes(serialization.Encoding.PEM).decode()
+    joined = http.post("/api/v1/join", json={"secret": secret, "csr_pem": csr})
+    assert joined.status_code == 200, joined.text
+    return dict(joined.json())
+
+
+def _h(node: dict[str, str]) -> dict[str, str]:
+    return {"X-Sangama-Node": node["node_id"], "Authorization": f"Bearer {node['token']}"}
+
+
+def _beat(http: TestClient, node: dict[str, str], port: int) -> object:
+    r = http.post(
+        f"/api/v1/nodes/{node['node_id']}/heartbeat",
+        headers=_h(node),
+        json={"address": f"127.0.0.1:{port}", "capacity_bytes": 8 << 30},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["assignment"]
+
+
+def _chain(
+    http: TestClient, client: dict[str, str], avoid: list[str] | None = None
+) -> tuple[int, Any]:
+    r = http.get("/api/v1/route", headers=_h(client), params={"avoid": avoid or []})
+    return r.status_code, (
+        [s["node_id"] for s in r.json()["stages"]] if r.status_code == 200 else r.json()
+    )
+
+
+def _silence(url: str, node_id: str, seconds: float) -> None:
+    store = Store(url)
+    with store.session() as s:
+        row = s.get(Node, node_id)
+        assert row is not None
+        row.last_seen = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    store.close()
+
+
+def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
+    db: str, pieces: tuple[Path, object]
+) -> None:
+    ca = auth.create_ca("churn-swarm")
+    coord = _coordinator(db, ca, pieces)
+    http = TestClient(create_app(coord), base_url="https://testserver")
+    workers = [_join(http, "worker") for _ in range(3)]
+    for i, w in enumerate(workers):
+        _beat(http, w, 7100 + i)
+    spare = _join(http, "worker")
+    assert _beat(http, spare, 7199) is None  # the chain exists: the newcomer is the spare
+    client = _join(http, "client")
+    status, chain = _chain(http, client)
+    assert status == 200 and isinstance(chain, list) and len(chain) == 3
+    middle = chain[1]
+
+    # A client reports the middle stage dead while it still heartbeats: refused, kept.
+    status, answer = _chain(http, client, [middle])
+    assert status == 404 and "avoiding" in str(answer)
+    assert _chain(http, client)[1] == chain
+
+    # Silent past stale_after_s (but not yet dead_after_s) and reported: out at once, the
+    # spare takes exactly its place; the other stages keep theirs.
+    _silence(db, middle, SETTINGS.stale_after_s + 1)
+    coord.started_at -= dt.timedelta(minutes=5)  # it has been up long enough to tell
+    status, rerouted = _chain(http, client, [middle])
+    assert status == 200 and isinstance(rerouted, list)
+    assert rerouted == [chain[0], spare["node_id"], chain[2]]
+    before = {
+        w["node_id"]: _beat(http, w, 7100 + i)
+        for i, w in enumerate(workers)
+        if w["node_id"] != middle
+    }
+    coord.store.close()
+
+    # The coordinator restarts (same database): every assignment stays where it was.
+    again = _coordinator(db, ca, pieces)
+    http2 = TestClient(create_app(again), base_url="https://testserver")
+    after = {
+        w["node_id"]: _beat(http2, w, 7100 + i)
+        for i, w in enumerate(workers)
+        if w["node_id"] != middle
+    }
+    assert after == before
+    assert _chain(http2, client)[1] == rerouted
+    again.store.close()

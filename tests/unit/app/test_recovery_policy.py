@@ -1,0 +1,61 @@
+"""The client's recovery policy (app/client/recovery.py): each rule of its table."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.client.recovery import (
+    FailureKind,
+    RecoveryPolicy,
+    Verdict,
+    classify,
+    decide,
+    exact_for,
+)
+from core.types import SamplingParams
+from net.errors import ErrorCode
+
+POLICY = RecoveryPolicy(max_recoveries=3)
+
+
+@pytest.mark.parametrize(
+    ("code", "unreachable", "kind"),
+    [
+        (ErrorCode.BAD_VALUE, True, FailureKind.CLIENT_FAULT),  # our fault even if one died
+        (ErrorCode.NOT_OWNER, False, FailureKind.CLIENT_FAULT),
+        (ErrorCode.STAGE_ERROR, True, FailureKind.UNREACHABLE),
+        (None, True, FailureKind.UNREACHABLE),
+        (ErrorCode.MISSING_POSITIONS, False, FailureKind.MISSING_STATE),
+        (ErrorCode.UNKNOWN_SESSION, False, FailureKind.MISSING_STATE),
+        (ErrorCode.OVERLOADED, False, FailureKind.STAGE),
+        (None, False, FailureKind.STAGE),
+    ],
+)
+def test_classify(code: ErrorCode | None, unreachable: bool, kind: FailureKind) -> None:
+    assert classify(code, unreachable) is kind
+
+
+def test_a_dead_stage_is_avoided_and_everything_so_far_replayed() -> None:
+    d = decide(FailureKind.UNREACHABLE, 0, ("b", "b"), 11, POLICY)
+    assert d.verdict is Verdict.REROUTE and d.avoid == ("b",) and d.replay_tokens == 11
+
+
+def test_a_restarted_stage_gets_a_replay_on_the_same_route() -> None:
+    d = decide(FailureKind.MISSING_STATE, 1, (), 30, POLICY)
+    assert d.verdict is Verdict.REPLAY and d.avoid == () and d.replay_tokens == 30
+
+
+def test_a_stage_failure_without_a_dead_stage_reroutes_without_avoiding_anyone() -> None:
+    d = decide(FailureKind.STAGE, 0, (), 7, POLICY)
+    assert d.verdict is Verdict.REROUTE and d.avoid == ()
+
+
+def test_gives_up_on_its_own_fault_and_after_the_last_recovery() -> None:
+    assert decide(FailureKind.CLIENT_FAULT, 0, (), 5, POLICY).verdict is Verdict.GIVE_UP
+    assert decide(FailureKind.UNREACHABLE, 3, ("b",), 5, POLICY).verdict is Verdict.GIVE_UP
+    assert decide(FailureKind.UNREACHABLE, 2, ("b",), 5, POLICY).verdict is Verdict.REROUTE
+
+
+def test_only_greedy_answers_are_exact_after_a_replay() -> None:
+    assert exact_for(SamplingParams())
+    assert not exact_for(SamplingParams(temperature=0.7, seed=3))
