@@ -46,6 +46,17 @@ engine-native: $(STAMP)
 	    "$$($(PYTHON) $(ENGINE) --native --print-wheel)"
 	.venv-native/bin/python -m pip install --quiet -e .
 
+# The Debian package of the desktop app: Briefcase's `linux system` target with the
+# project's own template (installers/README.md). Prints the .deb's path (in dist/).
+.PHONY: installer-linux test-installer
+installer-linux: $(STAMP)
+	$(BIN)/python installers/linux/build.py \
+	    --engine-wheel "$$($(PYTHON) $(ENGINE) $(ENGINE_GPU) --print-wheel)"
+
+# That package installed into a clean Debian 12 root and used there (root; minutes).
+test-installer: $(STAMP)
+	$(BIN)/python -m pytest -m installer tests/installer
+
 $(STAMP): pyproject.toml $(ENGINE)
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
 	$(PYTHON) $(ENGINE) $(ENGINE_GPU)

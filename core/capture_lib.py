@@ -6,6 +6,10 @@ per process and gave each process its own copy). Two processes starting together
 a file lock; the loser waits and then loads what the winner built. The compiler writes
 to a unique temporary name that is renamed into place, so a half-written library is
 never visible under the final name.
+
+Installers compile it at packaging time instead (installers/linux/build.py) and ship it
+in `core/prebuilt/`, named after the source's digest; a shipped library for this very
+source is used first, so the volunteer's PC needs no C compiler.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from core.backends import lib_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["capture_lib_path", "load_capture_lib"]
+__all__ = ["capture_lib_path", "load_capture_lib", "prebuilt_capture_lib", "prebuilt_name"]
 
 _SOURCE = "csrc/capture_cb.c"
 _lock = threading.Lock()
@@ -40,6 +44,18 @@ _error: str | None = None
 
 def _source() -> bytes:
     return resources.files("core").joinpath(_SOURCE).read_bytes()
+
+
+def prebuilt_name() -> str:
+    """The file name an installer gives the library it compiled from this source."""
+    suffix = ".dll" if sys.platform == "win32" else ".so"
+    return f"capture_cb-{hashlib.sha256(_source()).hexdigest()[:16]}{suffix}"
+
+
+def prebuilt_capture_lib() -> Path | None:
+    """The library an installer shipped for this source, if there is one."""
+    path = Path(str(resources.files("core").joinpath("prebuilt", prebuilt_name())))
+    return path if path.is_file() else None
 
 
 def capture_lib_path(cache_dir: Path | None = None) -> Path:
@@ -111,7 +127,7 @@ def load_capture_lib() -> Any:
         if _lib is None and _error is None:
             try:
                 ctypes.CDLL(str(lib_path("ggml-base")))  # the callback links against it
-                _lib = ctypes.CDLL(str(build_capture_lib()))
+                _lib = ctypes.CDLL(str(prebuilt_capture_lib() or build_capture_lib()))
             except OSError as exc:
                 _error = str(exc)
                 log.info("C capture callback unavailable (%s); using the Python callback", exc)

@@ -1,0 +1,368 @@
+"""The Debian package, built with Briefcase, installed into a clean Debian 12 and used.
+
+`make installer-linux` builds the .deb (cached by a digest of its inputs); a fresh
+mmdebstrap root gets it with `apt-get install` (every dependency from the Debian mirror,
+nothing from this tree); then, under Xvfb with a tray host, the installed `sangama-app`
+is started inside the root the way its menu entry starts it, and driven only through X
+events (xdotool): a right click on its tray icon, "Join a swarm...", the invite code typed
+into the join dialog. A coordinator and a second stage run outside the root; the app
+downloads its pieces, serves its stage, and answers a question typed into its chat
+window. Then `apt-get remove` takes the start-on-login entry with it, and `apt-get purge`
+with the documented marker (/etc/sangama/purge-user-data) takes the downloaded pieces.
+
+Screenshots of each step: artifacts/installer/. Figures (package size, install to
+serving): printed and written to artifacts/installer/figures.json.
+Needs root, mmdebstrap, Xvfb, openbox, tint2, xdotool, ImageMagick (.ci/run installs them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from app.lab.processes import Child, spawn_sangama
+from core.models import default_model_path
+from tests.installer.debian_root import USER, DebianRoot, base_tarball
+from tests.support.coordinator_proc import CoordinatorProcess
+
+pytestmark = [pytest.mark.installer]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ("mmdebstrap", "chroot", "Xvfb", "openbox", "tint2", "xdotool", "import", "ar")
+QUESTION = "What is the capital of France?"
+LIB = "/usr/lib/sangama"
+
+
+def build_deb() -> Path:
+    wheel = subprocess.run(
+        ["python3.11", str(ROOT / "installers/engine/build_wheel.py"), "--gpu", "vulkan",
+         "--print-wheel"], capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout.strip().splitlines()[-1]
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "installers/linux/build.py"), "--engine-wheel", wheel],
+        capture_output=True, text=True, cwd=ROOT, timeout=1500,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+def wait_for(what: str, pred: Callable[[], object], timeout: float, every: float = 0.5) -> object:
+    end = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+class Screen:
+    """Xvfb with openbox and tint2 (an XEmbed tray host), driven with xdotool."""
+
+    def __init__(self, display: str, shots: Path) -> None:
+        self.display = display
+        self.shots = shots
+        self.env = {**os.environ, "DISPLAY": display}
+        self.taken: list[Path] = []
+
+    def x(self, *args: str) -> str:
+        r = subprocess.run(["xdotool", *args], env=self.env, capture_output=True, text=True,
+                           timeout=60)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    def window(self, name: str) -> str:
+        """The id of the first mapped window whose title matches `name` (or "")."""
+        for wid in self.x("search", "--name", name).split():
+            if "IsViewable" in subprocess.run(
+                ["xwininfo", "-id", wid], env=self.env, capture_output=True, text=True
+            ).stdout:
+                return wid
+        return ""
+
+    def shoot(self, name: str, crop: tuple[int, int, int, int] | None = None) -> Path:
+        path = self.shots / f"{len(self.taken) + 1:02d}_{name}.png"
+        args = ["import", "-window", "root"]
+        if crop is not None:
+            x, y, w, h = crop
+            args += ["-crop", f"{w}x{h}+{max(0, x)}+{max(0, y)}", "+repage"]
+        subprocess.run([*args, str(path)], env=self.env, check=True, timeout=30)
+        self.taken.append(path)
+        return path
+
+    def geometry(self, wid: str) -> tuple[int, int, int, int]:
+        out = self.x("getwindowgeometry", "--shell", wid)
+        g = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        return int(g["X"]), int(g["Y"]), int(g["WIDTH"]), int(g["HEIGHT"])
+
+    def around(self, wid: str, margin: int = 30) -> tuple[int, int, int, int]:
+        x, y, w, h = self.geometry(wid)
+        return x - margin, y - margin - 20, w + 2 * margin, h + 2 * margin + 20
+
+
+@pytest.fixture
+def screen(tmp_path: Path, artifacts_dir: Path) -> Iterator[Screen]:
+    n = next(n for n in range(150, 199) if not Path(f"/tmp/.X11-unix/X{n}").exists()
+             and not Path(f"/tmp/.X{n}-lock").exists())
+    display = f":{n}"
+    log = (tmp_path / "x.log").open("wb")
+    procs = [subprocess.Popen(["Xvfb", display, "-screen", "0", "1280x800x24", "-nolisten",
+                               "tcp"], stdout=log, stderr=log)]
+    try:
+        wait_for("Xvfb", lambda: Path(f"/tmp/.X11-unix/X{n}").exists(), 15, 0.1)
+        env = {**os.environ, "DISPLAY": display}
+        procs.append(subprocess.Popen(["openbox"], env=env, stdout=log, stderr=log))
+        time.sleep(0.5)
+        procs.append(subprocess.Popen(["tint2"], env=env, stdout=log, stderr=log))
+        time.sleep(1.0)
+        yield Screen(display, artifacts_dir)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+
+
+@pytest.fixture
+def artifacts_dir() -> Path:
+    out = ROOT / "artifacts" / "installer"
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.png"):
+        old.unlink()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tools() -> None:
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (.ci/run installs them)")
+    if os.geteuid() != 0:
+        pytest.skip("chroot and mounts need root (CI runs as root)")
+
+
+async def _outside_stage(coord: CoordinatorProcess, work: Path) -> Child:
+    code = coord.admin.create_invite("worker")["code"]
+    args = ["worker", "--join", code, "--identity-dir", str(work / "outside-stage")]
+    return await spawn_sangama("outside", args, work / "outside.log", 600, wait_ready=False)
+
+
+def test_deb_installs_joins_serves_answers_and_uninstalls_cleanly(
+    tools: None, screen: Screen, artifacts_dir: Path, tmp_path: Path
+) -> None:
+    figures: dict[str, object] = {}
+    deb = build_deb()
+    figures["package_bytes"] = deb.stat().st_size
+    figures["package"] = deb.name
+    tarball = base_tarball()
+
+    model = default_model_path()
+    coord = CoordinatorProcess.start(tmp_path / "coordinator", model, min_stages=2)
+    loop = asyncio.new_event_loop()
+    outside: Child | None = None
+    app: subprocess.Popen[bytes] | None = None
+    where = Path(f"/tmp/sangama-deb-root-{os.getpid()}")
+    try:
+        with DebianRoot.unpacked(tarball, where) as root:
+            home = root.add_user()
+            # -- install: apt resolves the dependencies from the Debian mirror -----------
+            shutil.copy(deb, root.path / "tmp" / deb.name)
+            t0 = time.monotonic()
+            root.run(["apt-get", "update", "-qq"])
+            root.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                      f"/tmp/{deb.name}"], timeout=900)
+            installed_at = time.monotonic()
+            figures["install_seconds"] = round(installed_at - t0, 1)
+            (root.path / "tmp" / deb.name).unlink()
+            files = root.files_of("sangama")
+            for needed in ("/usr/bin/sangama", "/usr/bin/sangama-app",
+                           "/usr/share/applications/org.sangama.sangama.desktop",
+                           "/usr/share/icons/hicolor/64x64/apps/org.sangama.sangama.png"):
+                assert needed in files, needed
+            outside_policy = [f for f in files if not f.startswith(
+                ("/usr/lib/sangama", "/usr/bin/", "/usr/share/", "/."))
+                and f not in ("/usr", "/usr/lib", "/usr/bin")]
+            assert outside_policy == [], outside_policy
+            prebuilt = [f for f in files if "/core/prebuilt/capture_cb-" in f]
+            assert prebuilt, "the capture callback is not shipped prebuilt"
+            # no C compiler in the clean root, yet the shipped callback loads
+            assert root.run(["sh", "-c", "command -v cc gcc || true"]).stdout.strip() == ""
+            probe = root.run(_installed_python(
+                "from core.capture_lib import load_capture_lib, prebuilt_capture_lib\n"
+                "print(prebuilt_capture_lib(), load_capture_lib() is not None)"), user=USER)
+            assert "core/prebuilt/capture_cb-" in probe.stdout and "True" in probe.stdout, probe
+            help_text = root.run(["sangama", "--help"], user=USER).stdout
+            assert "usage" in help_text.lower()
+            desktop = (root.path / "usr/share/applications/org.sangama.sangama.desktop").read_text()
+            assert "Exec=/usr/bin/sangama-app" in desktop
+
+            # -- the tray app inside the root, as the menu entry starts it ----------------
+            outside = loop.run_until_complete(_outside_stage(coord, tmp_path))
+            app_log = (tmp_path / "app.log").open("wb")
+            app = subprocess.Popen(
+                root.command(["/usr/bin/sangama-app"], user=USER,
+                             env={"DISPLAY": screen.display, "QT_QPA_PLATFORM": "xcb",
+                                  "XDG_RUNTIME_DIR": f"/tmp/runtime-{USER}"}),
+                stdout=app_log, stderr=app_log,
+            )
+            tray = str(wait_for("the tray icon", lambda: screen.window("^Sangama$"), 120))
+            time.sleep(1.0)
+            tx, ty, tw, th = screen.geometry(tray)
+            screen.shoot("tray_icon_not_joined", (tx - 300, ty - 60, 420, 90))
+            started_at = time.monotonic()
+
+            # -- join through the dialog, opened from the tray menu ----------------------
+            screen.x("mousemove", "--window", tray, str(tw // 2), str(th // 2), "click", "3")
+            time.sleep(1.5)
+            screen.shoot("tray_menu", (tx - 320, ty - 300, 460, 330))
+            screen.x("key", "Up", "Up", "Up", "Return")  # Quit, Settings..., Join a swarm...
+            dialog = str(wait_for("the join dialog", lambda: screen.window("Join a Sangama"), 30))
+            code = coord.admin.create_invite("worker")["code"]
+            screen.x("windowactivate", "--sync", dialog)
+            screen.x("type", "--delay", "2", "--window", dialog, code)
+            time.sleep(1.0)
+            screen.shoot("join_dialog_code", screen.around(dialog))
+            screen.x("key", "--window", dialog, "Return")
+
+            pieces = home / ".cache" / "sangama"
+            seen_download = False
+            end = time.monotonic() + 600
+            while not _two_stages_serve(coord):
+                assert time.monotonic() < end, "no serving swarm; " + _app_tail(home, tmp_path)
+                assert app.poll() is None, _app_tail(home, tmp_path)
+                if not seen_download and pieces.exists() and any(pieces.rglob("*")):
+                    seen_download = True  # the tray's tooltip says what it fetches
+                    screen.x("mousemove", "--window", tray, str(tw // 2), str(th // 2))
+                    time.sleep(1.5)
+                    screen.shoot("tray_downloading", (tx - 420, ty - 80, 540, 110))
+                    screen.x("mousemove", "10", "10")
+                time.sleep(1.0)
+            serving_at = time.monotonic()
+            figures["install_to_serving_seconds"] = round(serving_at - t0, 1)
+            figures["start_to_serving_seconds"] = round(serving_at - started_at, 1)
+            assert any(pieces.rglob("*.gguf")), "no pieces downloaded into ~/.cache/sangama"
+            swarm = coord.admin.swarm()
+            staged = [n for n in swarm["nodes"] if n.get("n_layers")]
+            assert len(staged) == 2, swarm  # the root's stage and the outside one
+            screen.x("mousemove", "--window", tray, str(tw // 2), str(th // 2))
+            time.sleep(2.0)
+            screen.shoot("tray_serving", (tx - 420, ty - 80, 540, 110))
+
+            # -- a chat through the swarm, typed into the chat window ----------------------
+            screen.x("mousemove", "--window", tray, str(tw // 2), str(th // 2), "click", "3")
+            time.sleep(1.5)
+            # from the bottom: Quit, Settings..., Join..., Pause, Status, Open chat
+            screen.x("key", *["Up"] * 6, "Return")
+            chat = str(wait_for("the chat window", lambda: screen.window("Sangama chat"), 60))
+            screen.x("windowactivate", "--sync", chat)
+            screen.x("type", "--delay", "5", "--window", chat, QUESTION)
+            screen.x("key", "--window", chat, "ctrl+Return")
+            answer = str(wait_for("the answer", lambda: _answer(home), 240, 1.0))
+            time.sleep(1.0)
+            screen.shoot("chat_answer", screen.around(chat))
+            figures["answer"] = answer
+            print(f"ANSWER {answer!r}")
+
+            # -- start on login, then remove: the entry goes with the package --------------
+            root.run(_installed_python(
+                "from app.ui.settings import set_start_on_login\n"
+                "set_start_on_login(True, '/usr/bin/sangama-app')"), user=USER)
+            autostart = home / ".config/autostart/sangama-app.desktop"
+            assert autostart.exists()
+            _quit_app(screen, tray, app)
+            app = None
+            root.run(["apt-get", "remove", "-y", "-qq", "sangama"])
+            assert not autostart.exists(), "apt remove left the start-on-login entry"
+            assert not (root.path / "usr/bin/sangama-app").exists()
+            assert not (root.path / LIB.lstrip("/")).exists(), list(
+                (root.path / LIB.lstrip("/")).rglob("*"))[:10]
+            assert any(pieces.rglob("*.gguf")), "remove must keep the pieces"
+
+            # -- purge without the marker keeps the pieces; with it, they go ---------------
+            root.run(["apt-get", "purge", "-y", "-qq", "sangama"])
+            assert any(pieces.rglob("*.gguf")), "purge without the marker removed user files"
+            (root.path / "etc/sangama").mkdir(parents=True, exist_ok=True)
+            (root.path / "etc/sangama/purge-user-data").touch()
+            shutil.copy(deb, root.path / "tmp" / deb.name)
+            root.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                      f"/tmp/{deb.name}"], timeout=900)
+            root.run(["apt-get", "purge", "-y", "-qq", "sangama"])
+            assert not pieces.exists(), "purge with the marker kept ~/.cache/sangama"
+            assert (home / ".config/sangama").exists()  # settings and identity stay
+            assert not (root.path / "etc/sangama").exists()
+    finally:
+        if app is not None:
+            app.terminate()
+            try:
+                app.wait(15)
+            except subprocess.TimeoutExpired:
+                app.kill()
+        if outside is not None:
+            loop.run_until_complete(outside.stop())
+        loop.close()
+        coord.stop()
+        shutil.rmtree(where, ignore_errors=True)
+        figures["screenshots"] = [p.name for p in screen.taken]
+        (artifacts_dir / "figures.json").write_text(json.dumps(figures, indent=1))
+        print("FIGURES", json.dumps(figures))
+
+
+def _installed_python(code: str) -> list[str]:
+    """The package's Python code run inside the root, on the path its launcher sets."""
+    path = f"import sys; sys.path[:0] = ['{LIB}/app', '{LIB}/app_packages']\n"
+    return ["/usr/bin/python3.11", "-I", "-c", path + code]
+
+
+def _app_tail(home: Path, tmp: Path) -> str:
+    logs = sorted((home / ".local/state/sangama").rglob("*.log")) + sorted(
+        (home / ".cache/sangama").rglob("*.log"))
+    text = (tmp / "app.log").read_text(errors="replace")[-2000:]
+    for log in logs:
+        text += f"\n--- {log}\n" + log.read_text(errors="replace")[-2000:]
+    return text
+
+
+def _two_stages_serve(coord: CoordinatorProcess) -> bool:
+    """Both workers (the root's app and the outside stage) report a loaded stage."""
+    nodes = coord.admin.swarm()["nodes"]
+    return sum(1 for n in nodes if n["role"] == "worker" and n["n_layers"] > 0
+               and n["health"] == "healthy") >= 2
+
+
+def _answer(home: Path) -> str:
+    """The assistant's text in the newest saved conversation, once it is complete."""
+    chats = sorted((home / ".local/share/sangama/chats").glob("*.json"),
+                   key=lambda p: p.stat().st_mtime)
+    for path in reversed(chats):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        texts = [m["text"] for m in doc.get("messages", []) if m.get("role") == "assistant"]
+        if texts and texts[-1].strip():
+            return str(texts[-1])
+    return ""
+
+
+def _quit_app(screen: Screen, tray: str, app: subprocess.Popen[bytes]) -> None:
+    _x, _y, w, h = screen.geometry(tray)
+    screen.x("mousemove", "--window", tray, str(w // 2), str(h // 2), "click", "3")
+    time.sleep(1.5)
+    screen.x("key", "Up", "Return")  # Quit
+    try:
+        app.wait(60)
+    except subprocess.TimeoutExpired:
+        app.terminate()
+        app.wait(15)
