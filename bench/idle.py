@@ -6,7 +6,10 @@ until both say READY and a settle period has passed, then measures each process'
 seconds and context switches over a window. A good guest on a home PC stays under 1 %
 of one core here.
 
-    .venv/bin/python bench/idle.py [--json] [--window 30] [--settle 10] [--workers 2]
+    .venv/bin/python bench/idle.py [--json] [--window 30] [--settle 10] [--workers 2] [--app]
+
+--app makes the last stage the desktop app (`sangama-app`'s DesktopApp, Qt offscreen,
+tray fallback window) instead of a headless worker, to see what Qt adds while idle.
 
 Figures depend on the machine's other load: the table prints the load average.
 """
@@ -28,9 +31,25 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from app.identity import join_swarm
 from app.lab.processes import Child, spawn_sangama
 from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.tiny_models import write_tiny_model
+
+APP_CHILD = """
+import sys
+from pathlib import Path
+from PySide6.QtWidgets import QApplication
+from app.ui.history import History
+from app.ui.settings import Settings
+from app.ui.tray import DesktopApp
+root = Path(sys.argv[1])
+qt = QApplication([])
+qt.setQuitOnLastWindowClosed(False)
+desk = DesktopApp(Settings(), root / "settings", root / "identity", History(root / "chats"),
+                  tray_available=False)
+qt.exec()
+"""
 
 BUDGET_PERCENT = 1.0
 """Of one core, per worker process: the issue's bar for a joined, idle worker."""
@@ -113,33 +132,55 @@ def measure(pids: dict[str, int], window: float) -> list[Usage]:
     return result
 
 
+async def _until_placed(coord: CoordinatorProcess, stages: int, timeout: float = 240) -> None:
+    """Until the plan has every stage and each one says in its heartbeat what runs it
+    (sent only once its stage serves)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        swarm = await loop.run_in_executor(None, coord.admin.swarm)
+        serving = [n for n in swarm["nodes"] if n["layers"] is not None and n["backend"]]
+        if len(swarm["plan"]) == stages and len(serving) == stages:
+            return
+        await asyncio.sleep(1)
+    raise RuntimeError(f"the swarm did not serve {stages} stages in {timeout:.0f} s")
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="guest-idle-"))
     model = Path(args.model) if args.model else write_tiny_model(tmp / "tiny8.gguf", n_layer=8)
     coord = CoordinatorProcess.start(tmp / "coordinator", model, min_stages=args.workers)
     workers: list[Child] = []
+    app: asyncio.subprocess.Process | None = None
     try:
         codes = [coord.admin.create_invite("worker")["code"] for _ in range(args.workers)]
+        if args.app:  # the last stage is the desktop app, joined beforehand
+            join_swarm(codes.pop(), tmp / "app" / "identity")
+            app = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", APP_CHILD, str(tmp / "app"),
+                env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
         for i, code in enumerate(codes):
             name = f"w{i}"
             argv = ["worker", "--join", code, "--identity-dir", str(tmp / name)]
             workers.append(await spawn_sangama(name, argv, tmp / f"{name}.log", 180, False))
-        for w in workers:  # all must be READY: the chain is only placed when every one joined
-            assert w.process.stdout is not None
-            while not (line := await asyncio.wait_for(w.process.stdout.readline(), 180)).startswith(
-                b"READY"
-            ):
-                if not line:
-                    raise RuntimeError(f"{w.name} exited; see {w.log_path}")
+        await _until_placed(coord, args.workers)
         await asyncio.sleep(args.settle)  # downloads, loads and link set-up are not idle
         pids = {w.name: w.process.pid for w in workers}
+        if app is not None:
+            pids["desktop app"] = app.pid
         pids["coordinator"] = coord.proc.pid
         usage = await asyncio.get_running_loop().run_in_executor(None, measure, pids, args.window)
     finally:
         for w in workers:
             await w.stop()
+        if app is not None:
+            app.terminate()
+            await app.wait()
         coord.stop()
     return {
+        "stages": "headless workers" + (" and the desktop app" if args.app else ""),
         "window_s": args.window,
         "settle_s": args.settle,
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
@@ -152,7 +193,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 def _table(doc: dict[str, Any]) -> str:
     lines = [
         f"idle for {doc['window_s']:.0f} s after {doc['settle_s']:.0f} s settling; "
-        f"load average {' '.join(doc['loadavg'])} on {doc['cpus']} CPUs",
+        f"load average {' '.join(doc['loadavg'])} on {doc['cpus']} CPUs; {doc['stages']}",
         f"{'process':<12} {'CPU % of a core':>16} {'wake-ups/s':>11} {'threads':>8}"
         "  busiest threads",
     ]
@@ -163,6 +204,7 @@ def _table(doc: dict[str, Any]) -> str:
             f"{p['threads']:>8}  {busiest}"
         )
     worst = max(p["cpu_percent"] for p in doc["processes"] if p["name"] != "coordinator")
+    # The bar is for a volunteer's PC: the coordinator is the operator's server.
     verdict = "under" if worst < doc["budget_percent"] else "OVER"
     bar = doc["budget_percent"]
     lines.append(f"busiest worker {worst:.2f} % of a core: {verdict} the {bar} % bar")
@@ -176,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=10.0, help="seconds waited after READY")
     p.add_argument("--workers", type=int, default=2, help="stages in the chain")
     p.add_argument("--model", default="", help="a GGUF (default: the tiny test model)")
+    p.add_argument("--app", action="store_true", help="the last stage is the desktop app")
     args = p.parse_args(argv)
     doc = asyncio.run(_run(args))
     print(json.dumps(doc, indent=1) if args.json else _table(doc))

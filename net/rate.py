@@ -121,6 +121,8 @@ class AsyncThrottle:
         self._clock = clock
         self.deferred = 0
         """Transmissions held back by the cap."""
+        self.sent_bytes = 0
+        """Bytes charged to the cap (every datagram sent under it)."""
 
     @property
     def unlimited(self) -> bool:
@@ -137,6 +139,7 @@ class AsyncThrottle:
         return wait
 
     def sent(self, n_bytes: int) -> None:
+        self.sent_bytes += n_bytes
         self._bucket.reserve(n_bytes, self._now())
 
 

@@ -88,7 +88,12 @@ async def serve_as_guest(
         NodeStatus(node_id=identity.node_id, coordinator=identity.coordinator),
         on_stopped,
     )
-    await guest.run()
+    try:
+        await guest.run()
+    finally:
+        close = getattr(probes.gpu, "close", None)
+        if callable(close):  # NVML stays open while the loop runs, not after
+            close()
 
 
 class _Guest:

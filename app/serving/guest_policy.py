@@ -29,6 +29,7 @@ GPU_BUSY = "another program is using the GPU"
 ON_BATTERY = "on battery"
 QUIET_HOURS = "quiet hours"
 BY_REQUEST = "paused by you"
+"""What the coordinator is told when the volunteer paused (or quit), not the policy."""
 
 
 class SettingsError(ValueError):
@@ -121,13 +122,12 @@ class Observation:
     """Processes other than this one with a context on the GPU (compute or graphics)."""
     on_battery: bool = False
     local_time: dt.time = dt.time(12, 0)
-    paused_by_user: bool = False
 
 
 @dataclass(frozen=True)
 class GuestState:
-    """Serve (reason '') or stay paused for `reason`; `gpu_busy_until` carries the
-    resume delay from one sample to the next."""
+    """Serve (reason '') or stay paused for `reason`; the GPU fields carry the resume
+    delay from one sample to the next."""
 
     reason: str = ""
     gpu_calm_since: float | None = None
@@ -151,8 +151,9 @@ def gpu_busy(seen: Observation, settings: GuestSettings) -> bool:
 def next_state(
     state: GuestState, seen: Observation, settings: GuestSettings, now: float
 ) -> GuestState:
-    """What to do after this sample. Reasons in order of what the person can change:
-    their own pause first, then battery, quiet hours, and the GPU."""
+    """What to do after this sample. The reason shown is the first that holds, in the
+    order a person would look for it: battery, quiet hours, then the GPU. (The
+    volunteer's own pause is not a reason here: it stops the loop that asks.)"""
     busy = settings.pause_when_gpu_busy and gpu_busy(seen, settings)
     if busy:
         calm_since, was_busy = None, True
@@ -162,9 +163,7 @@ def next_state(
         calm_since = calm_since if was_busy else None
     else:
         calm_since, was_busy = None, False
-    if seen.paused_by_user:
-        reason = BY_REQUEST
-    elif settings.pause_on_battery and seen.on_battery:
+    if settings.pause_on_battery and seen.on_battery:
         reason = ON_BATTERY
     elif in_quiet_hours(seen.local_time, settings.quiet_hours):
         reason = QUIET_HOURS

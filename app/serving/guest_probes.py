@@ -110,12 +110,11 @@ class Probes:
     def real(cls) -> Probes:
         return cls(NvmlProbe())
 
-    def observe(self, paused_by_user: bool = False) -> Observation:
+    def observe(self) -> Observation:
         gpu = self.gpu()
         return Observation(
             gpu_utilisation=gpu.utilisation,
             other_gpu_processes=gpu.other_processes,
             on_battery=self.on_battery(),
             local_time=self.local_time(),
-            paused_by_user=paused_by_user,
         )

@@ -18,6 +18,10 @@ pytestmark = pytest.mark.unit
         (["--coordinator", "https://swarm.example.org:99999"], "is not valid"),
         (["--drain", "-1"], "--drain must be 0..3600 seconds"),
         (["--drain", "nan"], "--drain must be 0..3600 seconds"),
+        (["--quiet-hours", "after dinner"], "quiet hours look like 22:00-07:00"),
+        (["--quiet-hours", "22:00-25:00"], "is not a time of day"),
+        (["--max-upload=-5M"], "a bandwidth cap is 0 (none) or a positive number"),
+        (["--max-download", "fast"], "must look like 12G or 512M"),
     ],
 )
 def test_worker_refuses_bad_options(

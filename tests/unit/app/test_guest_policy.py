@@ -7,7 +7,6 @@ import datetime as dt
 import pytest
 
 from app.serving.guest_policy import (
-    BY_REQUEST,
     GPU_BUSY,
     ON_BATTERY,
     QUIET_HOURS,
@@ -88,14 +87,12 @@ def test_only_other_processes_count_and_absent_nvml_never_pauses() -> None:
     assert next_state(GuestState(), BUSY, off, 0).serving
 
 
-def test_battery_quiet_hours_and_the_users_pause_in_order() -> None:
+def test_battery_comes_before_quiet_hours_and_each_can_be_off() -> None:
     quiet = GuestSettings(quiet_hours=parse_quiet_hours("22:00-07:00"))
     night = dt.time(23, 0)
     seen = Observation(on_battery=True, local_time=night)
     assert next_state(GuestState(), seen, quiet, 0).reason == ON_BATTERY
     assert next_state(GuestState(), Observation(local_time=night), quiet, 0).reason == QUIET_HOURS
-    user = Observation(on_battery=True, paused_by_user=True)
-    assert next_state(GuestState(), user, quiet, 0).reason == BY_REQUEST
     no_battery_pause = GuestSettings(pause_on_battery=False)
     assert next_state(GuestState(), Observation(on_battery=True), no_battery_pause, 0).serving
     assert next_state(GuestState(), Observation(), GuestSettings(), 0).serving
