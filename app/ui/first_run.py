@@ -124,9 +124,10 @@ class MemoryPage(_Page):
 
 class InvitePage(_Page):
     def __init__(self, wizard: FirstRunWizard) -> None:
-        super().__init__(
-            wizard, Page.INVITE, "Paste your invite", "From the swarm's operator; Next joins"
-        )
+        super().__init__(wizard, Page.INVITE, "Paste your invite", "From the swarm's operator")
+        # A commit page: its button reads "Join", and once joined there is no way back.
+        self.setCommitPage(True)
+        self.setButtonText(QWizard.WizardButton.CommitButton, "Join")
         self.code = QLineEdit()
         self.code.setPlaceholderText("sangama1-…")
         self.code.setClearButtonEnabled(True)
@@ -135,7 +136,7 @@ class InvitePage(_Page):
         layout.addWidget(
             _label(
                 "The invite code names the swarm's coordinator and lets this PC join once. "
-                "On Next, the coordinator checks it and gives this PC its layers."
+                "On Join, the coordinator checks it and gives this PC its layers."
             )
         )
         layout.addWidget(self.code)
@@ -155,8 +156,8 @@ class InvitePage(_Page):
             self.why.setText("✓ The code looks right.")
 
     def validatePage(self) -> bool:
-        """Next: join first (the node controller, as the join dialog does); the wizard
-        moves on by itself when the coordinator accepts."""
+        """Join (the node controller, as the join dialog does); the wizard moves on by
+        itself when the coordinator accepts."""
         w = self._wizard
         if w.joined:
             return True

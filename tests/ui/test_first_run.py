@@ -93,16 +93,18 @@ def test_first_run_walks_through_to_serving(
         # 3. the invite: a damaged code blocks Next; a made-up one is refused by the
         # coordinator, in its words; the good one joins and moves on by itself
         wizard.next()
-        assert _page(wizard) is Page.INVITE and not next_button.isEnabled()
+        join_button = wizard.button(QWizard.WizardButton.CommitButton)
+        assert _page(wizard) is Page.INVITE and join_button.text() == "Join"
+        assert not join_button.isEnabled()
         wizard.invite.code.setText("sangama1-not-a-real-code")
-        assert not next_button.isEnabled() and "damaged" in wizard.invite.why.text()
+        assert not join_button.isEnabled() and "damaged" in wizard.invite.why.text()
         good = coord.admin.create_invite("worker")["code"]
         d = inv.InviteCode.decode(good)
         forged = inv.InviteCode(d.coordinator, d.ca_fingerprint, "made-up").encode()
         wizard.invite.code.setText(forged)
-        assert next_button.isEnabled()
+        assert join_button.isEnabled()
         with qtbot.waitSignal(desk.node.join_finished, timeout=30000):
-            next_button.click()
+            join_button.click()
         assert _page(wizard) is Page.INVITE
         assert "not known to the coordinator" in wizard.invite.result_label.text()
         _shoot(wizard, artifacts, "3_invite_refused")
@@ -122,11 +124,16 @@ def test_first_run_walks_through_to_serving(
 
         desk.node.status_changed.connect(downloading)  # after the wizard's own slot
         with qtbot.waitSignal(desk.node.join_finished, timeout=30000) as joined:
-            next_button.click()
+            join_button.click()
         assert joined.args is not None and joined.args[0] is True, joined.args
         assert _page(wizard) is Page.DOWNLOAD
+        back = wizard.button(QWizard.WizardButton.BackButton)
+        assert not (back.isVisible() and back.isEnabled())  # joined: no way back
         assert desk.settings.vram_cap_bytes == 6 * GIB  # the join saved the cap chosen
-        qtbot.waitUntil(lambda: _page(wizard) is Page.SERVING, timeout=180000)
+        try:
+            qtbot.waitUntil(lambda: _page(wizard) is Page.SERVING, timeout=240000)
+        except AssertionError:  # pytest-qt's TimeoutError is one
+            raise AssertionError(f"not serving: {desk.node.status}, {lines[-3:]}") from None
         assert lines, "the download page showed the download"
         assert " of " in lines[-1] and "%" in lines[-1], lines
         assert any("MiB/s" in ln for ln in lines) or "measuring speed" in lines[-1], lines
