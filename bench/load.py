@@ -187,8 +187,8 @@ async def _setting(
     levels: list[int],
     tokens: int,
 ) -> dict[str, Any]:
-    await swarm.start(ready_timeout=900)  # a shared, loaded machine loads stages slowly
     try:
+        await swarm.start(ready_timeout=900)  # a shared, loaded machine loads stages slowly
         assert swarm.route is not None and swarm.client_credentials is not None
         async with SwarmClient(
             swarm.client_credentials,
