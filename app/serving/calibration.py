@@ -23,7 +23,7 @@ SCRATCH = "\x00calibration"
 def measure_steps(stage: Stage, repeats: int = 2) -> list[tuple[int, float]]:
     """(rows, best step ms) for each calibration size the stage's batch and cache hold."""
     spec = stage.spec
-    sizes = [n for n in CALIBRATION_SIZES if n <= min(spec.n_batch, spec.n_ctx)]
+    sizes = [n for n in CALIBRATION_SIZES if n <= min(spec.n_batch, spec.session_ctx)]
     samples: list[tuple[int, float]] = []
     stage.open(SCRATCH)
     try:
