@@ -248,11 +248,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # n-gram guesses meet real repetition.
         cuts = list(range(19))
         links = delays[:18] + delays[-1:]
-        async with LocalSwarm(
+        swarm = LocalSwarm(
             model=str(gemma), cuts=cuts, threads=1, link_delays_ms=links, n_ctx=N_CTX
-        ) as swarm:
+        )
+        try:
+            await swarm.start(ready_timeout=900)  # 18 workers calibrating on a busy machine
             out["wan18_gemma"] = await _chain_table(swarm, ids, args.tokens, SETTINGS)
             out.setdefault("chunked_prompt", {})["wan18_gemma"] = await _ttft(swarm, long_ids)
+        finally:
+            await swarm.stop()
+            swarm.cleanup()
         out["wan18_gemma_links_ms"] = {"delays": links, "sum": sum(links)}
         out.setdefault("undo", {})["wan18_gemma"] = _undo(gemma, cuts, 8, N_CTX)
     if "gemma3" in chains:

