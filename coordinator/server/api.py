@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hmac
+import ipaddress
 import math
 import secrets
+import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,6 +43,7 @@ from coordinator.contract import (
 )
 from coordinator.errors import AccessDenied, JoinRefused, NotFound
 from coordinator.server.invite_book import MAX_USES, InviteRecord
+from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.service import Coordinator, hash_token
 from coordinator.server.store import as_utc
@@ -200,6 +204,7 @@ _WHY = {
     403: "Not allowed (an unusable invite, another node's resource)",
     404: "No such thing",
     413: f"Request body larger than {MAX_BODY_BYTES} bytes",
+    429: "Too many failed attempts from this address; the answer says when to try again",
 }
 
 
@@ -209,6 +214,14 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- who is asking
+
+
+def _loopback(request: Request) -> bool:
+    host = request.client.host if request.client is not None else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
@@ -279,6 +292,29 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     sessions: set[str] = set()
     app.state.coord = coord
     app.state.sessions = sessions
+    # Failed operator logins and invite redemptions per caller address (limits.py).
+    login_limits, join_limits = AttemptLimiter(5, 60.0), AttemptLimiter(10, 60.0)
+    limits_lock = threading.Lock()  # sync routes run on a thread pool
+
+    def limited(limiter: AttemptLimiter, request: Request) -> str:
+        caller = request.client.host if request.client is not None else "unknown"
+        with limits_lock:
+            wait = limiter.retry_after(caller, time.monotonic())
+        if wait > 0:
+            seconds = str(math.ceil(wait))
+            raise HTTPException(
+                429,
+                f"too many failed attempts; try again in {seconds} s",
+                headers={"Retry-After": seconds},
+            )
+        return caller
+
+    def attempt(limiter: AttemptLimiter, caller: str, ok: bool) -> None:
+        with limits_lock:
+            if ok:
+                limiter.succeeded(caller)
+            else:
+                limiter.failed(caller, time.monotonic())
 
     app.add_middleware(_LimitBody)
 
@@ -313,16 +349,41 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     def ca() -> CaAnswer:
         return CaAnswer(certificate_pem=coord.ca_pem, fingerprint=coord.ca_fingerprint)
 
-    @app.post(c.JOIN, response_model=JoinAnswer, tags=["public"], responses=_errors(400, 403, 413))
-    def join(body: JoinIn) -> JoinAnswer:
-        return coord.join(body.secret, body.csr_pem)
+    @app.post(
+        c.JOIN, response_model=JoinAnswer, tags=["public"], responses=_errors(400, 403, 413, 429)
+    )
+    def join(body: JoinIn, request: Request) -> JoinAnswer:
+        caller = limited(join_limits, request)
+        try:
+            answer = coord.join(body.secret, body.csr_pem)
+        except inv.InviteError:
+            attempt(join_limits, caller, ok=False)
+            raise
+        attempt(join_limits, caller, ok=True)
+        return answer
 
     @app.get(c.HEALTH, tags=["public"])
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get(c.METRICS, response_class=PlainTextResponse, tags=["public"])
-    def metrics() -> str:
+    # The 401 is JSON like every error here, though the page itself is plain text.
+    refused_json = {"$ref": "#/components/schemas/ErrorOut"}
+    metrics_401 = {
+        "description": _WHY[401],
+        "content": {"application/json": {"schema": refused_json}},
+    }
+
+    @app.get(
+        c.METRICS,
+        response_class=PlainTextResponse,
+        tags=["public"],
+        responses={401: metrics_401},
+    )
+    def metrics(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+        # Node ids, capacities and timings of an invitation-only swarm: for the operator
+        # (token or login), a scraper on this machine, or anyone where configured so.
+        if not (coord.settings.metrics_public or _loopback(request)):
+            _admin(request, authorization)
         return render_metrics(coord)
 
     # -- nodes
@@ -414,10 +475,13 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return FileResponse(coord.model.directory / file, media_type="application/octet-stream")
 
     # -- operator
-    @app.post(c.LOGIN, tags=["operator"], responses=_errors(400, 401, 413))
-    def login(body: LoginIn, response: Response) -> dict[str, str]:
+    @app.post(c.LOGIN, tags=["operator"], responses=_errors(400, 401, 413, 429))
+    def login(body: LoginIn, request: Request, response: Response) -> dict[str, str]:
+        caller = limited(login_limits, request)
         if not coord.check_admin_password(body.password):
+            attempt(login_limits, caller, ok=False)
             raise HTTPException(401, "wrong operator password")
+        attempt(login_limits, caller, ok=True)
         token = secrets.token_urlsafe(24)
         sessions.add(token)
         response.set_cookie(SESSION_COOKIE, token, httponly=True, secure=True, samesite="strict")

@@ -105,6 +105,8 @@ class Settings:
     """The swarm's relay (coturn), if any: nodes get short-lived credentials for it."""
     turn_secret: str = field(default="", repr=False)
     turn_ttl_s: int = 6 * 3600
+    metrics_public: bool = False
+    """Serve /metrics to anyone; by default only to the operator and to loopback."""
 
 
 def placement_capacity(node: Node) -> int:

@@ -139,7 +139,8 @@ def test_invite_join_heartbeat_placement_route_and_pieces(
     )
     assert http.get(f"{first['pieces_url']}/blk.003.gguf").status_code == 401
 
-    metrics = http.get("/metrics").text
+    assert http.get("/metrics").status_code == 401  # not loopback, no token: refused
+    metrics = http.get("/metrics", headers=_admin()).text
     assert 'sangama_nodes{health="healthy",role="worker"} 2' in metrics
     assert "sangama_plan_stages 2" in metrics
 

@@ -145,3 +145,28 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
     assert after == before
     assert _chain(http2, client)[1] == rerouted
     again.store.close()
+
+
+def test_hostile_callers_are_limited_and_metrics_are_private(
+    db: str, pieces: tuple[Path, object]
+) -> None:
+    coord = _coordinator(db, auth.create_ca("hostile-swarm"), pieces)
+    coord.set_admin_password("right-pw")
+    http = TestClient(create_app(coord), base_url="https://testserver")
+    # /metrics: refused to an anonymous remote caller, served with the operator's token.
+    assert http.get("/metrics").status_code == 401
+    assert http.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+    # Operator login: 5 wrong passwords, then even the right one waits (429, Retry-After).
+    for _ in range(5):
+        assert http.post("/api/v1/login", json={"password": "guess"}).status_code == 401
+    limited = http.post("/api/v1/login", json={"password": "right-pw"})
+    assert limited.status_code == 429 and int(limited.headers["Retry-After"]) > 0
+    # Invite guessing: 10 made-up secrets, then refused before any lookup.
+    key = auth.new_private_key()
+    csr = auth.make_csr(key, "me").public_bytes(serialization.Encoding.PEM).decode()
+    codes = [
+        http.post("/api/v1/join", json={"secret": f"guess-{i}", "csr_pem": csr}).status_code
+        for i in range(11)
+    ]
+    assert codes == [403] * 10 + [429]
+    coord.store.close()
