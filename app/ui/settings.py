@@ -136,8 +136,8 @@ class Settings:
 
 
 def autostart_command() -> str:
-    """How the login session should start the app."""
-    return f'"{sys.executable}" -m app.ui.desktop'
+    """How the login session should start the app (a package's launcher names itself)."""
+    return os.environ.get("SANGAMA_APP_COMMAND") or f'"{sys.executable}" -m app.ui.desktop'
 
 
 def xdg_autostart_path() -> Path:

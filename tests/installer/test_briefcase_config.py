@@ -91,3 +91,14 @@ def test_a_shipped_capture_library_is_used_without_compiling(
     # a changed source names a different file: a stale shipped library is never used
     (tmp_path / "csrc" / "capture_cb.c").write_bytes(capture_lib._source() + b"\n")
     assert capture_lib.prebuilt_capture_lib() is None
+
+
+def test_start_on_login_names_the_packaged_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.ui.settings import autostart_command, desktop_entry
+
+    monkeypatch.delenv("SANGAMA_APP_COMMAND", raising=False)
+    assert autostart_command().endswith("-m app.ui.desktop")  # a source checkout
+    monkeypatch.setenv("SANGAMA_APP_COMMAND", "/usr/bin/sangama-app")  # set by the launcher
+    assert "Exec=/usr/bin/sangama-app\n" in desktop_entry(autostart_command())
+    launcher = (deb_build.TEMPLATE / "{{ cookiecutter.format }}/bootstrap/launcher.c").read_text()
+    assert 'setenv("SANGAMA_APP_COMMAND", "/usr/bin/" GUI_NAME' in launcher

@@ -1,8 +1,10 @@
 /* The two commands of the package, one small executable: `sangama` (the command line) and
  * `sangama-app` (the tray app, a symlink to it) pick their entry point by the name they
  * were started under. Each replaces itself with the system Python in isolated mode (-I: no
- * PYTHONPATH, no user site-packages, no current folder), with the package's own code and
- * dependencies first on sys.path, so nothing the user installed can shadow them. */
+ * PYTHONPATH, no user site-packages, no current folder) without writing byte-code (-B:
+ * postinst compiled it once; nothing appears under /usr at run time), with the package's
+ * own code and dependencies first on sys.path, so nothing the user installed can shadow
+ * them. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,16 +31,17 @@ int main(int argc, char **argv) {
         fputs("sangama: launcher command too long\n", stderr);
         return 70;
     }
-    char **args = calloc((size_t)argc + 4, sizeof *args);
+    char **args = calloc((size_t)argc + 5, sizeof *args);
     if (args == NULL) {
         perror("sangama");
         return 71;
     }
     args[0] = (char *)PYTHON;
     args[1] = "-I";
-    args[2] = "-c";
-    args[3] = code;
-    for (int i = 1; i < argc; i++) args[3 + i] = argv[i];
+    args[2] = "-B";
+    args[3] = "-c";
+    args[4] = code;
+    for (int i = 1; i < argc; i++) args[4 + i] = argv[i];
     /* How the app should start itself again (start on login) now that it is packaged. */
     setenv("SANGAMA_APP_COMMAND", "/usr/bin/" GUI_NAME, 0);
     execv(PYTHON, args);
