@@ -22,14 +22,16 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from net.delay_schedule import LaneSchedule, WakeLead
 from net.errors import ProxyError
 
 log = logging.getLogger(__name__)
+
+L = TypeVar("L", bound=Hashable)
 
 Address = tuple[str, int]
 
@@ -59,6 +61,88 @@ class ProxyStats:
     flows: int = 0
     errors: int = 0
     """Socket errors reported by the OS (e.g. ICMP port unreachable from the target)."""
+
+
+class TimedRelease(Generic[L]):
+    """The asyncio shell of a `LaneSchedule`: one timer for every lane, asked for early by
+    the loop's measured lateness (`WakeLead`), the last fraction of a millisecond waited
+    out here, so `deliver(lane, data, late_s)` runs at the due time, never before."""
+
+    def __init__(self, deliver: Callable[[L, bytes, float], None]) -> None:
+        self.schedule: LaneSchedule[L] = LaneSchedule()
+        self._deliver = deliver
+        self._lead = WakeLead()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+
+    def push(self, lane: L, data: bytes, delay_s: float) -> None:
+        now = asyncio.get_running_loop().time()
+        self.schedule.push(lane, data, now, delay_s)
+        self._arm(now)
+
+    def release(self, lane: L) -> None:
+        """A held lane may send again (see `LaneSchedule.hold`)."""
+        self.schedule.release(lane)
+        self._arm(asyncio.get_running_loop().time())
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, now: float) -> None:
+        due = self.schedule.next_due()
+        if due is None:
+            return
+        if due <= now:
+            self._release_due(now)
+            return
+        wake = due - self._lead.lead
+        if self._timer is not None:
+            if self._timer_at <= wake:
+                return  # already armed early enough
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = asyncio.get_running_loop().call_at(wake, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        woke = loop.time()
+        self._lead.observe(self._timer_at, woke)
+        due = self.schedule.next_due()
+        if due is not None and 0 < due - woke <= self._lead.cap_s:
+            # Woken early on purpose: wait out the fraction of a millisecond that the
+            # loop's timer cannot resolve, yielding the CPU meanwhile.
+            while loop.time() < due:
+                time.sleep(0)
+        self._release_due(loop.time())
+
+    def _release_due(self, now: float) -> None:
+        for lane, data, due in self.schedule.pop_due(now):
+            self._deliver(lane, data, now - due)
+        self._arm(now)
+
+
+class DelayLane:
+    """One FIFO lane on its own: `push(data, delay_s)`; `send(data)` runs when it is due
+    (bench/tcp_delay.py delays TCP byte chunks with it). `send` returning False is
+    ignored: the data is gone either way, as a lost datagram is."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[bytes], bool]) -> None:
+        del loop  # the running loop is used; kept for the old `_Lane(loop, send)` callers
+        self._send = send
+        self._release: TimedRelease[int] = TimedRelease(lambda _l, data, _late: self._emit(data))
+
+    def _emit(self, data: bytes) -> None:
+        self._send(data)
+
+    def push(self, data: bytes, delay_s: float) -> None:
+        self._release.push(0, data, delay_s)
+
+
+_Lane = DelayLane
+"""The old name (bench/tcp_delay.py imports it)."""
 
 
 class _Flow:
@@ -144,10 +228,8 @@ class DelayProxy:
         self._connecting: set[asyncio.Task[None]] = set()
         self._transport: asyncio.DatagramTransport | None = None
         self._closed = False
-        self._schedule: LaneSchedule[tuple[Any, str]] = LaneSchedule()
-        self._lead = WakeLead()
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self._release: TimedRelease[tuple[Any, str]] = TimedRelease(self._deliver)
+        self._schedule = self._release.schedule
         self.late_up = Lateness()
         self.late_down = Lateness()
         """Lateness of forwarded datagrams, client -> target and back."""
@@ -168,9 +250,7 @@ class DelayProxy:
         for task in list(self._connecting):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._release.cancel()
         for flow in self._flows.values():
             self._schedule.discard(flow.up)
             self._schedule.discard(flow.down)
@@ -219,53 +299,19 @@ class DelayProxy:
             return
         self._hold(flow.down, data, self._delay(self._rng_down))
 
-    # --- timing: one timer for every lane, woken early by its measured lateness -----------
-
     def _hold(self, lane: tuple[Any, str], data: bytes, delay_s: float) -> None:
-        now = asyncio.get_running_loop().time()
-        self._schedule.push(lane, data, now, delay_s)
-        self._arm(now)
+        self._release.push(lane, data, delay_s)
 
-    def _arm(self, now: float) -> None:
-        due = self._schedule.next_due()
-        if due is None:
+    def _deliver(self, lane: tuple[Any, str], data: bytes, late_s: float) -> None:
+        flow = self._flows.get(lane[0])
+        if flow is None:
             return
-        if due <= now:
-            self._release(now)
-            return
-        wake = due - self._lead.lead
-        if self._timer is not None:
-            if self._timer_at <= wake:
-                return  # already armed early enough
-            self._timer.cancel()
-        self._timer_at = wake
-        self._timer = asyncio.get_running_loop().call_at(wake, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        loop = asyncio.get_running_loop()
-        woke = loop.time()
-        self._lead.observe(self._timer_at, woke)
-        due = self._schedule.next_due()
-        if due is not None and 0 < due - woke <= self._lead.cap_s:
-            # Woken early on purpose: wait out the fraction of a millisecond that the
-            # loop's timer cannot resolve, yielding the CPU meanwhile.
-            while loop.time() < due:
-                time.sleep(0)
-        self._release(loop.time())
-
-    def _release(self, now: float) -> None:
-        for lane, data, due in self._schedule.pop_due(now):
-            flow = self._flows.get(lane[0])
-            if flow is None:
-                continue
-            if lane[1] == "up":
-                self._send_up(flow, data)
-                self.late_up = self.late_up.add(now - due)
-            else:
-                self._send_down(flow, data)
-                self.late_down = self.late_down.add(now - due)
-        self._arm(now)
+        if lane[1] == "up":
+            self._send_up(flow, data)
+            self.late_up = self.late_up.add(late_s)
+        else:
+            self._send_down(flow, data)
+            self.late_down = self.late_down.add(late_s)
 
     def _send_up(self, flow: _Flow, data: bytes) -> None:
         assert flow.upstream is not None  # the up lane is held until it is connected
@@ -319,8 +365,7 @@ class DelayProxy:
             transport.close()
             return
         flow.upstream = transport
-        self._schedule.release(flow.up)
-        self._arm(loop.time())
+        self._release.release(flow.up)
 
 
 # --- command line -----------------------------------------------------------------------
