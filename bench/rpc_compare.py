@@ -189,10 +189,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from bench.rpc_build import build
-    from core.models import resolve_model
+    from core.models import GEMMA3, resolve_model
 
     binaries = build(os.cpu_count() or 2)
-    model = resolve_model("default")
+    model = resolve_model(GEMMA3)  # 18 blocks: CUTS split them 6/6/6, as the servers do
     if args.repack == 0:
         os.environ["SANGAMA_WEIGHT_REPACK"] = "0"  # inherited by the swarm's workers
     load = [os.getloadavg()[0]]

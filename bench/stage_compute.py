@@ -295,7 +295,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", default="gemma-3-270m", help="a bundled name or a GGUF")
     ap.add_argument("--cuts", default="0,6,12,18")
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per repeat")
     ap.add_argument("--repeats", type=int, default=3)
