@@ -104,7 +104,9 @@ def build(jobs: int) -> dict[str, Path]:
                 src = _source(tmp)
                 for name, flags, target, built in missing:
                     build_dir = tmp / f"build-{target}"
-                    subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *flags], check=True)
+                    subprocess.run(
+                        ["cmake", "-S", str(src), "-B", str(build_dir), *flags], check=True
+                    )
                     subprocess.run(
                         ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", target],
                         check=True,

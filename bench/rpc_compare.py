@@ -13,9 +13,10 @@ At each one-way link delay (0, 5, 10 ms by default) this runs:
 
 Both decode on the CPU with the same thread count per stage and, by default, weight
 repacking off on both (`--repack 0`: the client's `use_extra_bufts` off, as llama-bench's
-`--repack 0`; Sangama's `SANGAMA_WEIGHT_REPACK=0`). An rpc-server keeps weights in plain CPU buffers, so this is
-also what makes the two run the same kernels; on CPUs where llama.cpp's AMX kernels crash
-it is required. The binaries are built once by bench/rpc_build.py (~10 min, cached).
+`--repack 0`; Sangama's `SANGAMA_WEIGHT_REPACK=0`). An rpc-server keeps weights in plain
+CPU buffers, so this is also what makes the two run the same kernels; on CPUs where
+llama.cpp's AMX kernels crash it is required. bench/rpc_build.py builds the server and
+the client module once (~10 min on two cores, cached under ~/.cache/sangama/rpc/).
 
     .venv/bin/python bench/rpc_compare.py [--json] [--delays 0,5,10] [--tokens 32]
 """
@@ -188,10 +189,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from bench.rpc_build import build
-    from core.models import resolve_model
+    from core.models import GEMMA3, resolve_model
 
     binaries = build(os.cpu_count() or 2)
-    model = resolve_model("default")
+    model = resolve_model(GEMMA3)  # 18 blocks: CUTS split them 6/6/6, as the servers do
     if args.repack == 0:
         os.environ["SANGAMA_WEIGHT_REPACK"] = "0"  # inherited by the swarm's workers
     load = [os.getloadavg()[0]]

@@ -39,7 +39,7 @@ PROMPT = (
     "Volunteers around the world pool their home computers so that together they can run a "
     "language model far too large for any one of them."
 )
-SAMPLINGS = {
+SAMPLINGS: dict[str, dict[str, Any]] = {
     "greedy": {},
     "top-k 40": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 1},
 }
@@ -266,7 +266,8 @@ def _full_chain(x: Any, params: Any, rng: np.random.Generator, history: list[int
     candidates = np.flatnonzero(np.isfinite(y))
     cumulative = np.cumsum(softmax(y[candidates], params.temperature))
     u = rng.random() * cumulative[-1]
-    return int(candidates[min(int(np.searchsorted(cumulative, u, side="right")), candidates.size - 1)])
+    pick = min(int(np.searchsorted(cumulative, u, side="right")), candidates.size - 1)
+    return int(candidates[pick])
 
 
 def sampling_costs(n_vocab: int = 262_144, repeats: int = 30) -> dict[str, Any]:
@@ -294,7 +295,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", default="gemma-3-270m", help="a bundled name or a GGUF")
     ap.add_argument("--cuts", default="0,6,12,18")
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per repeat")
     ap.add_argument("--repeats", type=int, default=3)

@@ -1,10 +1,10 @@
 """The delay proxy's lanes over TCP: llama.cpp's RPC runs on TCP, Sangama's links on UDP.
 
 For bench/rpc_compare.py, so both sides of the comparison wait on the same mechanism:
-each byte chunk read from one side is queued in a `net.delay_proxy` lane (the FIFO and
-timer the UDP proxy uses: `delay_ms` one way, never reordered) and written to the other
-side when due. One connection upstream per accepted connection; closing one side closes
-the other's sending side (a half-close) once its queue has drained.
+each byte chunk read from one side is held in a `net.delay_schedule` lane (the FIFO,
+schedule and early-wake timer the UDP proxy uses: `delay_ms` one way, never reordered)
+and written to the other side when due. One connection upstream per accepted one;
+closing one side half-closes the other once the bytes before the close are through.
 """
 
 from __future__ import annotations
@@ -12,19 +12,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
-from net.delay_proxy import _Lane
+from net.delay_schedule import LaneSchedule, WakeLead
 
 Address = tuple[str, int]
+Lane = tuple[int, str]
 
 
 class TcpDelayProxy:
+    """One listening port forwarding to `target`; all its connections share one schedule."""
+
     def __init__(self, target: Address, delay_ms: float) -> None:
         self.target = target
         self.delay_s = delay_ms / 1e3
         self._server: asyncio.Server | None = None
         self.port = 0
+        self._schedule: LaneSchedule[Lane] = LaneSchedule()
+        self._lead = WakeLead()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._writers: dict[Lane, asyncio.StreamWriter] = {}
+        self._ended: dict[Lane, asyncio.Future[None]] = {}
+        self._next_id = 0
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -37,36 +48,71 @@ class TcpDelayProxy:
 
     async def _accept(self, down_r: asyncio.StreamReader, down_w: asyncio.StreamWriter) -> None:
         up_r, up_w = await asyncio.open_connection(*self.target)
+        self._next_id += 1
+        up, down = (self._next_id, "up"), (self._next_id, "down")
+        self._writers[up], self._writers[down] = up_w, down_w
+        await asyncio.gather(self._pump(down_r, up), self._pump(up_r, down), return_exceptions=True)
+        for lane in (up, down):  # both directions ended: close the sockets
+            self._writers.pop(lane).close()
+
+    async def _pump(self, reader: asyncio.StreamReader, lane: Lane) -> None:
         loop = asyncio.get_running_loop()
-        await asyncio.gather(
-            self._pump(loop, down_r, up_w), self._pump(loop, up_r, down_w), return_exceptions=True
-        )
-        for w in (up_w, down_w):  # both directions ended: close the sockets
-            w.close()
-
-    async def _pump(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        def send(data: bytes) -> bool:
-            if data:
-                writer.write(data)
-            else:  # the end marker, due after every byte before it: half-close, as TCP does
-                with contextlib.suppress(OSError):
-                    writer.write_eof()
-                done.set_result(None)
-            return True
-
-        done: asyncio.Future[None] = loop.create_future()
-        lane = _Lane(loop, send)
+        self._ended[lane] = loop.create_future()
         try:
             while data := await reader.read(1 << 16):
-                lane.push(data, self.delay_s)
+                self._hold(lane, data)
         finally:
-            lane.push(b"", self.delay_s)
-        await done
+            self._hold(lane, b"")  # the end marker, due after every byte before it
+        await self._ended.pop(lane)
+
+    # The same timing as net.delay_proxy's: one timer, woken early by its measured
+    # lateness, the last fraction of a millisecond waited out, never sent before due.
+
+    def _hold(self, lane: Lane, data: bytes) -> None:
+        now = asyncio.get_running_loop().time()
+        self._schedule.push(lane, data, now, self.delay_s)
+        self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        due = self._schedule.next_due()
+        if due is None:
+            return
+        if due <= now:
+            self._release(now)
+            return
+        wake = due - self._lead.lead
+        if self._timer is not None:
+            if self._timer_at <= wake:
+                return
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = asyncio.get_running_loop().call_at(wake, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        woke = loop.time()
+        self._lead.observe(self._timer_at, woke)
+        due = self._schedule.next_due()
+        if due is not None and 0 < due - woke <= self._lead.cap_s:
+            while loop.time() < due:
+                time.sleep(0)
+        self._release(loop.time())
+
+    def _release(self, now: float) -> None:
+        for lane, data, _due in self._schedule.pop_due(now):
+            writer = self._writers.get(lane)
+            if writer is None:
+                continue
+            if data:
+                writer.write(data)
+                continue
+            with contextlib.suppress(OSError):  # a half-close, as TCP does
+                writer.write_eof()
+            ended = self._ended.get(lane)
+            if ended is not None and not ended.done():
+                ended.set_result(None)
+        self._arm(now)
 
 
 @contextlib.contextmanager
@@ -83,5 +129,14 @@ def delayed_links(targets: list[Address], delay_ms: float) -> Iterator[list[Addr
     finally:
         for p in proxies:
             asyncio.run_coroutine_threadsafe(p.close(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(_cancel_rest(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+async def _cancel_rest() -> None:
+    """Connections still open when the bench is done: end their tasks before the loop."""
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)

@@ -210,6 +210,7 @@ class LlamaStageEngine:
         self._tok_view: npt.NDArray[np.int32] | None = None
         self._embd_view: F32Array | None = None
         self.last_decode_s = 0.0
+        self._n_out = 0
         """Seconds the last `llama_decode` took (the model's own work, for bench/)."""
         try:
             self.n_layer = int(LL.llama_model_n_layer(self._model))
@@ -334,12 +335,8 @@ class LlamaStageEngine:
         if rc != 0:
             raise DecodeError(rc)
         if not self.config.capture_hidden:
-            rows = np.flatnonzero(outputs)
-            logits = np.empty((len(rows), self.n_vocab), dtype=np.float32)
-            for j, i in enumerate(rows.tolist()):
-                ptr = LL.llama_get_logits_ith(self._ctx, i)
-                logits[j] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-            return logits
+            self._n_out = int(np.count_nonzero(outputs))
+            return self.logits_view().copy()  # one copy, owned by the caller
         if self._cstate is not None and self._capture_buf is not None:
             if self._cstate.overflow or self._cstate.written != n * self.n_embd * 4:
                 raise DecodeError(-101)
@@ -348,6 +345,30 @@ class LlamaStageEngine:
         if hidden_out is None or hidden_out.shape != (n, self.n_embd):
             raise DecodeError(-101)
         return hidden_out
+
+    def logits_view(self) -> F32Array:
+        """The last decode's logits, one row per output row in batch order, without a copy.
+
+        A read-only view of llama.cpp's own buffer: valid until the next `decode` on this
+        engine, so read it (argmax, top-k of each row) on the engine's thread first.
+        """
+        if self.config.capture_hidden or self._n_out == 0:
+            raise ValueError("no logits: this stage returns hidden states, or nothing decoded")
+        ptr = LL.llama_get_logits(self._ctx)
+        view = np.ctypeslib.as_array(ptr, shape=(self._n_out, self.n_vocab))
+        view.flags.writeable = False
+        return view
+
+    def argmax_rows(self) -> list[int]:
+        """Greedy token of every output row of the last decode (lowest id wins ties)."""
+        return [int(i) for i in np.argmax(self.logits_view(), axis=1)]
+
+    def top_k_rows(self, k: int) -> tuple[npt.NDArray[np.int64], F32Array]:
+        """The k largest logits of every output row: (ids, values), each (rows, k), by id."""
+        view = self.logits_view()
+        k = min(k, self.n_vocab)
+        ids = np.sort(np.argpartition(view, self.n_vocab - k, axis=1)[:, self.n_vocab - k :])
+        return ids, np.take_along_axis(view, ids, axis=1)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """Forget positions [p0, p1) of a sequence (p1 = -1: to the end)."""

@@ -53,11 +53,14 @@ def _echo_server() -> tuple[socket.socket, int]:
 def test_tcp_lanes_carry_every_byte_in_order_both_ways(delay_ms: float) -> None:
     srv, port = _echo_server()
     payload = bytes(range(256)) * 800  # 200 KB: many reads, many lane entries
-    with srv, delayed_links([("127.0.0.1", port)], delay_ms) as (link,):
-        with socket.create_connection(link, 5) as c:
-            c.sendall(payload)
-            c.shutdown(socket.SHUT_WR)  # the end travels through the lanes too
-            got = bytearray()
-            while data := c.recv(65536):
-                got += data
+    with (
+        srv,
+        delayed_links([("127.0.0.1", port)], delay_ms) as (link,),
+        socket.create_connection(link, 5) as c,
+    ):
+        c.sendall(payload)
+        c.shutdown(socket.SHUT_WR)  # the end travels through the lanes too
+        got = bytearray()
+        while data := c.recv(65536):
+            got += data
     assert bytes(got) == payload
