@@ -195,7 +195,8 @@ class SwarmClient:
                 for frame in self._sent.replay():
                     self._first.send(frame)
         except (NetError, OSError, TimeoutError) as exc:
-            raise RouteUnavailable(str(exc)) from exc
+            # A bare TimeoutError has no text: say what timed out, not an empty reason.
+            raise RouteUnavailable(str(exc) or "dialling the route's stages timed out") from exc
 
     async def _dial_patiently(self, node_id: str, address: tuple[str, int]) -> Channel:
         """Dial again until `relink_timeout`, unless the stage is gone (see app.redial)."""
