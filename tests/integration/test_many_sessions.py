@@ -92,3 +92,28 @@ def test_256_sessions_run_together_and_the_257th_is_told_to_retry(tiny: Path) ->
     same = sum(a == s for a, s in zip(answers, solo, strict=True))
     assert same == SESSIONS, f"{same} of {SESSIONS} gave the tokens they give alone"
     assert again == solo[0]
+
+
+def test_reproducible_mode_gives_32_batched_requests_their_solo_tokens(tiny: Path) -> None:
+    # One KV stream and one llama_decode per session (WorkerConfig.reproducible).
+    n = 32
+
+    async def scenario() -> list[list[int]]:
+        async with LocalSwarm(
+            model=str(tiny), cuts=CUTS, max_sessions=n, n_ctx=n * 64, reproducible=True
+        ) as swarm:
+            assert swarm.route is not None and swarm.client_credentials is not None
+            async with SwarmClient(swarm.client_credentials, swarm.route) as client:
+
+                async def one(k: int) -> list[int]:
+                    return [t async for ev in client.generate(_prompt(k), NEW) for t in ev.tokens]
+
+                return list(await asyncio.gather(*(one(k) for k in range(n))))
+
+    answers = asyncio.run(scenario())
+    alone = build_pipeline([tiny], [LayerRange(0, 8)], 8, 64, 64, 1, True)
+    try:
+        solo = [list(alone.generate(_prompt(k), NEW).tokens) for k in range(n)]
+    finally:
+        alone.shutdown()
+    assert answers == solo
