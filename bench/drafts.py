@@ -212,6 +212,11 @@ def _undo(
     return {"per_stage_ms": per_stage, "max_ms": max(per_stage), "guesses_cut": k}
 
 
+def _progress(out: dict[str, Any]) -> None:
+    """Each finished part to stderr at once: a long run cut short keeps what it measured."""
+    print(json.dumps(out), file=sys.stderr, flush=True)
+
+
 def _fold(ids: list[int]) -> list[int]:
     return [1 + i % (TINY_VOCAB - 1) for i in ids]
 
@@ -240,7 +245,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ) as swarm:
                 prompts = {k: _fold(v) for k, v in ids.items()}
                 out["wan20"] = await _chain_table(swarm, prompts, args.tokens, SETTINGS)
-                out.setdefault("chunked_prompt", {})["wan20"] = await _ttft(swarm, _fold(long_ids))
+                _progress(out)
+                if args.ttft:
+                    out.setdefault("chunked_prompt", {})["wan20"] = await _ttft(
+                        swarm, _fold(long_ids)
+                    )
             out["wan20_links_ms"] = {"delays": delays, "sum": sum(delays)}
             out.setdefault("undo", {})["wan20"] = _undo(model, cuts, 8, N_CTX)
     if "wan18_gemma" in chains:
@@ -254,7 +263,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await swarm.start(ready_timeout=900)  # 18 workers calibrating on a busy machine
             out["wan18_gemma"] = await _chain_table(swarm, ids, args.tokens, SETTINGS)
-            out.setdefault("chunked_prompt", {})["wan18_gemma"] = await _ttft(swarm, long_ids)
+            _progress(out)
+            if args.ttft:
+                out.setdefault("chunked_prompt", {})["wan18_gemma"] = await _ttft(swarm, long_ids)
         finally:
             await swarm.stop()
             swarm.cleanup()
@@ -325,6 +336,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--chains", default="wan20,wan18_gemma,gemma3")
+    ap.add_argument(
+        "--no-ttft", dest="ttft", action="store_false", help="skip the chunked-prompt timing"
+    )
     ap.add_argument(
         "--exact",
         action="store_true",
