@@ -162,7 +162,11 @@ class RecoveringClient:
                     # a client's newest link).
                     dead = await self._probe(self.route, skip=self._client.linked)
                 decision = decide(
-                    classify(code, bool(dead)), recoveries, dead, len(history), self.policy
+                    classify(code, bool(dead)),
+                    recoveries,
+                    dead,
+                    len(prompt) + len(produced),  # what the replay will send
+                    self.policy,
                 )
                 log.warning("answer broke (%s); dead stages %s: %s", exc, dead, decision.verdict)
                 if decision.verdict is Verdict.GIVE_UP:

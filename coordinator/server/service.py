@@ -427,7 +427,15 @@ class Coordinator:
         return self._plan_error
 
     def assignment(self, node_id: str) -> Assignment | None:
-        current = next((c for c in self._chains if c.stage_of(node_id) is not None), None)
+        # While no plan can be made (too few healthy workers for a moment: late heartbeats
+        # on a loaded machine, a dead stage not yet replaced), the others keep the last
+        # good plan's stages: answering "nothing" would make every worker drop and reload
+        # its stage, a re-plan storm that outlasts the gap itself.
+        chains = self._chains or ([self._kept] if self._kept is not None else [])
+        with self._lock:
+            if node_id in self._paused:
+                return None
+        current = next((c for c in chains if c.stage_of(node_id) is not None), None)
         if current is None:
             return None
         stage = current.stage_of(node_id)
