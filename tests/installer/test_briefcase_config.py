@@ -108,6 +108,6 @@ def test_ci_installs_what_briefcase_checks_on_the_build_machine() -> None:
     """Briefcase refuses to build unless every run-time dependency is installed here."""
     doc = tomllib.loads((ROOT / "briefcase.toml").read_text(encoding="utf-8"))
     debian = doc["tool"]["briefcase"]["app"]["sangama"]["linux"]["system"]["debian"]
-    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").split()
+    ci = [w.rstrip(";") for w in (ROOT / ".ci" / "run").read_text(encoding="utf-8").split()]
     missing = [p for p in debian["system_runtime_requires"] if p not in ci]
     assert missing == [], f".ci/run does not install {missing}"
