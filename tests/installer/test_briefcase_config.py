@@ -102,3 +102,12 @@ def test_start_on_login_names_the_packaged_launcher(monkeypatch: pytest.MonkeyPa
     assert "Exec=/usr/bin/sangama-app\n" in desktop_entry(autostart_command())
     launcher = (deb_build.TEMPLATE / "{{ cookiecutter.format }}/bootstrap/launcher.c").read_text()
     assert 'setenv("SANGAMA_APP_COMMAND", "/usr/bin/" GUI_NAME' in launcher
+
+
+def test_ci_installs_what_briefcase_checks_on_the_build_machine() -> None:
+    """Briefcase refuses to build unless every run-time dependency is installed here."""
+    doc = tomllib.loads((ROOT / "briefcase.toml").read_text(encoding="utf-8"))
+    debian = doc["tool"]["briefcase"]["app"]["sangama"]["linux"]["system"]["debian"]
+    ci = [w.rstrip(";") for w in (ROOT / ".ci" / "run").read_text(encoding="utf-8").split()]
+    missing = [p for p in debian["system_runtime_requires"] if p not in ci]
+    assert missing == [], f".ci/run does not install {missing}"
