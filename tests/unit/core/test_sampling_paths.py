@@ -70,7 +70,7 @@ params_strategy = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(x=tied_vectors(), params=params_strategy, data=st.data())
 def test_sample_draws_what_the_full_vector_chain_draws(
     x: Logits, params: SamplingParams, data: st.DataObject
