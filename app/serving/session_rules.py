@@ -14,6 +14,8 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
     event                      condition                              actions
     -------------------------  -------------------------------------  ---------------------
     OPEN, new session          draining                               refuse OVERLOADED
+                               node over its limits (node_limits)     refuse OVERLOADED
+                                                                      (with retry hint)
                                last stage, client has no link here    refuse BAD_VALUE
                                admission refuses (slots, KV memory)   refuse OVERLOADED
                                                                       (with retry hint)
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
+from app.serving.node_limits import NodeLimits
 from core.admission import AdmissionLedger
 from net import wire
 from net.errors import ErrorCode
@@ -250,8 +253,15 @@ class _Session(Generic[L]):
 class SessionRules(Generic[L]):
     """Every session of one stage and the links they use."""
 
-    def __init__(self, is_last: bool, admission: AdmissionLedger | None = None) -> None:
+    def __init__(
+        self,
+        is_last: bool,
+        admission: AdmissionLedger | None = None,
+        node_limits: NodeLimits | None = None,
+    ) -> None:
         self.is_last = is_last
+        self.node_limits = node_limits
+        """Per upstream node: sessions held and new-session OPEN rate; None: no limit."""
         self.draining = False
         self.admission = admission
         """What each session reserves of the stage's KV (core.admission); None: no limit
@@ -309,6 +319,13 @@ class SessionRules(Generic[L]):
                     OverloadHint(retry_after_ms=0, try_another_route=True),
                 ).message,
             )
+        if self.node_limits is not None:
+            held = sum(1 for s in self._sessions.values() if s.owner_id == peer)
+            limited = self.node_limits.check_open(peer, held)
+            if limited is not None:
+                hint = OverloadHint(limited.retry_after_ms, limited.try_another_route)
+                error = overloaded(frame.session, limited.reason, hint)
+                return self._refuse(link, frame.session, ErrorCode.OVERLOADED, error.message)
         session = _Session(frame, owner_id=peer, owner=link)
         if self.is_last:
             session.reply = self._peers.get(frame.reply_to)

@@ -26,6 +26,7 @@ import numpy as np
 from app.config import Hop, WorkerConfig
 from app.serving.calibration import calibrated_row_budget
 from app.serving.downstream import Dialer, Downstream
+from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
     Begin,
@@ -153,7 +154,13 @@ class StageWorker:
         self.row_budget = config.row_budget
         """Rows per engine step: measured at start (calibrate_budget), at most n_batch."""
         self.step_samples: list[tuple[int, float]] = []
-        self._rules: SessionRules[Channel] = SessionRules(self.is_last, self.admission)
+        self._rules: SessionRules[Channel] = SessionRules(
+            self.is_last,
+            self.admission,
+            NodeLimits(
+                NodeLimitsPolicy.for_stage(self.admission.policy.max_sessions), time.monotonic
+            ),
+        )
         """Ownership, resume, de-duplication, admission: decided there, carried out here."""
         self._sessions: dict[str, _Session] = {}
         self._pending: list[_Pending] = []
