@@ -384,7 +384,7 @@ def _quit_app(screen: Screen, tray: str, app: subprocess.Popen[bytes]) -> None:
     time.sleep(1.5)
     screen.x("key", "Up", "Return")  # Quit
     try:
-        app.wait(60)
+        app.wait(20)
     except subprocess.TimeoutExpired:
         app.terminate()
         app.wait(15)
