@@ -146,17 +146,30 @@ def _proof_maker(creds: NodeCredentials, server_cert_sha256: bytes) -> Callable[
     return make
 
 
+def identity_checker(
+    creds: NodeCredentials, revoked: Callable[[], Collection[int]] | None = None
+) -> Callable[[bytes, bytes], auth.NodeIdentity]:
+    """Verify a client's proof, giving all its certificate says (serial included);
+    `revoked` gives the current revocation list at each call."""
+    ca = auth.load_certificate(creds.ca_certificate_pem)
+    own_hash = creds.certificate_sha256
+
+    def check(data: bytes, nonce: bytes) -> auth.NodeIdentity:
+        proof = auth.ClientProof.decode(data)
+        serials = creds.revoked_serials if revoked is None else revoked()
+        return auth.verify_client_proof(proof, ca, nonce, own_hash, revoked=serials)
+
+    return check
+
+
 def proof_checker(
     creds: NodeCredentials, revoked: Callable[[], Collection[int]] | None = None
 ) -> Callable[[bytes, bytes], PeerIdentity]:
     """Verify a client's proof; `revoked` gives the current revocation list at each call."""
-    ca = auth.load_certificate(creds.ca_certificate_pem)
-    own_hash = creds.certificate_sha256
+    verify = identity_checker(creds, revoked)
 
     def check(data: bytes, nonce: bytes) -> PeerIdentity:
-        proof = auth.ClientProof.decode(data)
-        serials = creds.revoked_serials if revoked is None else revoked()
-        ident = auth.verify_client_proof(proof, ca, nonce, own_hash, revoked=serials)
+        ident = verify(data, nonce)
         return PeerIdentity(ident.node_id, ident.role)
 
     return check
@@ -211,9 +224,10 @@ class ChannelServer:
     ) -> None:
         self._creds = creds
         self._on_channel = on_channel
-        self.revoked_serials: frozenset[int] = creds.revoked_serials
-        """Replace to refuse newly revoked nodes (the coordinator publishes them)."""
-        self._check = proof_checker(creds, lambda: self.revoked_serials)
+        self._revoked: frozenset[int] = creds.revoked_serials
+        self._check = identity_checker(creds, lambda: self._revoked)
+        self._certs: dict[Channel, auth.NodeIdentity] = {}
+        """The certificate each authenticated channel's peer proved, for revocations."""
         self._allowed_roles = frozenset(allowed_roles)
         self._server = QuicServer(creds.tls(), self._link_accepted, tuning)
         self.channels: set[Channel] = set()
@@ -243,27 +257,55 @@ class ChannelServer:
     def update_credentials(self, creds: NodeCredentials) -> None:
         """A renewed certificate: new connections are served and checked with it."""
         self._creds = creds
-        self._check = proof_checker(creds, lambda: self.revoked_serials)
+        self._check = identity_checker(creds, lambda: self._revoked)
         self._server.update_identity(creds.tls())
 
-    def _check_role(self, data: bytes, nonce: bytes) -> PeerIdentity:
-        peer = self._check(data, nonce)
-        if peer.role not in self._allowed_roles:
-            raise auth.AuthError(f"role {peer.role!r} may not connect here")
-        return peer
+    @property
+    def revoked_serials(self) -> frozenset[int]:
+        return self._revoked
+
+    @revoked_serials.setter
+    def revoked_serials(self, serials: frozenset[int]) -> None:
+        """Refuse newly revoked nodes (the coordinator publishes them): new connections
+        from them fail authentication, and links they hold open now are closed, so a
+        revoked certificate is not trusted a moment longer than its next refresh."""
+        self._revoked = serials
+        for channel, ident in list(self._certs.items()):
+            if ident.serial in serials:
+                log.warning("closing the link of %s: its certificate is revoked", ident.node_id)
+                channel.close(f"certificate of {ident.node_id} (serial {ident.serial:x}) revoked")
+
+    def _check_role(self, data: bytes, nonce: bytes, channel: Channel) -> PeerIdentity:
+        ident = self._check(data, nonce)
+        if ident.role not in self._allowed_roles:
+            raise auth.AuthError(f"role {ident.role!r} may not connect here")
+        if not channel.closed.done():
+            self._certs[channel] = ident
+        return PeerIdentity(ident.node_id, ident.role)
 
     def _link_accepted(self, link: ByteLink) -> None:
-        conn = PeerConnection(Role.ACCEPTOR, check_proof=self._check_role, new_nonce=auth.new_nonce)
-        channel = Channel(link, conn)
-        self.channels.add(channel)
-        channel.closed.add_done_callback(lambda _f: self.channels.discard(channel))
+        channel: Channel | None = None
+
+        def check(data: bytes, nonce: bytes) -> PeerIdentity:
+            assert channel is not None  # proofs arrive after the link is set up
+            return self._check_role(data, nonce, channel)
+
+        conn = PeerConnection(Role.ACCEPTOR, check_proof=check, new_nonce=auth.new_nonce)
+        channel = ch = Channel(link, conn)
+        self.channels.add(ch)
+
+        def forget(_f: object) -> None:
+            self.channels.discard(ch)
+            self._certs.pop(ch, None)
+
+        ch.closed.add_done_callback(forget)
 
         def ready(fut: asyncio.Future[PeerIdentity]) -> None:
             if not fut.cancelled() and fut.exception() is None:
-                self._on_channel(channel)
+                self._on_channel(ch)
 
-        channel.authenticated.add_done_callback(ready)
-        channel.start()
+        ch.authenticated.add_done_callback(ready)
+        ch.start()
 
     def close(self) -> None:
         self._server.close()

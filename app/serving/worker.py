@@ -221,7 +221,7 @@ class StageWorker:
             self._downstream.update_credentials(creds)
 
     def set_revoked(self, serials: frozenset[int]) -> None:
-        """Refuse nodes the coordinator has revoked, from their next connection on."""
+        """Refuse nodes the coordinator has revoked; links they hold open now are closed."""
         self._server.revoked_serials = serials
 
     @property

@@ -414,6 +414,35 @@ def test_revoked_client_is_refused(swarm: Swarm, protocol_events: list[tuple[Rol
     assert frames_processed_by_server(protocol_events) == [open_frame("s2")]
 
 
+def test_a_link_open_when_its_certificate_is_revoked_is_closed(swarm: Swarm) -> None:
+    serial = swarm.client.certified.certificate.serial_number
+
+    async def main() -> None:
+        async with Server(swarm.server) as srv:
+            assert srv.server is not None
+            bad = await connect_channel(srv.address, swarm.client, SERVER_ID, TUNING, PATIENCE_S)
+            other = creds(swarm.ca, "client3", "client")
+            good = await connect_channel(srv.address, other, SERVER_ID, TUNING, PATIENCE_S)
+            bad.send(open_frame("s1"))
+            good.send(open_frame("s3"))
+            assert {await next_frame(srv.frames), await next_frame(srv.frames)} == {
+                open_frame("s1"),
+                open_frame("s3"),
+            }
+            # The coordinator publishes the revocation: the next refresh closes the link.
+            srv.server.revoked_serials = frozenset({serial})
+            assert "revoked" in await within(srv.closes.get())
+            await within(bad.closed)
+            assert srv.closes.empty()  # the other client's link is untouched, and works
+            good.send(wire.Close("s3", "done"))
+            assert await next_frame(srv.frames) == wire.Close("s3", "done")
+            with pytest.raises(AuthenticationFailed, match="revoked"):
+                await connect_channel(srv.address, swarm.client, SERVER_ID, TUNING, PATIENCE_S)
+            good.close()
+
+    run(main)
+
+
 def test_role_not_allowed_here_is_refused(
     swarm: Swarm, protocol_events: list[tuple[Role, Event]]
 ) -> None:
