@@ -12,6 +12,10 @@ Only new sessions are counted: an OPEN that resumes a session over a new link is
 recovery path and is never rate limited here (it is bounded by the sessions the node
 holds). `app.serving.session_rules` asks `check_open` before admission; nothing here reads
 a clock of its own or touches IO, so every rule is tested with a plain float clock.
+
+The worker applies them on the first stage, whose upstream nodes are the clients asking:
+on a later stage every session of the chain arrives from one upstream worker, so a limit
+on that node would be a limit on everyone (admission caps those stages).
 """
 
 from __future__ import annotations

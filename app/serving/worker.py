@@ -154,12 +154,13 @@ class StageWorker:
         self.row_budget = config.row_budget
         """Rows per engine step: measured at start (calibrate_budget), at most n_batch."""
         self.step_samples: list[tuple[int, float]] = []
+        # Per-node OPEN limits on the first stage only: further down, every session of the
+        # chain comes from one upstream worker, and limiting it would limit everyone.
+        limits = NodeLimitsPolicy.for_stage(self.admission.policy.max_sessions)
         self._rules: SessionRules[Channel] = SessionRules(
             self.is_last,
             self.admission,
-            NodeLimits(
-                NodeLimitsPolicy.for_stage(self.admission.policy.max_sessions), time.monotonic
-            ),
+            NodeLimits(limits, time.monotonic) if self.is_first else None,
         )
         """Ownership, resume, de-duplication, admission: decided there, carried out here."""
         self._sessions: dict[str, _Session] = {}
