@@ -8,6 +8,7 @@ accepts. Either way, frames reach `on_frame` only after both sides are authentic
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import logging
 from collections.abc import Callable, Collection
@@ -267,13 +268,30 @@ class ChannelServer:
     @revoked_serials.setter
     def revoked_serials(self, serials: frozenset[int]) -> None:
         """Refuse newly revoked nodes (the coordinator publishes them): new connections
-        from them fail authentication, and links they hold open now are closed, so a
-        revoked certificate is not trusted a moment longer than its next refresh."""
+        from them fail authentication, and links they hold open now are closed (see
+        `refresh_trust`), so a certificate is not trusted a moment past its next refresh."""
+        self.refresh_trust(serials)
+
+    def refresh_trust(self, serials: frozenset[int], now: dt.datetime | None = None) -> int:
+        """Close every open link whose peer's certificate is now revoked or has expired
+        (`now`: the time to judge by, the current UTC time by default); how many closed.
+        Links are checked at authentication only, so this is what ends a long-lived link
+        from a node that lost its trust while it was connected."""
         self._revoked = serials
+        at = now or dt.datetime.now(dt.UTC)
+        closed = 0
         for channel, ident in list(self._certs.items()):
             if ident.serial in serials:
-                log.warning("closing the link of %s: its certificate is revoked", ident.node_id)
-                channel.close(f"certificate of {ident.node_id} (serial {ident.serial:x}) revoked")
+                why = f"certificate of {ident.node_id} (serial {ident.serial:x}) revoked"
+            elif ident.not_after < at:
+                why = f"certificate of {ident.node_id} expired at {ident.not_after.isoformat()}"
+            else:
+                continue
+            log.warning("closing the link of %s: %s", ident.node_id, why)
+            channel.close(why)
+            self._certs.pop(channel, None)
+            closed += 1
+        return closed
 
     def _check_role(self, data: bytes, nonce: bytes, channel: Channel) -> PeerIdentity:
         ident = self._check(data, nonce)

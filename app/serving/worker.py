@@ -222,7 +222,7 @@ class StageWorker:
             self._downstream.update_credentials(creds)
 
     def set_revoked(self, serials: frozenset[int]) -> None:
-        """Refuse nodes the coordinator has revoked; links they hold open now are closed."""
+        """Refuse revoked nodes; close the links whose certificate is now revoked or expired."""
         self._server.revoked_serials = serials
 
     @property

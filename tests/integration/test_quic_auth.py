@@ -9,6 +9,7 @@ orders and reasons are asserted, never how fast anything was.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -439,6 +440,26 @@ def test_a_link_open_when_its_certificate_is_revoked_is_closed(swarm: Swarm) -> 
             with pytest.raises(AuthenticationFailed, match="revoked"):
                 await connect_channel(srv.address, swarm.client, SERVER_ID, TUNING, PATIENCE_S)
             good.close()
+
+    run(main)
+
+
+def test_a_link_open_when_its_certificate_expires_is_closed_at_the_next_refresh(
+    swarm: Swarm,
+) -> None:
+    async def main() -> None:
+        async with Server(swarm.server) as srv:
+            assert srv.server is not None
+            ch = await connect_channel(srv.address, swarm.client, SERVER_ID, TUNING, PATIENCE_S)
+            ch.send(open_frame("s4"))
+            assert await next_frame(srv.frames) == open_frame("s4")
+            not_after = swarm.client.certified.certificate.not_valid_after_utc
+            assert srv.server.refresh_trust(frozenset(), now=not_after) == 0  # still valid
+            assert srv.closes.empty()
+            later = not_after + dt.timedelta(seconds=1)
+            assert srv.server.refresh_trust(frozenset(), now=later) == 1
+            assert "expired" in await within(srv.closes.get())
+            await within(ch.closed)
 
     run(main)
 
