@@ -218,7 +218,14 @@ def test_deb_installs_joins_serves_answers_and_uninstalls_cleanly(
                                   "XDG_RUNTIME_DIR": f"/tmp/runtime-{USER}"}),
                 stdout=app_log, stderr=app_log,
             )
-            tray = str(wait_for("the tray icon", lambda: screen.window("^Sangama$"), 120))
+            def tray_icon() -> str:
+                assert app is not None and app.poll() is None, _app_tail(home, tmp_path)
+                return screen.window("^Sangama$")
+
+            try:
+                tray = str(wait_for("the tray icon", tray_icon, 180))
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{_app_tail(home, tmp_path)}") from None
             time.sleep(1.0)
             tx, ty, tw, th = screen.geometry(tray)
             # A first start opens the walk-through (app.ui.first_run); this test joins
