@@ -89,6 +89,18 @@ class Screen:
                 return wid
         return ""
 
+    def tray_icon(self) -> str:
+        """The app's icon in tint2's tray: a small window named Sangama in the panel. (An
+        embedded icon need not report itself viewable, so no map-state check here.)"""
+        for wid in self.x("search", "--name", "^Sangama$").split():
+            try:
+                _x, y, w, h = self.geometry(wid)
+            except (KeyError, ValueError):
+                continue
+            if 0 < w <= 64 and 0 < h <= 64 and y >= 700:
+                return wid
+        return ""
+
     def shoot(self, name: str, crop: tuple[int, int, int, int] | None = None) -> Path:
         path = self.shots / f"{len(self.taken) + 1:02d}_{name}.png"
         args = ["import", "-window", "root"]
@@ -220,7 +232,7 @@ def test_deb_installs_joins_serves_answers_and_uninstalls_cleanly(
             )
             def tray_icon() -> str:
                 assert app is not None and app.poll() is None, _app_tail(home, tmp_path)
-                return screen.window("^Sangama$")
+                return screen.tray_icon()
 
             try:
                 tray = str(wait_for("the tray icon", tray_icon, 180))
