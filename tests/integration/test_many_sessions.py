@@ -1,5 +1,7 @@
 """A worker holds 256 sessions at once; the 257th is refused with OVERLOADED and a retry
-hint, and the 256 finish with the tokens each gives alone.
+hint, and the 256 finish with the tokens each gives alone (in reproducible mode: in the
+default mode batch shapes may flip a near-tie of the random-weight model, as the
+default-mode count in bench/load.py reports).
 
 Real worker processes, real QUIC on loopback, one client connection carrying every
 session: no limit sized for one request (frames in flight per link, streams, calls,
@@ -49,7 +51,11 @@ async def _rest(first: TokenEvent, gen: AsyncIterator[TokenEvent]) -> list[int]:
 def test_256_sessions_run_together_and_the_257th_is_told_to_retry(tiny: Path) -> None:
     async def scenario() -> tuple[list[list[int]], Overloaded | None, list[int]]:
         swarm = LocalSwarm(
-            model=str(tiny), cuts=CUTS, max_sessions=SESSIONS, n_ctx=SESSIONS * RESERVED
+            model=str(tiny),
+            cuts=CUTS,
+            max_sessions=SESSIONS,
+            n_ctx=SESSIONS * RESERVED,
+            reproducible=True,
         )
         await swarm.start()
         try:
