@@ -147,7 +147,7 @@ def screen(tmp_path: Path, artifacts_dir: Path) -> Iterator[Screen]:
         log.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def artifacts_dir() -> Path:
     out = ROOT / "artifacts" / "installer"
     out.mkdir(parents=True, exist_ok=True)
@@ -171,34 +171,64 @@ async def _outside_stage(coord: CoordinatorProcess, work: Path) -> Child:
     return await spawn_sangama("outside", args, work / "outside.log", 600, wait_ready=False)
 
 
-def test_deb_installs_joins_serves_answers_and_uninstalls_cleanly(
+def _install(root: DebianRoot, deb: Path) -> float:
+    """`apt-get install` of the .deb into the root; returns the seconds it took."""
+    shutil.copy(deb, root.path / "tmp" / deb.name)
+    t0 = time.monotonic()
+    root.run(["apt-get", "update", "-qq"])
+    root.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+              f"/tmp/{deb.name}"], timeout=900)
+    took = time.monotonic() - t0
+    (root.path / "tmp" / deb.name).unlink()
+    return took
+
+
+def _start_app(root: DebianRoot, screen: Screen, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """The installed tray app inside the root, started as its menu entry starts it."""
+    app_log = (tmp_path / "app.log").open("wb")
+    return subprocess.Popen(
+        root.command(["/usr/bin/sangama-app"], user=USER,
+                     env={"DISPLAY": screen.display, "QT_QPA_PLATFORM": "xcb",
+                          "XDG_RUNTIME_DIR": f"/tmp/runtime-{USER}"}),
+        stdout=app_log, stderr=app_log,
+    )
+
+
+def _stop(app: subprocess.Popen[bytes] | None) -> None:
+    if app is None or app.poll() is not None:
+        return
+    app.terminate()
+    try:
+        app.wait(15)
+    except subprocess.TimeoutExpired:
+        app.kill()
+        app.wait(5)
+
+
+def _app_log(home: Path, tmp: Path) -> str:
+    text = (tmp / "app.log").read_text(errors="replace")
+    for log in sorted(home.rglob("sangama-app.log")):
+        text += log.read_text(errors="replace")
+    return text
+
+
+def test_deb_installs_starts_and_uninstalls_cleanly(
     tools: None, screen: Screen, artifacts_dir: Path, tmp_path: Path
 ) -> None:
+    """Everything but the GUI flow: apt install into a clean root, the commands as a normal
+    user, the prebuilt capture library without a compiler, the app up on xcb, then remove
+    and purge leave what installers/README.md says."""
     figures: dict[str, object] = {}
     deb = build_deb()
     figures["package_bytes"] = deb.stat().st_size
     figures["package"] = deb.name
     tarball = base_tarball()
-
-    model = default_model_path()
-    # generous: the coordinator slices the model on first use, on a busy 2-core machine
-    coord = CoordinatorProcess.start(tmp_path / "coordinator", model, min_stages=2, timeout=600)
-    loop = asyncio.new_event_loop()
-    outside: Child | None = None
     app: subprocess.Popen[bytes] | None = None
     where = Path(f"/tmp/sangama-deb-root-{os.getpid()}")
     try:
         with DebianRoot.unpacked(tarball, where) as root:
             home = root.add_user()
-            # -- install: apt resolves the dependencies from the Debian mirror -----------
-            shutil.copy(deb, root.path / "tmp" / deb.name)
-            t0 = time.monotonic()
-            root.run(["apt-get", "update", "-qq"])
-            root.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                      f"/tmp/{deb.name}"], timeout=900)
-            installed_at = time.monotonic()
-            figures["install_seconds"] = round(installed_at - t0, 1)
-            (root.path / "tmp" / deb.name).unlink()
+            figures["install_seconds"] = round(_install(root, deb), 1)
             files = root.files_of("sangama")
             for needed in ("/usr/bin/sangama", "/usr/bin/sangama-app",
                            "/usr/share/applications/org.sangama.sangama.desktop",
@@ -221,6 +251,88 @@ def test_deb_installs_joins_serves_answers_and_uninstalls_cleanly(
             desktop = (root.path / "usr/share/applications/org.sangama.sangama.desktop").read_text()
             assert "Exec=/usr/bin/sangama-app" in desktop
 
+            # -- the app starts on the X server (its own log says which platform) ---------
+            app = _start_app(root, screen, tmp_path)
+
+            def started() -> bool:
+                assert app is not None and app.poll() is None, _app_tail(home, tmp_path)
+                return "sangama-app started on xcb" in _app_log(home, tmp_path)
+
+            wait_for("the app's start on xcb", started, 120)
+            time.sleep(2.0)
+            screen.shoot("app_started")
+            _stop(app)
+            app = None
+
+            # -- what the app leaves in the home folder, as it would write it -------------
+            root.run(_installed_python(
+                "from app.ui.settings import set_start_on_login\n"
+                "set_start_on_login(True, '/usr/bin/sangama-app')"), user=USER)
+            autostart = home / ".config/autostart/sangama-app.desktop"
+            assert autostart.exists()
+            other_entry = home / ".config/autostart/other.desktop"
+            other_entry.write_text("[Desktop Entry]\nType=Application\nExec=/usr/bin/true\n")
+            pieces = home / ".cache" / "sangama"
+            piece = pieces / "slices" / "model-0-15.gguf"
+            piece.parent.mkdir(parents=True, exist_ok=True)
+            piece.write_bytes(b"GGUF" + bytes(64))
+            neighbour = home / ".cache" / "other-app" / "keep"
+            neighbour.parent.mkdir(parents=True, exist_ok=True)
+            neighbour.write_text("not ours")
+            config = home / ".config" / "sangama"  # settings and identity live here
+            config.mkdir(parents=True, exist_ok=True)
+            (config / "node.pem").write_text("an identity purge must keep")
+            root.run(["chown", "-R", f"{USER}:{USER}", f"/home/{USER}"])
+
+            # -- remove: the start-on-login entry goes with the package ------------------
+            root.run(["apt-get", "remove", "-y", "-qq", "sangama"])
+            assert not autostart.exists(), "apt remove left the start-on-login entry"
+            assert other_entry.exists(), "apt remove took another program's autostart entry"
+            assert not (root.path / "usr/bin/sangama-app").exists()
+            assert not (root.path / LIB.lstrip("/")).exists(), list(
+                (root.path / LIB.lstrip("/")).rglob("*"))[:10]
+            assert piece.exists(), "remove must keep the pieces"
+
+            # -- purge without the marker keeps the pieces; with it, they go ---------------
+            root.run(["apt-get", "purge", "-y", "-qq", "sangama"])
+            assert piece.exists(), "purge without the marker removed user files"
+            (root.path / "etc/sangama").mkdir(parents=True, exist_ok=True)
+            (root.path / "etc/sangama/purge-user-data").touch()
+            _install(root, deb)
+            root.run(["apt-get", "purge", "-y", "-qq", "sangama"])
+            assert not pieces.exists(), "purge with the marker kept ~/.cache/sangama"
+            assert neighbour.read_text() == "not ours", "purge touched another app's cache"
+            assert config.exists(), "purge removed settings and identity"
+            assert other_entry.exists()
+            assert not (root.path / "etc/sangama").exists()
+    finally:
+        _stop(app)
+        shutil.rmtree(where, ignore_errors=True)
+        (artifacts_dir / "figures_install.json").write_text(json.dumps(figures, indent=1))
+        print("FIGURES", json.dumps(figures))
+
+
+def _gui_join_serve_chat(
+    tools: None, screen: Screen, artifacts_dir: Path, tmp_path: Path
+) -> None:
+    figures: dict[str, object] = {}
+    deb = build_deb()
+    figures["package_bytes"] = deb.stat().st_size
+    figures["package"] = deb.name
+    tarball = base_tarball()
+
+    model = default_model_path()
+    # generous: the coordinator slices the model on first use, on a busy 2-core machine
+    coord = CoordinatorProcess.start(tmp_path / "coordinator", model, min_stages=2, timeout=600)
+    loop = asyncio.new_event_loop()
+    outside: Child | None = None
+    app: subprocess.Popen[bytes] | None = None
+    where = Path(f"/tmp/sangama-deb-root-{os.getpid()}")
+    try:
+        with DebianRoot.unpacked(tarball, where) as root:
+            home = root.add_user()
+            t0 = time.monotonic()
+            figures["install_seconds"] = round(_install(root, deb), 1)
             # -- the tray app inside the root, as the menu entry starts it ----------------
             outside = loop.run_until_complete(_outside_stage(coord, tmp_path))
             app_log = (tmp_path / "app.log").open("wb")
@@ -309,33 +421,8 @@ def test_deb_installs_joins_serves_answers_and_uninstalls_cleanly(
             figures["answer"] = answer
             print(f"ANSWER {answer!r}")
 
-            # -- start on login, then remove: the entry goes with the package --------------
-            root.run(_installed_python(
-                "from app.ui.settings import set_start_on_login\n"
-                "set_start_on_login(True, '/usr/bin/sangama-app')"), user=USER)
-            autostart = home / ".config/autostart/sangama-app.desktop"
-            assert autostart.exists()
             _quit_app(screen, tray, app)
             app = None
-            root.run(["apt-get", "remove", "-y", "-qq", "sangama"])
-            assert not autostart.exists(), "apt remove left the start-on-login entry"
-            assert not (root.path / "usr/bin/sangama-app").exists()
-            assert not (root.path / LIB.lstrip("/")).exists(), list(
-                (root.path / LIB.lstrip("/")).rglob("*"))[:10]
-            assert any(pieces.rglob("*.gguf")), "remove must keep the pieces"
-
-            # -- purge without the marker keeps the pieces; with it, they go ---------------
-            root.run(["apt-get", "purge", "-y", "-qq", "sangama"])
-            assert any(pieces.rglob("*.gguf")), "purge without the marker removed user files"
-            (root.path / "etc/sangama").mkdir(parents=True, exist_ok=True)
-            (root.path / "etc/sangama/purge-user-data").touch()
-            shutil.copy(deb, root.path / "tmp" / deb.name)
-            root.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                      f"/tmp/{deb.name}"], timeout=900)
-            root.run(["apt-get", "purge", "-y", "-qq", "sangama"])
-            assert not pieces.exists(), "purge with the marker kept ~/.cache/sangama"
-            assert (home / ".config/sangama").exists()  # settings and identity stay
-            assert not (root.path / "etc/sangama").exists()
     finally:
         if app is not None:
             app.terminate()
