@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from app import pieces_cache
 from app.config import Route
 from app.identity import Identity
 from app.progress import print_progress
@@ -28,7 +29,7 @@ def fetch_route(identity: Identity, model: str = "default") -> tuple[Route, Path
     # Route.from_dict checks every address (ConfigError for one that cannot be dialled).
     route = Route.from_dict(asdict(answer))
     manifest = client.manifest(manifest_path(answer.model))
-    pieces_dir = identity.directory / "pieces" / answer.model
+    pieces_dir = pieces_cache.pieces_dir(identity.directory, answer.model)
     (path,) = download_pieces(
         client.session,
         client.url(pieces_path(answer.model)),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from app import pieces_cache
 from app.compute import stage_compute
 from app.config import Hop, WorkerConfig, format_address, parse_address
 from app.errors import ConfigError
@@ -172,7 +173,7 @@ async def prepare_pieces(
     loop = asyncio.get_running_loop()
     manifest = await loop.run_in_executor(None, client.manifest, assignment.manifest_url)
     layers = LayerRange(*assignment.layers)
-    pieces_dir: Path = identity.directory / "pieces" / assignment.model
+    pieces_dir: Path = pieces_cache.pieces_dir(identity.directory, assignment.model)
     pieces_dir.mkdir(parents=True, exist_ok=True)
     needed = manifest.pieces_for(layers)
     report = progress or print_progress()
