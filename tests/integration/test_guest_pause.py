@@ -111,7 +111,13 @@ def test_a_worker_on_battery_leaves_the_route_and_returns_when_plugged_in(
             node = next(n for n in coord.admin.swarm()["nodes"] if n["node_id"] == me.node_id)
             # Still heard from (not gone), out of the plan because it said why.
             assert (node["health"], node["paused"], node["layers"]) == ("healthy", ON_BATTERY, None)
-            paused = [s for s in seen if s.state is ServeState.PAUSED]
+            # The coordinator hears "paused" before the drain ends; the status says so
+            # once the running sessions finished (drain_s): wait for it, then plug in.
+            for _ in range(240):
+                paused = [s for s in seen if s.state is ServeState.PAUSED]
+                if paused:
+                    break
+                await asyncio.sleep(0.5)
             unplugged[0] = False
             back = await until(lambda ids: me.node_id in ids, "came back into the route")
             return first, back, paused
