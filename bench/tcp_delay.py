@@ -1,8 +1,8 @@
 """The delay proxy's lanes over TCP: llama.cpp's RPC runs on TCP, Sangama's links on UDP.
 
 For bench/rpc_compare.py, so both sides of the comparison wait on the same mechanism:
-each byte chunk read from one side is held in a `net.delay_schedule` lane (the FIFO,
-schedule and early-wake timer the UDP proxy uses: `delay_ms` one way, never reordered)
+each byte chunk read from one side is held in a `net.delay_proxy.TimedRelease` lane (the
+FIFO, schedule and early-wake timer the UDP proxy uses: `delay_ms` one way, never reordered)
 and written to the other side when due. One connection upstream per accepted one;
 closing one side half-closes the other once the bytes before the close are through.
 """
@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 
-from net.delay_schedule import LaneSchedule, WakeLead
+from net.delay_proxy import TimedRelease
 
 Address = tuple[str, int]
 Lane = tuple[int, str]
@@ -29,10 +28,9 @@ class TcpDelayProxy:
         self.delay_s = delay_ms / 1e3
         self._server: asyncio.Server | None = None
         self.port = 0
-        self._schedule: LaneSchedule[Lane] = LaneSchedule()
-        self._lead = WakeLead()
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        # The UDP proxy's timing: one timer, woken early by its measured lateness, the
+        # last fraction of a millisecond waited out, never sent before due.
+        self._release: TimedRelease[Lane] = TimedRelease(self._deliver)
         self._writers: dict[Lane, asyncio.StreamWriter] = {}
         self._ended: dict[Lane, asyncio.Future[None]] = {}
         self._next_id = 0
@@ -42,6 +40,7 @@ class TcpDelayProxy:
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
+        self._release.cancel()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -65,54 +64,21 @@ class TcpDelayProxy:
             self._hold(lane, b"")  # the end marker, due after every byte before it
         await self._ended.pop(lane)
 
-    # The same timing as net.delay_proxy's: one timer, woken early by its measured
-    # lateness, the last fraction of a millisecond waited out, never sent before due.
-
     def _hold(self, lane: Lane, data: bytes) -> None:
-        now = asyncio.get_running_loop().time()
-        self._schedule.push(lane, data, now, self.delay_s)
-        self._arm(now)
+        self._release.push(lane, data, self.delay_s)
 
-    def _arm(self, now: float) -> None:
-        due = self._schedule.next_due()
-        if due is None:
+    def _deliver(self, lane: Lane, data: bytes, _late_s: float) -> None:
+        writer = self._writers.get(lane)
+        if writer is None:
             return
-        if due <= now:
-            self._release(now)
+        if data:
+            writer.write(data)
             return
-        wake = due - self._lead.lead
-        if self._timer is not None:
-            if self._timer_at <= wake:
-                return
-            self._timer.cancel()
-        self._timer_at = wake
-        self._timer = asyncio.get_running_loop().call_at(wake, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        loop = asyncio.get_running_loop()
-        woke = loop.time()
-        self._lead.observe(self._timer_at, woke)
-        due = self._schedule.next_due()
-        if due is not None and 0 < due - woke <= self._lead.cap_s:
-            while loop.time() < due:
-                time.sleep(0)
-        self._release(loop.time())
-
-    def _release(self, now: float) -> None:
-        for lane, data, _due in self._schedule.pop_due(now):
-            writer = self._writers.get(lane)
-            if writer is None:
-                continue
-            if data:
-                writer.write(data)
-                continue
-            with contextlib.suppress(OSError):  # a half-close, as TCP does
-                writer.write_eof()
-            ended = self._ended.get(lane)
-            if ended is not None and not ended.done():
-                ended.set_result(None)
-        self._arm(now)
+        with contextlib.suppress(OSError):  # a half-close, as TCP does
+            writer.write_eof()
+        ended = self._ended.get(lane)
+        if ended is not None and not ended.done():
+            ended.set_result(None)
 
 
 @contextlib.contextmanager

@@ -124,27 +124,6 @@ class TimedRelease(Generic[L]):
         self._arm(now)
 
 
-class DelayLane:
-    """One FIFO lane on its own: `push(data, delay_s)`; `send(data)` runs when it is due
-    (bench/tcp_delay.py delays TCP byte chunks with it). `send` returning False is
-    ignored: the data is gone either way, as a lost datagram is."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[bytes], bool]) -> None:
-        del loop  # the running loop is used; kept for the old `_Lane(loop, send)` callers
-        self._send = send
-        self._release: TimedRelease[int] = TimedRelease(lambda _l, data, _late: self._emit(data))
-
-    def _emit(self, data: bytes) -> None:
-        self._send(data)
-
-    def push(self, data: bytes, delay_s: float) -> None:
-        self._release.push(0, data, delay_s)
-
-
-_Lane = DelayLane
-"""The old name (bench/tcp_delay.py imports it)."""
-
-
 class _Flow:
     """One client address: its own upstream socket and a lane each way."""
 
