@@ -98,6 +98,7 @@ _PER_LAYER_GLOBAL_NAMES = frozenset({"xielu.alpha_n", "xielu.alpha_p", "xielu.be
 _REWRITE = frozenset(
     {
         "block_count",
+        "nextn_predict_layers",
         "vocab_size",
         "attention.sliding_window",
         "attention.sliding_window_pattern",
@@ -113,7 +114,6 @@ _FIRST_ONLY = frozenset({"embedding_scale"})
 # a model that sets them cannot be cut exactly (yet), so it is refused.
 _REFUSE_IF_SET = frozenset(
     {
-        "nextn_predict_layers",  # MTP blocks at the end, outside the trunk's layer count
         "attention.shared_kv_layers",  # later layers reuse earlier layers' KV cache
         "embedding_length_per_layer_input",  # per-layer token inputs (gemma3n)
         "n_deepstack_layers",
@@ -161,8 +161,25 @@ def _is_set(value: Any) -> bool:
     return value is not None and value != 0 and value is not False
 
 
+# Architectures whose MTP ("nextn") block Sangama places: one full-attention block after
+# the trunk, read by the draft graph only (src/models/qwen35*.cpp assert a single head).
+MTP_ARCHS = frozenset({"qwen35", "qwen35moe"})
+
+
+def mtp_layers(arch: str, metadata: Mapping[str, Any]) -> int:
+    """How many MTP blocks follow the trunk (0 or 1); UnsupportedModelError for others."""
+    n = int(metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
+    if n and (arch not in MTP_ARCHS or n != 1):
+        raise UnsupportedModelError(
+            f"{arch}: metadata {arch}.nextn_predict_layers={n!r}: Sangama places a single "
+            f"MTP block of {', '.join(sorted(MTP_ARCHS))} only; refusing to slice"
+        )
+    return n
+
+
 def check_keys(arch: str, metadata: Mapping[str, Any]) -> None:
     """Refuse a model that sets a key whose layers cannot be separated."""
+    mtp_layers(arch, metadata)
     for key, value in metadata.items():
         if key_role(arch, key) == REFUSE_IF_SET and _is_set(value):
             if key == "split.count" and int(value) <= 1:
@@ -185,6 +202,7 @@ class CutPolicy:
 
 
 ANY = "any"
+ATTENTION_END = "attention_end"
 PERIOD = "period"
 WHOLE = "whole"
 SLIDING_START = "sliding_start"
@@ -197,6 +215,10 @@ class ArchRule:
     why: str = ""
 
 
+_HYBRID = (
+    "every stage of a hybrid model needs a full-attention layer (llama.cpp cannot run "
+    "recurrent layers alone in hybrid memory): cuts fall right after one"
+)
 _SQRT_SCALE = (
     "the graph scales every stage's input by sqrt(n_embd), hidden states included, "
     "so only the whole model is exact"
@@ -208,9 +230,11 @@ ARCH_RULES: Mapping[str, ArchRule] = {
     "qwen2moe": ArchRule(ANY),
     "qwen3": ArchRule(ANY),
     "qwen3moe": ArchRule(ANY),
-    "qwen35": ArchRule(ANY),
-    "qwen35moe": ArchRule(ANY),
-    "qwen3next": ArchRule(ANY),
+    # llama.cpp's hybrid memory cannot run a stage without a full-attention layer (its
+    # empty KV cache has no buffer: GGML_ASSERT(buffer) in set_input_k_idxs).
+    "qwen35": ArchRule(ATTENTION_END, why=_HYBRID),
+    "qwen35moe": ArchRule(ATTENTION_END, why=_HYBRID),
+    "qwen3next": ArchRule(ATTENTION_END, why=_HYBRID),
     "gemma3": ArchRule(ANY),
     "phi3": ArchRule(ANY),
     "starcoder": ArchRule(ANY),
@@ -265,6 +289,10 @@ def cut_policy(
         return CutPolicy((0, n_layer), why)
     if kind == PERIOD:
         return CutPolicy((*range(0, n_layer, period), n_layer), why)
+    if kind == ATTENTION_END:
+        full = [i for i in range(n_layer) if kinds[i] != "recurrent"]
+        ends = [i + 1 for i in full if i + 1 < n_layer and full[-1] > i]
+        return CutPolicy((0, *ends, n_layer), why)
     starts = [i for i in range(n_layer) if kinds[i] == "sliding" or i == 0]
     return CutPolicy((*starts, n_layer), why)
 

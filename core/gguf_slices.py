@@ -31,6 +31,7 @@ from core.manifest import (
     BLOCK,
     EMBEDDING,
     HEAD,
+    MTP,
     SHARED,
     Manifest,
     PieceInfo,
@@ -107,13 +108,16 @@ def layer_kinds(reader: GGUFReader) -> list[str]:
 def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
     """The model facts placement and the wire need, from a whole model's GGUF."""
     arch = _arch(reader)
-    n_layer = int(_value(reader, f"{arch}.block_count"))
+    metadata = {name: f.contents() for name, f in _fields(reader).items()}
+    # block_count counts the MTP block(s) too; the trunk is what a chain cuts.
+    n_mtp = layout.mtp_layers(arch, metadata)
+    n_layer = int(_value(reader, f"{arch}.block_count")) - n_mtp
     n_embd = int(_value(reader, f"{arch}.embedding_length"))
     n_head = _per_layer(reader, f"{arch}.attention.head_count", n_layer, 1)
     n_head_kv = _per_layer(reader, f"{arch}.attention.head_count_kv", n_layer, n_head[0])
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     n_vocab = len(tokens.data) if tokens is not None else int(_value(reader, f"{arch}.vocab_size"))
-    kinds = layer_kinds(reader)
+    kinds = layer_kinds(reader)[:n_layer]
 
     block_bytes = [0] * n_layer
     embedding_bytes = head_bytes = 0
@@ -141,7 +145,6 @@ def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
     eos = _value(reader, "tokenizer.ggml.eos_token_id")
     eot = _value(reader, "tokenizer.ggml.eot_token_id")
     eos_tokens = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
-    metadata = {name: f.contents() for name, f in _fields(reader).items()}
     layout.check_keys(arch, metadata)
     policy = layout.cut_policy(arch, n_layer, metadata, kinds)
     return ModelFacts(
@@ -162,6 +165,7 @@ def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
         allowed_cuts=policy.cuts,
         global_tensors=tuple(sorted(n for n in names if not n.startswith("blk."))),
         cut_reason=policy.reason,
+        n_mtp_layers=n_mtp,
     )
 
 
@@ -206,12 +210,15 @@ def slice_model(model_path: Path, out_dir: Path, name: str = "") -> Manifest:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     blocks: dict[int, list[Any]] = {i: [] for i in range(facts.n_layer)}
-    by_place: dict[str, list[Any]] = {EMBEDDING: [], HEAD: [], SHARED: []}
+    by_place: dict[str, list[Any]] = {EMBEDDING: [], HEAD: [], SHARED: [], MTP: []}
+    n_all = facts.n_layer + facts.n_mtp_layers
     for t in reader.tensors:
         place = layout.tensor_place(facts.architecture, t.name)
         m = _BLOCK_TENSOR.match(t.name)
         if place == BLOCK and m and int(m.group(1)) in blocks:
             blocks[int(m.group(1))].append(t)
+        elif place == BLOCK and m and int(m.group(1)) < n_all:
+            by_place[MTP].append(t)  # the MTP block: the last stage's alone
         elif place == BLOCK:
             raise SliceError(f"tensor {t.name!r} names a block beyond block_count")
         else:
@@ -224,6 +231,8 @@ def slice_model(model_path: Path, out_dir: Path, name: str = "") -> Manifest:
     ]
     if by_place[SHARED]:  # only models with global per-layer tensors get this piece
         plan.append((SHARED, SHARED, None, by_place[SHARED], False))
+    if by_place[MTP]:
+        plan.append((MTP, MTP, None, by_place[MTP], False))
     pieces = []
     for piece_name, kind, layer, tensors, with_tokenizer in plan:
         path = out_dir / f"{piece_name}.gguf"
@@ -240,7 +249,7 @@ def slice_model(model_path: Path, out_dir: Path, name: str = "") -> Manifest:
 
 
 def _stage_kinds_keys(
-    w: GGUFWriter, arch: str, kinds: list[str], source_fields: dict[str, Any]
+    w: GGUFWriter, arch: str, kinds: list[str], source_fields: dict[str, Any], n_mtp: int = 0
 ) -> set[str]:
     """Write the per-layer pattern arrays for the stage's layers; return the keys handled."""
     written = set()
@@ -257,9 +266,8 @@ def _stage_kinds_keys(
         written.add(key)
     if "recurrent" in kinds or arch in _RECURRENT_ARCHS:
         key = f"{arch}.attention.recurrent_layers"
-        w.add_key_value(
-            key, [k == "recurrent" for k in kinds], GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL
-        )
+        flags = [k == "recurrent" for k in kinds] + [False] * n_mtp  # MTP blocks: attention
+        w.add_key_value(key, flags, GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL)
         written.add(key)
     return written
 
@@ -278,8 +286,10 @@ def _stage_metadata(
     """Every non-tokenizer key for the stage, each by its role in gguf_layout."""
     arch = facts.architecture
     first = layers.start == 0
+    # Only the last stage carries the MTP block; the others are plain trunks to llama.cpp.
+    n_mtp = facts.n_mtp_layers if layers.stop == facts.n_layer else 0
     kinds = list(facts.layer_kinds[layers.start : layers.stop])
-    handled = _stage_kinds_keys(w, arch, kinds, base_fields)
+    handled = _stage_kinds_keys(w, arch, kinds, base_fields, n_mtp)
     for name, field in base_fields.items():
         role = layout.key_role(arch, name)
         if name in handled or role == layout.TOKENIZER:
@@ -299,14 +309,19 @@ def _stage_metadata(
         if (
             role == layout.PER_LAYER
             and field.types[0] == GGUFValueType.ARRAY
-            and len(field.data) == facts.n_layer
+            and len(field.data) in (facts.n_layer, facts.n_layer + facts.n_mtp_layers)
         ):
-            # Per-layer hyperparameter arrays follow the blocks they describe.
-            vals = field.contents()[layers.start : layers.stop]
+            # Per-layer hyperparameter arrays follow the blocks they describe (the MTP
+            # block's entries, after the trunk's, go with it to the last stage).
+            vals = field.contents()
+            mtp_vals = vals[facts.n_layer :][:n_mtp]
+            vals = vals[layers.start : layers.stop] + mtp_vals
             w.add_key_value(name, vals, GGUFValueType.ARRAY, sub_type=field.types[-1])
             continue
         _copy_field(w, name, field)
-    w.add_block_count(len(layers))
+    w.add_block_count(len(layers) + n_mtp)
+    if n_mtp:
+        w.add_uint32(f"{arch}.nextn_predict_layers", n_mtp)
     w.add_uint32(SANGAMA_LAYER_START, layers.start)
     w.add_uint32(SANGAMA_LAYER_STOP, layers.stop)
     w.add_uint32(SANGAMA_N_LAYER_TOTAL, facts.n_layer)
@@ -396,6 +411,14 @@ def assemble_stage(
     if last:
         for t in readers[HEAD].tensors:
             _copy_tensor(w, t.name, t)
+        if MTP in readers:
+            # The MTP block follows the stage's own trunk blocks, as llama.cpp expects.
+            for t in readers[MTP].tensors:
+                m = _BLOCK_TENSOR.match(t.name)
+                if m is None or int(m.group(1)) < facts.n_layer:
+                    raise SliceError(f"piece {MTP} holds foreign tensor {t.name}")
+                index = int(m.group(1)) - facts.n_layer + len(layers)
+                _copy_tensor(w, f"blk.{index}.{m.group(2)}", t)
     else:
         _stage_head(w, facts, n_vocab_stage)
     _finish(w)

@@ -39,6 +39,7 @@ F32Array = npt.NDArray[np.float32]
 
 _GGML_MAX_DIMS, _GGML_MAX_OP_PARAMS, _GGML_MAX_SRC, _GGML_MAX_NAME = 4, 64, 10, 64
 _GGML_TYPE_F32 = 0
+_ROPE_MROPE, _ROPE_IMROPE = 8, 40  # GGML_ROPE_TYPE_MROPE / _IMROPE
 _GGML_OBJECT_SIZE = 32  # sizeof(struct ggml_object), part of ggml_tensor_overhead()
 
 
@@ -174,6 +175,12 @@ class EngineConfig:
     kv_unified: bool = True
     """One KV stream shared by every sequence (batched steps); False: one stream per
     sequence, for reproducible mode, where each decode holds one sequence only."""
+    n_rs_seq: int = 8
+    """Recurrent and hybrid models: per-token snapshots of the recurrent state kept per
+    sequence, so `seq_rm` can cut up to this many rejected guesses (0: none)."""
+    mtp: bool = False
+    """Last stage of a model with an MTP block: load it and keep the trunk's h_nextn
+    rows of every decode (`nextn_rows`) for the draft head (core/llama_mtp.py)."""
 
 
 class LlamaStageEngine:
@@ -198,10 +205,17 @@ class LlamaStageEngine:
             mp.devices = ctypes.cast(self._devices, ctypes.c_void_p)
             mp.split_mode = 0  # LLAMA_SPLIT_MODE_NONE
             mp.main_gpu = 0
+        if config.mtp:
+            mp.load_mtp = True
         self._model: Any = LL.llama_model_load_from_file(str(path).encode(), mp)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {path}")
         self._ctx: Any = None
+        self._own_pos: npt.NDArray[np.int32] | None = None
+        self._batch_pos: Any = None
+        self.nextn_rows: F32Array | None = None
+        """MTP stages: the trunk's h_nextn (output-normed last hidden) of every row of
+        the last decode, in batch order."""
         self._batch: Any = None
         self._mem: Any = None
         self._pos_view: npt.NDArray[np.int32] = np.empty(0, dtype=np.int32)
@@ -216,6 +230,17 @@ class LlamaStageEngine:
             self.n_layer = int(LL.llama_model_n_layer(self._model))
             self.n_embd = int(LL.llama_model_n_embd(self._model))
             self.n_vocab = int(LL.llama_vocab_n_tokens(LL.llama_model_get_vocab(self._model)))
+            # M-RoPE models (qwen35 and kin) read 4 positions per row for hidden-state
+            # input; text tokens get theirs expanded by llama.cpp itself.
+            rope = int(LL.llama_model_rope_type(self._model))
+            self.pos_per_row = 4 if rope in (_ROPE_MROPE, _ROPE_IMROPE) else 1
+            self.recurrent = bool(
+                LL.llama_model_is_recurrent(self._model) or LL.llama_model_is_hybrid(self._model)
+            )
+            self.one_sequence_per_decode = self.recurrent
+            """Hybrid memory splits a batch by sequence (split_equal) and runs the pieces
+            in another order than the rows; the capture callback would hand rows back in
+            that order, so each decode holds one sequence only (core/stage.py)."""
             self._setup_context(config)
         except BaseException:
             self.close()
@@ -242,6 +267,9 @@ class LlamaStageEngine:
         # batch, and the captured hidden states would come back in the wrong order.
         cp.kv_unified = config.kv_unified
         cp.no_perf = True
+        if self.recurrent and config.n_rs_seq > 0:
+            # The splitter keeps the last n_rs_seq + 1 rows of a sequence in one ubatch.
+            cp.n_rs_seq = min(config.n_rs_seq, max(0, config.n_batch - 2))
         self._target = f"l_out-{self.n_layer - 1}".encode()
         self._chunks: list[F32Array] = []
         self._capture_buf: F32Array | None = None
@@ -272,11 +300,22 @@ class LlamaStageEngine:
         if not self._ctx:
             raise ModelLoadError("llama.cpp could not create a context (out of memory?)")
         self._mem = LL.llama_get_memory(self._ctx)
+        self.n_rs_seq = int(LL.llama_n_rs_seq(self._ctx)) if self.recurrent else 0
+        if config.mtp:
+            from core.llama_mtp import enable_nextn_rows
+
+            enable_nextn_rows(self._ctx)
         n_embd_in = self.n_embd if config.embd_input else 0
         self._batch = LL.llama_batch_init(config.n_batch, n_embd_in, config.n_seq_max)
         b = self._batch
         n = config.n_batch
-        self._pos_view = np.ctypeslib.as_array(b.pos, shape=(n,))
+        if config.embd_input and self.pos_per_row > 1:
+            # llama_batch_init allocates one position per row; M-RoPE reads pos_per_row
+            # (section-major). Our buffer, put back before llama_batch_free.
+            self._own_pos = np.zeros(n * self.pos_per_row, dtype=np.int32)
+            self._batch_pos = ctypes.cast(b.pos, ctypes.c_void_p).value  # an address, not a view
+            b.pos = self._own_pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self._pos_view = np.ctypeslib.as_array(b.pos, shape=(n * self.pos_per_row,))
         self._nseq_view = np.ctypeslib.as_array(b.n_seq_id, shape=(n,))
         self._out_view = np.ctypeslib.as_array(b.logits, shape=(n,))
         self._tok_view = None if config.embd_input else np.ctypeslib.as_array(b.token, shape=(n,))
@@ -319,7 +358,12 @@ class LlamaStageEngine:
         else:
             assert tokens is not None and self._tok_view is not None
             self._tok_view[:n] = tokens
-        self._pos_view[:n] = positions
+        if self._own_pos is not None:
+            # Section-major [p..., p..., p..., 0...], as llama.cpp builds it for text rows.
+            self._pos_view[: 3 * n] = np.tile(positions, 3)
+            self._pos_view[3 * n : 4 * n] = 0
+        else:
+            self._pos_view[:n] = positions
         self._nseq_view[:n] = 1
         for i in range(n):
             b.seq_id[i][0] = int(seq_ids[i])
@@ -334,6 +378,10 @@ class LlamaStageEngine:
         self.last_decode_s = time.perf_counter() - t0
         if rc != 0:
             raise DecodeError(rc)
+        if self.config.mtp:
+            from core.llama_mtp import read_nextn_rows
+
+            self.nextn_rows = read_nextn_rows(self._ctx, n, self.n_embd)
         if not self.config.capture_hidden:
             self._n_out = int(np.count_nonzero(outputs))
             return self.logits_view().copy()  # one copy, owned by the caller
@@ -386,6 +434,9 @@ class LlamaStageEngine:
     def close(self) -> None:
         """Free the batch, context and model; safe to call twice."""
         if self._batch is not None:
+            if self._batch_pos is not None:
+                self._batch.pos = ctypes.cast(self._batch_pos, ctypes.POINTER(ctypes.c_int32))
+                self._batch_pos = None
             LL.llama_batch_free(self._batch)
             self._batch = None
         if self._ctx:

@@ -23,6 +23,8 @@ HEAD = "head"
 BLOCK = "block"
 SHARED = "shared"
 """Global tensors every stage needs (rope factors); only models that have them get one."""
+MTP = "mtp"
+"""The MTP ("nextn") block after the trunk: the last stage's, for guessing ahead."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Manifest:
             names.insert(0, EMBEDDING)
         if last:
             names.append(HEAD)
+        if last and any(p.name == MTP for p in self.pieces):
+            names.append(MTP)
         if any(p.name == SHARED for p in self.pieces):
             names.insert(0, SHARED)
         return [self.piece(n) for n in names]

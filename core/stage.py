@@ -252,8 +252,10 @@ class Stage:
         chunks: list[list[int]] = []
         rows = 0
         for req, i in zip(reqs, idx, strict=True):
-            # Reproducible: one session per decode, so its rows meet nobody else's.
-            if not chunks or rows + req.n_rows > self.spec.n_batch or self.spec.reproducible:
+            # Reproducible: one session per decode, so its rows meet nobody else's. Hybrid
+            # recurrent models too: their memory reorders a multi-sequence batch's rows.
+            alone = self.spec.reproducible or getattr(self.engine, "one_sequence_per_decode", False)
+            if not chunks or rows + req.n_rows > self.spec.n_batch or alone:
                 chunks.append([])
                 rows = 0
             chunks[-1].append(i)

@@ -70,6 +70,9 @@ class ModelFacts:
     global_tensors: tuple[str, ...] = ()
     """Names of the model's non-block tensors, so a stage without the embedding or head
     piece can still write the placeholders llama.cpp requires."""
+    n_mtp_layers: int = 0
+    """MTP ("nextn") blocks after the trunk (block_count = n_layer + this): the last
+    stage alone gets them, to guess tokens ahead."""
 
     def cut_allowed(self, position: int) -> bool:
         return self.allowed_cuts is None or position in self.allowed_cuts

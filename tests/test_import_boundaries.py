@@ -182,9 +182,10 @@ RULES = (
         "store, migrations/, and the service and invite book that run its queries)",
     ),
     Rule(
-        outside("core/llama_engine.py", "core/backends.py"),
+        outside("core/llama_engine.py", "core/llama_mtp.py", "core/backends.py"),
         frozenset({"llama_cpp"}),
-        "llama_cpp lives only in core/llama_engine.py and core/backends.py (its libraries)",
+        "llama_cpp lives only in core/llama_engine.py, core/llama_mtp.py and "
+        "core/backends.py (its libraries)",
     ),
     Rule(
         outside("net/quic*"),

@@ -43,7 +43,7 @@ def test_keys_have_roles() -> None:
     assert role("llama", "llama.block_count") == layout.REWRITE
     assert role("deepseek2", "deepseek2.leading_dense_block_count") == layout.REWRITE
     assert role("granite", "granite.embedding_scale") == layout.FIRST_ONLY
-    assert role("qwen35", "qwen35.nextn_predict_layers") == layout.REFUSE_IF_SET
+    assert role("qwen35", "qwen35.nextn_predict_layers") == layout.REWRITE
     assert role("llama", "split.count") == layout.REFUSE_IF_SET
     # A key of another architecture is ignored by this loader, so it is just copied.
     assert role("llama", "qwen2.embedding_scale") == layout.COPY
@@ -51,8 +51,13 @@ def test_keys_have_roles() -> None:
 
 def test_keys_that_tie_layers_together_are_refused_when_set() -> None:
     layout.check_keys("qwen35", {"qwen35.nextn_predict_layers": 0, "split.count": 1})
+    # One MTP block of qwen35 goes to the last stage; more heads, or other archs, refused.
+    layout.check_keys("qwen35", {"qwen35.nextn_predict_layers": 1})
+    assert layout.mtp_layers("qwen35moe", {"qwen35moe.nextn_predict_layers": 1}) == 1
+    with pytest.raises(UnsupportedModelError, match="nextn_predict_layers=2"):
+        layout.check_keys("qwen35", {"qwen35.nextn_predict_layers": 2})
     with pytest.raises(UnsupportedModelError, match="nextn_predict_layers=1"):
-        layout.check_keys("qwen35", {"qwen35.nextn_predict_layers": 1})
+        layout.check_keys("glm4moe", {"glm4moe.nextn_predict_layers": 1})
     with pytest.raises(UnsupportedModelError, match=r"split\.count"):
         layout.check_keys("llama", {"split.count": 3})
 
@@ -222,3 +227,12 @@ def test_an_unknown_global_tensor_is_refused_naming_it(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(UnsupportedModelError, match=r"'cls\.weight'"):
         slice_model(tmp_path / "x.gguf", tmp_path / "out")
+
+
+def test_hybrid_stages_end_right_after_a_full_attention_layer() -> None:
+    kinds = ["recurrent", "recurrent", "recurrent", "full"] * 2 + ["recurrent", "full"]
+    policy = layout.cut_policy("qwen35", len(kinds), {}, kinds)
+    # Every stage then holds a full-attention layer; a recurrent-only tail is no cut.
+    assert policy.cuts == (0, 4, 8, 10) and "full-attention" in policy.reason
+    tail = ["full", "recurrent"]
+    assert layout.cut_policy("qwen35", 2, {}, tail).cuts == (0, 2)
