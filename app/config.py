@@ -71,12 +71,19 @@ class WorkerConfig:
     """The most GPU memory the stage may take (the volunteer's VRAM cap); 0: all free."""
     upload_bytes_per_s: int = 0
     """The volunteer's upload cap for everything this stage's links send; 0: none."""
+    mtp_guesses: int = 6
+    """Last stage of a model with an MTP head: guesses it sends back per token, at most
+    (every stage's recurrent snapshots, n_rs_seq = 8, bound how many can be undone)."""
+    mtp_p_min: float = 0.3
+    """The head stops guessing once its probability for a guess falls below this."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
             raise ConfigError(f"quic_library must be aioquic or qh3, not {self.quic_library!r}")
         if self.threads < 1 or self.max_sessions < 1 or self.row_budget < 1:
             raise ConfigError("threads, max_sessions and row_budget must be >= 1")
+        if not (0 <= self.mtp_guesses <= 8 and 0.0 <= self.mtp_p_min <= 1.0):
+            raise ConfigError("mtp_guesses must be in 0..8 and mtp_p_min in [0, 1]")
         for name in ("idle_timeout", "relink_timeout", "resume_grace"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 < value < 86400):
@@ -109,6 +116,8 @@ class WorkerConfig:
                 idle_timeout=float(doc.get("idle_timeout", 5.0)),
                 relink_timeout=float(doc.get("relink_timeout", 20.0)),
                 resume_grace=float(doc.get("resume_grace", 30.0)),
+                mtp_guesses=int(doc.get("mtp_guesses", 6)),
+                mtp_p_min=float(doc.get("mtp_p_min", 0.3)),
             )
         except ConfigError:
             raise
@@ -138,6 +147,8 @@ class WorkerConfig:
             f"idle_timeout = {self.idle_timeout!r}",
             f"relink_timeout = {self.relink_timeout!r}",
             f"resume_grace = {self.resume_grace!r}",
+            f"mtp_guesses = {self.mtp_guesses}",
+            f"mtp_p_min = {self.mtp_p_min!r}",
         ]
         if self.next_hop is not None:
             lines += [

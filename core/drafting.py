@@ -24,6 +24,20 @@ MIN_NGRAM = 2
 MAX_NGRAM = 4
 
 
+def choose_drafts(
+    policy: GuessPolicy, history: Sequence[int], offered: Sequence[int], k: int
+) -> tuple[int, ...]:
+    """The next step's guesses: up to k from the policy's source. `offered` are the MTP
+    head's guesses that came back with the latest tokens."""
+    if k <= 0:
+        return ()
+    if policy.source in (MTP, MTP_NGRAM) and offered:
+        return tuple(int(t) for t in offered[:k])
+    if policy.source in (NGRAM, MTP_NGRAM):
+        return ngram_drafts(history, k)
+    return ()
+
+
 def ngram_drafts(
     history: Sequence[int], k: int, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM
 ) -> tuple[int, ...]:
@@ -45,12 +59,22 @@ def ngram_drafts(
     return ()
 
 
+NGRAM = "ngram"
+MTP = "mtp"
+MTP_NGRAM = "mtp+ngram"
+SOURCES = (NGRAM, MTP, MTP_NGRAM)
+
+
 @dataclass(frozen=True)
 class GuessPolicy:
     """How many guesses per step. `adaptive=False`: always `max_guesses` (when found)."""
 
     max_guesses: int = 4
     adaptive: bool = False
+    source: str = NGRAM
+    """Where guesses come from: n-gram lookup on the client (`ngram`), the model's MTP
+    head on the last stage, sent back with each token (`mtp`), or MTP guesses when the
+    last stage sent some and n-gram ones otherwise (`mtp+ngram`)."""
     min_guesses: int = 1
     start_guesses: int = 2
     pay_margin: float = 1.0
@@ -72,6 +96,8 @@ class GuessPolicy:
             raise ValueError("max_guesses >= 0, min_guesses >= 1, cooldown_steps >= 0")
         if not 0.0 < self.ema <= 1.0 or self.pay_margin <= 0.0 or self.probe_every < 1:
             raise ValueError("ema must be in (0, 1], pay_margin > 0, probe_every >= 1")
+        if self.source not in SOURCES:
+            raise ValueError(f"guess source must be one of {', '.join(SOURCES)}")
 
     @classmethod
     def fixed(cls, guesses: int) -> GuessPolicy:
@@ -79,7 +105,13 @@ class GuessPolicy:
 
     @classmethod
     def parse(cls, text: str) -> GuessPolicy:
-        """`none`, a count (`4`), or `adaptive` (up to 6): the bench's and CLI's setting."""
+        """`none`, a count (`4`), or `adaptive` (up to 6): the bench's and CLI's setting;
+        `mtp` / `mtp+ngram` (up to 6, adaptive), or `mtp:4`, `mtp+ngram:adaptive`, take
+        the MTP head's guesses (core.drafting.SOURCES)."""
+        source, _, rest = text.partition(":")
+        if source in (MTP, MTP_NGRAM):
+            base = cls.parse(rest or "adaptive")
+            return replace(base, source=source)
         if text == "none":
             return cls(max_guesses=0)
         if text == "adaptive":

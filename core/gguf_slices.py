@@ -426,5 +426,12 @@ def assemble_stage(
     return out_path
 
 
+def has_mtp_block(path: Path) -> bool:
+    """Does this GGUF (a whole model or a last stage) carry an MTP block llama.cpp runs?"""
+    reader = GGUFReader(str(path))
+    arch = _arch(reader)
+    return arch in layout.MTP_ARCHS and int(_value(reader, f"{arch}.nextn_predict_layers", 0)) > 0
+
+
 def stage_file_name(facts: ModelFacts, layers: LayerRange) -> str:
     return f"{facts.name or facts.architecture}.{layers.start}-{layers.stop}.gguf"

@@ -213,6 +213,8 @@ class LlamaStageEngine:
         self._ctx: Any = None
         self._own_pos: npt.NDArray[np.int32] | None = None
         self._batch_pos: Any = None
+        self.mtp_context: Any = None
+        """MTP stages: the draft head's context (core.llama_mtp.LlamaMtpContext)."""
         self.nextn_rows: F32Array | None = None
         """MTP stages: the trunk's h_nextn (output-normed last hidden) of every row of
         the last decode, in batch order."""
@@ -302,9 +304,13 @@ class LlamaStageEngine:
         self._mem = LL.llama_get_memory(self._ctx)
         self.n_rs_seq = int(LL.llama_n_rs_seq(self._ctx)) if self.recurrent else 0
         if config.mtp:
-            from core.llama_mtp import enable_nextn_rows
+            from core.llama_mtp import LlamaMtpContext, enable_nextn_rows
 
             enable_nextn_rows(self._ctx)
+            self.mtp_context = LlamaMtpContext(
+                self._model, self._ctx, config.n_ctx, config.n_batch, config.n_seq_max,
+                config.n_threads,
+            )  # fmt: skip
         n_embd_in = self.n_embd if config.embd_input else 0
         self._batch = LL.llama_batch_init(config.n_batch, n_embd_in, config.n_seq_max)
         b = self._batch
@@ -433,6 +439,9 @@ class LlamaStageEngine:
 
     def close(self) -> None:
         """Free the batch, context and model; safe to call twice."""
+        if self.mtp_context is not None:
+            self.mtp_context.close()
+            self.mtp_context = None
         if self._batch is not None:
             if self._batch_pos is not None:
                 self._batch.pos = ctypes.cast(self._batch_pos, ctypes.POINTER(ctypes.c_int32))

@@ -28,6 +28,7 @@ from core.errors import (
     StageFullError,
     UnknownSessionError,
 )
+from core.mtp_head import MtpDrafter
 from core.types import StageSpec
 
 F32Array = npt.NDArray[np.float32]
@@ -81,6 +82,8 @@ class StepResult:
     """Non-last stages: one row per input row."""
     logits: F32Array | None = None
     """Last stage: one row per requested output (the last row, or all with all_logits)."""
+    nextn: F32Array | None = None
+    """Last stage with an MTP head: the trunk's h_nextn, one row per input row."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +119,15 @@ class Stage:
         self._sessions: dict[str, _Session] = {}
         self._free_slots = list(range(spec.n_seq_max - 1, -1, -1))
         self.stats = StageStats()
+        self.mtp: MtpDrafter | None = None
+        """The model's MTP head, on a last stage whose file carries one."""
+        context = getattr(engine, "mtp_context", None)
+        if context is not None:
+            self.mtp = MtpDrafter(context, spec.n_seq_max, spec.n_batch)
 
     @classmethod
     def from_file(cls, path: Path, spec: StageSpec, c_callback: bool = True) -> Stage:
+        from core.gguf_slices import has_mtp_block
         from core.llama_engine import EngineConfig, LlamaStageEngine
 
         config = EngineConfig(
@@ -132,6 +141,7 @@ class Stage:
             use_gpu=spec.use_gpu,
             device_cap_bytes=spec.device_cap_bytes,
             kv_unified=not spec.reproducible,
+            mtp=spec.is_last and has_mtp_block(path),
         )
         return cls(LlamaStageEngine(path, config), spec)
 
@@ -149,10 +159,14 @@ class Stage:
         slot = self._free_slots.pop()
         self.engine.seq_rm(slot, 0, -1)
         self._sessions[session] = _Session(slot)
+        if self.mtp is not None:
+            self.mtp.open(session)
 
     def close(self, session: str) -> None:
         s = self._get(session)
         self.engine.seq_rm(s.slot, 0, -1)
+        if self.mtp is not None:
+            self.mtp.close(session)
         del self._sessions[session]
         self._free_slots.append(s.slot)
 
@@ -298,11 +312,17 @@ class Stage:
         self.stats.per_decode_rows.append(total)
         results: list[StepResult | StepFailure] = []
         out_offsets = np.cumsum([0] + [int(outputs[a:b].sum()) for a, b in pairwise(offsets)])
+        nextn = getattr(self.engine, "nextn_rows", None) if self.mtp is not None else None
         for k, r in enumerate(reqs):
             self._sessions[r.session].n_past = r.start + r.n_rows
             if self.spec.is_last:
                 results.append(
-                    StepResult(r.session, r.start, logits=out[out_offsets[k] : out_offsets[k + 1]])
+                    StepResult(
+                        r.session,
+                        r.start,
+                        logits=out[out_offsets[k] : out_offsets[k + 1]],
+                        nextn=None if nextn is None else nextn[offsets[k] : offsets[k + 1]],
+                    )
                 )
             else:
                 results.append(
@@ -313,6 +333,7 @@ class Stage:
     def _evaluate_long(self, req: StepRequest) -> StepResult | StepFailure:
         """A request with more rows than one batch: evaluate it in consecutive slices."""
         parts: list[F32Array] = []
+        nextn_parts: list[F32Array] = []
         start = req.start
         nb = self.spec.n_batch
         for a in range(0, req.n_rows, nb):
@@ -330,12 +351,15 @@ class Stage:
                 return res
             arr = res.logits if self.spec.is_last else res.hidden
             assert arr is not None
+            if res.nextn is not None:
+                nextn_parts.append(res.nextn)
             if self.spec.is_last and not req.all_logits and a + nb < req.n_rows:
                 continue  # only the final slice's last row is wanted
             parts.append(arr)
         joined = np.concatenate(parts)
         if self.spec.is_last:
-            return StepResult(req.session, start, logits=joined)
+            nextn = np.concatenate(nextn_parts) if nextn_parts else None
+            return StepResult(req.session, start, logits=joined, nextn=nextn)
         return StepResult(req.session, start, hidden=joined)
 
     def shutdown(self) -> None:

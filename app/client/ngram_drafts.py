@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.errors import ClientError
 from core.drafting import (
     GuessPolicy,
     GuessState,
+    choose_drafts,
     guesses_now,
     initial_state,
     next_guess_state,
-    ngram_drafts,
 )
 
 
@@ -47,12 +48,27 @@ class DraftTracker:
         self.cached = self.pos
         """Positions every stage holds, rejected guesses included."""
         self._last_drafts: tuple[int, ...] = ()
+        self._offered: tuple[int, ...] = ()
+        """The MTP head's guesses that came with the latest tokens."""
         self.proposed = 0
         self.accepted = 0
         self.trips = 0
 
-    def reply(self, tokens: Sequence[int], n_accepted: int, trip_ms: float) -> None:
-        """TOKENS for the latest step: its accepted guesses, then the model's own token."""
+    def reply(
+        self,
+        tokens: Sequence[int],
+        n_accepted: int,
+        trip_ms: float,
+        offered: Sequence[int] = (),
+    ) -> None:
+        """TOKENS for the latest step: its accepted guesses, then the model's own token,
+        and the last stage's guesses of what follows (`offered`, MTP)."""
+        if not 0 <= n_accepted <= len(self._last_drafts) or len(tokens) != n_accepted + 1:
+            raise ClientError(
+                f"malformed TOKENS: a reply of {len(tokens)} tokens accepting {n_accepted} of "
+                f"{len(self._last_drafts)} guesses does not add up"
+            )
+        self._offered = tuple(offered)
         if self._last_drafts or self.trips:
             self.state = next_guess_state(
                 self.policy, self.state, len(self._last_drafts), n_accepted, trip_ms
@@ -69,7 +85,7 @@ class DraftTracker:
         """The step after the latest reply (call `reply` first)."""
         room = self.max_tokens - self.produced - 1  # guesses beyond max_tokens are wasted
         k = max(0, min(guesses_now(self.policy, self.state), room))
-        drafts = ngram_drafts(self.history, k) if k else ()
+        drafts = choose_drafts(self.policy, self.history, self._offered, k)
         keep = self.pos if self.cached > self.pos else None
         tokens = (self.history[-1], *drafts)
         self._last_drafts = drafts

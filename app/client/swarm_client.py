@@ -297,7 +297,7 @@ class SwarmClient:
                     n_drafts,
                 )
                 yield event
-                drafting.reply(frame.tokens, frame.n_accepted, trip_ms)
+                drafting.reply(frame.tokens, frame.n_accepted, trip_ms, frame.drafts)
                 if drafting.produced >= max_tokens or frame.finished or ended is not None:
                     break
                 timeout = self.step_timeout

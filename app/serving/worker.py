@@ -19,13 +19,14 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from app.config import Hop, WorkerConfig
 from app.serving.calibration import calibrated_row_budget
 from app.serving.downstream import Dialer, Downstream
+from app.serving.mtp_guesses import chosen_position, guess, observe_results
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
@@ -107,6 +108,13 @@ class WorkerStats:
     last_compute_ms: float = 0.0
     last_queue_ms: float = 0.0
     """How long the rows of the last batch waited for the engine (the longest)."""
+
+
+def _guesses_of(future: asyncio.Future[tuple[int, ...]]) -> tuple[int, ...]:
+    """The head's guesses, or none when drafting failed: the tokens still go out."""
+    if future.cancelled() or future.exception() is not None:
+        return ()
+    return future.result()
 
 
 class StageWorker:
@@ -414,9 +422,7 @@ class StageWorker:
                 if not batch:
                     continue
                 started = time.perf_counter()
-                results = await loop.run_in_executor(
-                    self._executor, self.stage.step, [p.request for p in batch]
-                )
+                results = await loop.run_in_executor(self._executor, self._stage_step, batch)
                 compute_ms = (time.perf_counter() - started) * 1e3
                 self.stats.batches += 1
                 self.stats.last_compute_ms = compute_ms
@@ -424,6 +430,13 @@ class StageWorker:
                 self.stats.rows += sum(p.request.n_rows for p in batch)
                 for p, result in zip(batch, results, strict=True):
                     self._emit(p, result, compute_ms, (started - p.arrived) * 1e3)
+
+    def _stage_step(self, batch: list[_Pending]) -> list[StepResult | StepFailure]:
+        """On the engine thread: evaluate, then feed the MTP head (last stage with one)."""
+        results = self.stage.step([p.request for p in batch])
+        if self.stage.mtp is not None:
+            observe_results(self.stage.mtp, [p.step for p in batch], results)
+        return results
 
     def _emit(
         self, p: _Pending, result: StepResult | StepFailure, compute_ms: float, queue_ms: float
@@ -515,6 +528,17 @@ class StageWorker:
             timings=timings,
             logits_sample=diagnostics,
         )
+        k = min(self.config.mtp_guesses, session.open.max_tokens - session.generated - 1)
+        if self.stage.mtp is not None and not finished and k > 0:
+            # The model's own guesses of the next tokens ride back with this reply.
+            future = asyncio.get_running_loop().run_in_executor(
+                self._executor, guess, self.stage.mtp, step.session,
+                chosen_position(step, n_accepted), chosen[-1], k, self.config.mtp_p_min,
+            )  # fmt: skip
+            future.add_done_callback(
+                lambda f: self._feed(TokensReady(replace(reply, drafts=_guesses_of(f))))
+            )
+            return
         self._feed(TokensReady(reply))  # to the client now, or when its link is back
 
     # ------------------------------------------------------------ ending sessions

@@ -49,7 +49,11 @@ def write_qwen35_model(
     mtp: bool = True,
     tie_mtp_head: bool = True,
     seed: int = 0,
+    echo: float = 0.0,
 ) -> Path:
+    """`echo` > 0 mixes token_embd into the output projection: the residual stream still
+    holds the input token's embedding, so the trunk often (not always) repeats its last
+    token, which is what the tied MTP head guesses."""
     d = dims
     rng = np.random.default_rng(seed)
 
@@ -95,9 +99,11 @@ def write_qwen35_model(
     w.add_vocab_size(d.n_vocab)
 
     e, hd = d.n_embd, d.head_dim
-    w.add_tensor("token_embd.weight", weights(d.n_vocab, e, scale=1.0))
+    embd = weights(d.n_vocab, e, scale=1.0)
+    w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm(e))
-    w.add_tensor("output.weight", weights(d.n_vocab, e))
+    head = weights(d.n_vocab, e) + echo * embd / np.sqrt(e)
+    w.add_tensor("output.weight", head.astype(np.float32))
 
     def ffn(p: str, scale: float | None = None) -> None:
         w.add_tensor(p + "ffn_gate.weight", weights(d.n_ff, e))

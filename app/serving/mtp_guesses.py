@@ -1,0 +1,40 @@
+"""The last stage's MTP guesses: feed the head after each trunk decode, and guess the
+tokens after the one just chosen. Both run on the engine thread (the head shares
+llama.cpp's model with the trunk); the worker only schedules them (app/serving/worker.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from core.errors import CoreError
+from core.mtp_head import MtpDrafter
+from core.stage import StepFailure, StepResult
+from net import wire
+
+
+def observe_results(
+    mtp: MtpDrafter, steps: Sequence[wire.Step], results: Sequence[StepResult | StepFailure]
+) -> None:
+    """Feed the head's cache with every evaluated step whose tokens came with its rows
+    (the first stage forwards them); a step without them leaves that session unguessed."""
+    for step, result in zip(steps, results, strict=True):
+        if isinstance(result, StepResult) and result.nextn is not None and step.tokens:
+            mtp.observe(step.session, step.start, step.tokens, result.nextn)
+
+
+def guess(
+    mtp: MtpDrafter, session: str, pos: int, token: int, k: int, p_min: float
+) -> tuple[int, ...]:
+    """Up to k guesses after `token` at `pos`; none if the head cannot (a bad state must
+    cost the guesses, never the answer)."""
+    try:
+        return mtp.draft(session, pos, token, k, p_min)
+    except CoreError:
+        return ()
+
+
+def chosen_position(step: wire.Step, n_accepted: int) -> int:
+    """Position of the token the last stage chose for `step`: after the step's real rows
+    and the guesses it accepted."""
+    return step.start + step.n_rows - len(step.drafts) + n_accepted
