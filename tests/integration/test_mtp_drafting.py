@@ -55,7 +55,8 @@ async def _runs(model: Path) -> list[list[TokenEvent]]:
         async with SwarmClient(swarm.client_credentials, swarm.route, swarm.tuning) as client:
             for setting, sampling in RUNS:
                 policy = GuessPolicy.parse(setting)
-                out.append([ev async for ev in client.generate(PROMPT, N, sampling, guesses=policy)])
+                run = client.generate(PROMPT, N, sampling, guesses=policy)
+                out.append([ev async for ev in run])
     return out
 
 
