@@ -6,6 +6,7 @@ llama.cpp's model with the trunk); the worker only schedules them (app/serving/w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from core.errors import CoreError
 from core.mtp_head import MtpDrafter
@@ -38,3 +39,36 @@ def chosen_position(step: wire.Step, n_accepted: int) -> int:
     """Position of the token the last stage chose for `step`: after the step's real rows
     and the guesses it accepted."""
     return step.start + step.n_rows - len(step.drafts) + n_accepted
+
+
+IGNORED_LIMIT = 2
+"""Steps in a row that came back without the guesses offered before the stage stops
+guessing for that session (a client with guesses off, or its adaptive policy resting)."""
+PROBE_EVERY = 16
+"""While stopped, guess again every this many steps: the client may want them again."""
+
+
+@dataclass(frozen=True)
+class GuessGate:
+    """Whether a session's client uses the guesses it is sent; start with GuessGate()."""
+
+    offered: bool = False
+    """The latest reply carried guesses."""
+    ignored: int = 0
+    """Steps in a row that arrived without guesses although some had been offered."""
+    steps: int = 0
+
+
+def gate_step(gate: GuessGate, step_had_drafts: bool) -> GuessGate:
+    """The gate after the session's next step arrived (pure)."""
+    ignored = 0 if step_had_drafts else gate.ignored + (1 if gate.offered else 0)
+    return GuessGate(gate.offered, ignored, gate.steps + 1)
+
+
+def gate_open(gate: GuessGate) -> bool:
+    """Guess for this step? Until a client twice ignored them, and then as a probe."""
+    return gate.ignored < IGNORED_LIMIT or gate.steps % PROBE_EVERY == 0
+
+
+def gate_offered(gate: GuessGate, guesses: Sequence[int]) -> GuessGate:
+    return GuessGate(bool(guesses), gate.ignored, gate.steps)

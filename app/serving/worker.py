@@ -26,7 +26,15 @@ import numpy as np
 from app.config import Hop, WorkerConfig
 from app.serving.calibration import calibrated_row_budget
 from app.serving.downstream import Dialer, Downstream
-from app.serving.mtp_guesses import chosen_position, guess, observe_results
+from app.serving.mtp_guesses import (
+    GuessGate,
+    chosen_position,
+    gate_offered,
+    gate_open,
+    gate_step,
+    guess,
+    observe_results,
+)
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
@@ -81,6 +89,8 @@ class _Session:
     """Last stage: the session's sampling settings, decoded once at OPEN."""
     expiry: asyncio.TimerHandle | None = None
     """While a link of the session is lost: drops it unless the link comes back in time."""
+    guess_gate: GuessGate = field(default_factory=GuessGate)
+    """Last stage with an MTP head: does this session's client use the guesses."""
 
 
 @dataclass
@@ -529,17 +539,23 @@ class StageWorker:
             logits_sample=diagnostics,
         )
         k = min(self.config.mtp_guesses, session.open.max_tokens - session.generated - 1)
-        if self.stage.mtp is not None and not finished and k > 0:
+        session.guess_gate = gate_step(session.guess_gate, bool(drafts))
+        if self.stage.mtp is not None and not finished and k > 0 and gate_open(session.guess_gate):
             # The model's own guesses of the next tokens ride back with this reply.
             future = asyncio.get_running_loop().run_in_executor(
                 self._executor, guess, self.stage.mtp, step.session,
                 chosen_position(step, n_accepted), chosen[-1], k, self.config.mtp_p_min,
             )  # fmt: skip
-            future.add_done_callback(
-                lambda f: self._feed(TokensReady(replace(reply, drafts=_guesses_of(f))))
-            )
+            future.add_done_callback(lambda f: self._reply_guessed(session, reply, f))
             return
         self._feed(TokensReady(reply))  # to the client now, or when its link is back
+
+    def _reply_guessed(
+        self, session: _Session, reply: wire.Tokens, future: asyncio.Future[tuple[int, ...]]
+    ) -> None:
+        guesses = _guesses_of(future)
+        session.guess_gate = gate_offered(session.guess_gate, guesses)
+        self._feed(TokensReady(replace(reply, drafts=guesses)))
 
     # ------------------------------------------------------------ ending sessions
 

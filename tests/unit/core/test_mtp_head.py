@@ -180,3 +180,27 @@ def test_worker_config_carries_the_mtp_settings_through_toml(tmp_path: Path) -> 
     assert (back.mtp_guesses, back.mtp_p_min) == (3, 0.5)
     with pytest.raises(ConfigError):
         WorkerConfig("n", ("127.0.0.1", 1), "m", LayerRange(0, 2), tmp_path, mtp_guesses=9)
+
+
+def test_a_client_that_ignores_the_guesses_stops_costing_them_but_is_probed() -> None:
+    from app.serving.mtp_guesses import (
+        PROBE_EVERY,
+        GuessGate,
+        gate_offered,
+        gate_open,
+        gate_step,
+    )
+
+    gate = gate_step(GuessGate(), step_had_drafts=False)  # the prompt: guess
+    assert gate_open(gate)
+    opened = []
+    for _ in range(2 * PROBE_EVERY):
+        gate = gate_offered(gate, (1, 2))
+        gate = gate_step(gate, step_had_drafts=False)  # a client with guesses off
+        opened.append(gate_open(gate))
+    assert opened[:2] == [True, False] and sum(opened) == 1 + 2  # then one probe per 16
+    gate = gate_step(gate_offered(gate, (1,)), step_had_drafts=True)
+    assert gate.ignored == 0 and gate_open(gate)
+    # Offering nothing (the head was unsure) is not the client ignoring guesses.
+    quiet = gate_step(gate_offered(GuessGate(), ()), step_had_drafts=False)
+    assert quiet.ignored == 0 and gate_open(quiet)
