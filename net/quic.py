@@ -375,7 +375,11 @@ class QuicLink:
         if self.closed.done():
             return
         if time.monotonic() - self._last_activity >= self._tuning.keepalive:
-            self._quic.send_ping(0)
+            try:
+                self._quic.send_ping(0)
+            except Exception as exc:  # qh3: its connection closed before we saw the event
+                self._terminate(f"connection closed: {exc}")
+                return
             self._transmit()
         self._arm_keepalive()
 

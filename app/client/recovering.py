@@ -229,6 +229,26 @@ class RecoveringClient:
         found = await asyncio.gather(*(dead(s.node_id, s.address) for s in stages))
         return tuple(s.node_id for s, gone in zip(stages, found, strict=True) if gone)
 
+    async def _dead(self, route: Route, skip: frozenset[str]) -> tuple[str, ...]:
+        """Stages of `route` outside `skip` not serving now."""
+        return await self._probe(route, skip)
+
+    async def _still_dead(self, avoid: tuple[str, ...]) -> tuple[str, ...]:
+        """Of the stages being avoided, those still not serving where the coordinator
+        says they are now. A stage that restarted (a reboot: back within the
+        coordinator's stale_after_s, so it keeps its place in the plan, maybe at a new
+        address) serves again; the coordinator will not route around it, and the
+        replay's fresh session needs none of its lost KV, so it is used again."""
+        if not avoid:
+            return avoid
+        try:
+            current = await self._route_source(())
+        except (AppError, CoordinatorError, NetError, OSError, TimeoutError):
+            return avoid  # the coordinator is down too: nothing new to go by
+        planned = frozenset(s.node_id for s in current.stages)
+        dead = await self._dead(current, skip=planned - set(avoid))
+        return tuple(n for n in avoid if n in dead or n not in planned)
+
     async def _switch(self, decision: Decision, error: Exception) -> None:
         """Close the broken client and connect one on a route the decision allows."""
         with contextlib.suppress(Exception):
@@ -236,18 +256,19 @@ class RecoveringClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.policy.route_wait_s
         last: Exception = error
+        avoid = decision.avoid
         while loop.time() < deadline:
             try:
                 route = (
                     self.route
-                    if decision.verdict is Verdict.REPLAY and not decision.avoid
-                    else await self._route_source(decision.avoid)
+                    if decision.verdict is Verdict.REPLAY and not avoid
+                    else await self._route_source(avoid)
                 )
-                if any(s.node_id in decision.avoid for s in route.stages):
+                if any(s.node_id in avoid for s in route.stages):
                     raise RouteUnavailable("the route still passes through a dead stage")
                 # A spare the coordinator just placed may still be loading: replaying
                 # before it listens would only fail again.
-                old = frozenset(s.node_id for s in self.route.stages) - set(decision.avoid)
+                old = frozenset(s.node_id for s in self.route.stages) - set(avoid)
                 waiting = await self._probe(route, skip=old)
                 if waiting:
                     raise RouteUnavailable(f"{', '.join(waiting)} not serving yet")
@@ -256,6 +277,7 @@ class RecoveringClient:
             except (AppError, CoordinatorError, NetError, OSError, TimeoutError) as exc:
                 last = exc
                 await asyncio.sleep(0.5)
+                avoid = await self._still_dead(avoid)
                 continue
             self._client, self.route = client, route
             return

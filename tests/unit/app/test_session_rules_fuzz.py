@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -31,6 +30,7 @@ from app.serving.session_rules import (
 from net import wire
 from net.errors import ErrorCode
 from net.tensors import WireDtype
+from tests.support.fuzzing import fuzz_settings
 
 PEERS = ("up-a", "up-b", "client")
 LINK_PEER = {"l1": "client", "l2": "up-a", "l3": "up-b", "l4": "up-a"}
@@ -156,9 +156,4 @@ class SessionTable(RuleBasedStateMachine):
 
 
 TestSessionTable = SessionTable.TestCase
-TestSessionTable.settings = settings(
-    max_examples=60,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestSessionTable.settings = fuzz_settings(steps=40)  # bounded: tests/support/fuzzing.py

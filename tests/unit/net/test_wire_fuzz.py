@@ -14,7 +14,6 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -30,6 +29,7 @@ from net.protocol import (
 )
 from net.tensors import decode_rows
 from net.wire import HEADER, Frame, FrameDecoder, Hello, Limits, Open, Proof, Step, encode
+from tests.support.fuzzing import fuzz_settings
 from tests.unit.net.test_wire import frames
 
 pytestmark = pytest.mark.unit
@@ -37,12 +37,8 @@ pytestmark = pytest.mark.unit
 LIMITS = Limits(max_frame_bytes=2048)
 """Small enough that oversized prefixes are cheap to build, large enough for `frames`."""
 
-STATEFUL = settings(
-    max_examples=60,
-    stateful_step_count=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+STATEFUL = fuzz_settings(steps=25)
+"""Bounded by the fuzz-ci profile (examples, a deadline per example): tests/support/fuzzing.py."""
 
 garbage = st.binary(min_size=1, max_size=64)
 cuts = st.lists(st.integers(0, 10_000), max_size=6)

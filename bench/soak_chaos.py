@@ -1,0 +1,88 @@
+"""What the soak kills next: a pure, seeded policy (no IO, no clock).
+
+The soak (bench/soak.py) asks `next_fault` once per round with what is running now: the
+workers on the chain, the spares, whether the coordinator (and a relay) is up. It gets one
+`Fault`: which process to kill with SIGKILL, how long it stays dead before it is started
+again (a short outage looks like a reboot: the process is back before the coordinator
+noticed, with no KV; a long one is a machine switched off, replaced by a spare), and how
+long to wait after it is back before the next round. The same seed and the same
+situation always give the same fault, so a soak that found a bug can be replayed.
+
+Chain workers are the interesting victims (an answer is running through them); spares and
+the coordinator are killed too, less often. A worker is only killed while enough others
+run to form a chain without it (`min_workers`): the soak tests recovery, not an outage
+nobody could survive.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Target(Enum):
+    CHAIN_WORKER = "chain worker"
+    SPARE_WORKER = "spare worker"
+    COORDINATOR = "coordinator"
+    RELAY = "relay"
+
+
+@dataclass(frozen=True)
+class ChaosPolicy:
+    chain_weight: float = 6.0
+    spare_weight: float = 1.0
+    coordinator_weight: float = 2.0
+    relay_weight: float = 1.0
+    """Used only when the soak runs a relay."""
+    min_workers: int = 3
+    """Workers that must stay up besides the victim (the chain length)."""
+    down_s: tuple[float, float] = (0.5, 8.0)
+    """How long a killed process stays dead, uniformly in this range."""
+    gap_s: tuple[float, float] = (2.0, 6.0)
+    """Wait after the restarted process is back, before the next fault."""
+
+
+@dataclass(frozen=True)
+class Situation:
+    chain: tuple[str, ...]
+    """Names of the running workers that serve a stage of some route now."""
+    spares: tuple[str, ...]
+    """Names of the running workers outside every route."""
+    coordinator_up: bool = True
+    relay_up: bool | None = None
+    """None: the soak runs no relay."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: Target
+    name: str
+    """The process to kill: a worker's name, "coordinator" or "relay"."""
+    down_s: float
+    gap_s: float
+
+
+def next_fault(seed: int, round_no: int, now: Situation, policy: ChaosPolicy) -> Fault | None:
+    """The fault for round `round_no`, or None when nothing may be killed now."""
+    rng = random.Random(f"{seed}:{round_no}")  # per round: a replay needs no history
+    candidates: list[tuple[Target, str, float]] = []
+    workers = len(now.chain) + len(now.spares)
+    if workers - 1 >= policy.min_workers:
+        candidates += [(Target.CHAIN_WORKER, n, policy.chain_weight) for n in now.chain]
+        candidates += [(Target.SPARE_WORKER, n, policy.spare_weight) for n in now.spares]
+    if now.coordinator_up:
+        candidates.append((Target.COORDINATOR, "coordinator", policy.coordinator_weight))
+    if now.relay_up:
+        candidates.append((Target.RELAY, "relay", policy.relay_weight))
+    candidates = [c for c in candidates if c[2] > 0]
+    if not candidates:
+        return None
+    kind, name, _ = rng.choices(candidates, weights=[c[2] for c in candidates])[0]
+    return Fault(kind, name, rng.uniform(*policy.down_s), rng.uniform(*policy.gap_s))
+
+
+def plan(seed: int, rounds: int, now: Situation, policy: ChaosPolicy) -> Sequence[Fault | None]:
+    """The first `rounds` faults for an unchanging situation (to print what a seed does)."""
+    return [next_fault(seed, r, now, policy) for r in range(rounds)]
