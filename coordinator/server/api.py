@@ -45,6 +45,7 @@ from coordinator.errors import AccessDenied, JoinRefused, NotFound
 from coordinator.server.invite_book import MAX_USES, InviteRecord
 from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
+from coordinator.server.operator_logins import OperatorLogins
 from coordinator.server.service import Coordinator, hash_token
 from coordinator.server.store import as_utc
 
@@ -294,7 +295,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         version="1",
         description="Invitations, certificates, registry, placement, pieces and routes.",
     )
-    sessions: set[str] = set()
+    sessions = OperatorLogins(coord.store)  # in the database: a restart keeps them
     app.state.coord = coord
     app.state.sessions = sessions
     # Failed operator logins and invite redemptions per caller address (limits.py).

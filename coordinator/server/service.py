@@ -92,6 +92,8 @@ class Settings:
     """A node silent this long is dropped from the plan (its spare takes over)."""
     min_stages: int = 1
     spares: int = 0
+    warm_spares: bool = True
+    """Spares download the pieces of the stage most at risk in advance (spare_policy)."""
     sessions_per_stage: int = 256
     """Sessions each stage is planned for; llama.cpp allows 256 sequences per context."""
     context_tokens: int = 256
@@ -362,7 +364,7 @@ class Coordinator:
     def standby_assignment(self, node_id: str) -> Assignment | None:
         """The stage a spare should get ready for (its pieces downloaded), else None."""
         plan = self._plan
-        if plan is None or node_id not in plan.spares:
+        if plan is None or node_id not in plan.spares or not self.settings.warm_spares:
             return None
         layers = self.standby().by_spare.get(node_id)
         if layers is None:
