@@ -175,6 +175,9 @@ class Heartbeat:
     """KV memory sessions may reserve on its stage (core.admission)."""
     kv_reserved_bytes: int = 0
     """KV memory the running sessions reserved: the free capacity is the difference."""
+    available_until: float = 0.0
+    """When the volunteer said this PC stops serving (Unix seconds; 0: not said). The
+    coordinator keeps a spare ready for the stages of nodes leaving soonest."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,14 +232,19 @@ class HeartbeatAnswer:
 
     assignment: Assignment | None
     revoked_serials: tuple[str, ...]
+    standby: Assignment | None = None
+    """For a spare: the stage it should get ready for (download its pieces now), the
+    one most at risk of losing its node (coordinator/server/spare_policy.py)."""
 
     @staticmethod
     def from_json(doc: Any) -> HeartbeatAnswer:
         def build(d: dict[str, Any]) -> HeartbeatAnswer:
             found = d.get("assignment")
+            ready = d.get("standby")
             return HeartbeatAnswer(
                 None if not found else Assignment.from_json(found),
                 tuple(str(s) for s in d.get("revoked_serials", [])),
+                None if not ready else Assignment.from_json(ready),
             )
 
         return _read("heartbeat answer", build, doc)

@@ -73,6 +73,8 @@ from app.api.openai_requests import (
     stop_strings,
     swarm_error,
 )
+from app.client.answer_client import AnswerClient
+from app.client.recovering import RecoveringClient, RouteSource
 from app.client.swarm_client import ChannelDialer, SwarmClient
 from app.config import Route
 from app.errors import ClientError, RouteUnavailable, StageFailed, StageTimeout
@@ -138,7 +140,10 @@ class SwarmBackend:
     workers' admission refuses what does not fit, as OVERLOADED with a retry hint).
     If the route is lost (a link dies, a stage stops answering), the connection is
     dropped and the next request reconnects, asking `refresh_route` for a new route
-    first when given one (a joined client asks the coordinator).
+    first when given one (a joined client asks the coordinator). With a `route_source`
+    (a joined client: the coordinator's route avoiding given nodes) a running answer
+    survives a stage dying: it pauses and continues on a replacement chain
+    (app.client.recovering).
     """
 
     def __init__(
@@ -156,6 +161,7 @@ class SwarmBackend:
         wire_dtype: WireDtype = WireDtype.F32,
         first_token_timeout: float = 60.0,
         step_timeout: float = 40.0,
+        route_source: RouteSource | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")
@@ -170,7 +176,8 @@ class SwarmBackend:
         self.step_timeout = step_timeout
         self._dialer = dialer
         self._refresh_route = refresh_route
-        self._client: SwarmClient | None = None
+        self._route_source = route_source
+        self._client: AnswerClient | None = None
         self._stale = False
         self._connect_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(max_concurrent)
@@ -188,19 +195,32 @@ class SwarmBackend:
     def context_length(self) -> int | None:
         return self._context_length
 
-    async def _connected(self) -> SwarmClient:
+    def _make(self) -> AnswerClient:
+        if self._route_source is not None:
+            return RecoveringClient(
+                self.creds,
+                self.route,
+                self._route_source,
+                tuning=self.tuning,
+                dialer=self._dialer,
+                step_timeout=self.step_timeout,
+                first_token_timeout=self.first_token_timeout,
+            )
+        return SwarmClient(
+            self.creds,
+            self.route,
+            self.tuning,
+            first_token_timeout=self.first_token_timeout,
+            step_timeout=self.step_timeout,
+            dialer=self._dialer,
+        )
+
+    async def _connected(self) -> AnswerClient:
         async with self._connect_lock:
             if self._client is None:
                 if self._stale and self._refresh_route is not None:
                     self.route = await self._refresh_route()
-                client = SwarmClient(
-                    self.creds,
-                    self.route,
-                    self.tuning,
-                    first_token_timeout=self.first_token_timeout,
-                    step_timeout=self.step_timeout,
-                    dialer=self._dialer,
-                )
+                client = self._make()
                 try:
                     await client.connect()
                 except ClientError:
@@ -210,7 +230,7 @@ class SwarmBackend:
                 self._stale = False
             return self._client
 
-    async def _reroute(self, client: SwarmClient) -> None:
+    async def _reroute(self, client: AnswerClient) -> None:
         """Ask for a fresh route; if it differs (the coordinator re-planned around a lost
         stage), reconnect along it on the next request."""
         if self._refresh_route is None:
@@ -225,7 +245,7 @@ class SwarmBackend:
             self._client = None
             await client.close()
 
-    async def _drop(self, client: SwarmClient) -> None:
+    async def _drop(self, client: AnswerClient) -> None:
         if self._client is client:
             self._client = None
             self._stale = True

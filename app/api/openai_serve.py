@@ -22,7 +22,7 @@ from app.api.openai_api import (
     SwarmBackend,
     create_openai_app,
 )
-from app.client.connect import joined_links
+from app.client.connect import avoiding_source, joined_links
 from app.client.route import fetch_route
 from app.config import Route
 from core.admission import LLAMA_MAX_SEQ
@@ -148,6 +148,7 @@ async def serve_identity(
             dialer=links.dialer,
             refresh_route=refresh,
             max_concurrent=max_concurrent,
+            route_source=avoiding_source(identity),
         )
         try:
             await serve_api(

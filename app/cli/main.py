@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="talk to this coordinator instead of the one the invite named (it moved)",
     )
     p.add_argument(
+        "--available-until",
+        default=None,
+        metavar="WHEN",
+        help="when this PC stops serving (ISO date-time, e.g. 2026-12-24T18:00+01:00): "
+        "the coordinator keeps a spare ready for its stage",
+    )
+    p.add_argument(
         "--drain",
         type=float,
         default=20.0,
@@ -351,11 +358,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
             relay_only=args.relay_only,
             coordinator=coordinator_url(args.coordinator) if args.coordinator else None,
             drain_s=args.drain,
+            available_until=parse_when(args.available_until),
             download_bytes_per_s=guest.download_bytes_per_s,
             upload_bytes_per_s=guest.upload_bytes_per_s,
         ),
         guest,
     )
+
+
+def parse_when(text: str | None) -> float:
+    """An ISO date-time (a zone, else local time) -> Unix seconds; None -> 0 (not said)."""
+    if text is None:
+        return 0.0
+    import datetime as dt
+
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(f"--available-until: {text!r} is not an ISO date-time") from None
+    return when.timestamp()
 
 
 def parse_bytes(text: str) -> int:

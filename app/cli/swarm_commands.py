@@ -29,6 +29,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "--min-stages", type=int, default=1, help="spread the model over at least N workers"
     )
     p.add_argument("--spares", type=int, default=0, help="healthy workers kept out of the chain")
+    p.add_argument(
+        "--cold-spares",
+        action="store_true",
+        help="spares download a stage's pieces only once they take it over (default: they "
+        "get the stage most at risk ready in advance)",
+    )
     p.add_argument("--turn", default=None, help="the swarm relay's HOST:PORT (sangama relay)")
     p.add_argument("--turn-secret-file", type=Path, default=None, help="the relay's shared secret")
     p.add_argument("--stale-after", type=float, default=15.0, help="seconds of silence: stale")
@@ -126,6 +132,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         settings=Settings(
             min_stages=args.min_stages,
             spares=args.spares,
+            warm_spares=not args.cold_spares,
             stale_after_s=args.stale_after,
             dead_after_s=args.dead_after,
             turn_server=parse_address(args.turn) if args.turn else None,

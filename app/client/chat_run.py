@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.client.swarm_client import SwarmClient, TokenEvent
+from app.client.answer_client import AnswerClient
+from app.client.swarm_client import TokenEvent
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.tensors import WireDtype
@@ -92,7 +93,7 @@ def _median_stages(events: list[TokenEvent]) -> tuple[StageTime, ...]:
 
 
 async def chat_once(
-    client: SwarmClient,
+    client: AnswerClient,
     tokenizer: Tokenizer,
     prompt: str,
     *,
@@ -140,7 +141,7 @@ def _write(text: str) -> None:
 
 
 async def stream_answer(
-    client: SwarmClient,
+    client: AnswerClient,
     tokenizer: Tokenizer,
     prompt: str,
     max_tokens: int,

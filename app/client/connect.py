@@ -5,6 +5,10 @@ A joined client (it has an identity) reaches peers through links the coordinator
 open (ICE, for peers behind NAT); a client on a known route with static credentials
 (a loopback swarm, tests) dials the workers directly. Either way the result is a
 `ChatConnection`: the connected client, the tokenizer for its model and what to close.
+
+A joined client's answers survive a stage dying mid-way: its client is a
+`RecoveringClient` whose route source asks the coordinator for a route avoiding the
+dead stage (app.client.recovering), so the person sees a pause, not an error.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.client.route import fetch_route
+from app.client.answer_client import AnswerClient
+from app.client.recovering import DEFAULT_POLICY, RecoveringClient, RouteSource
+from app.client.recovery import RecoveryPolicy
+from app.client.route import fetch_route, route_avoiding
 from app.client.swarm_client import ChannelDialer, SwarmClient
 from app.config import Route
 from app.identity import Identity
@@ -29,7 +36,7 @@ Closer = Callable[[], Awaitable[None]]
 
 @dataclass
 class ChatConnection:
-    client: SwarmClient
+    client: AnswerClient
     tokenizer: Tokenizer
     stages: int
     closers: list[Closer] = field(default_factory=list)
@@ -77,9 +84,13 @@ async def open_chat(
     tuning: QuicTuning = QuicTuning(),
     dialer: ChannelDialer | None = None,
     closers: tuple[Closer, ...] = (),
+    route_source: RouteSource | None = None,
+    policy: RecoveryPolicy = DEFAULT_POLICY,
 ) -> ChatConnection:
     """Load the tokenizer and connect a client along `route` (direct dials unless a
-    `dialer` is given); `closers` run when the connection closes, or at once if it fails."""
+    `dialer` is given); `closers` run when the connection closes, or at once if it fails.
+    With a `route_source` (node ids to avoid -> a route without them) the client
+    continues an answer on a replacement chain when a stage dies."""
     loop = asyncio.get_running_loop()
     try:
         tokenizer = await loop.run_in_executor(None, Tokenizer.from_gguf, tokenizer_gguf)
@@ -88,17 +99,41 @@ async def open_chat(
             with contextlib.suppress(Exception):
                 await close()
         raise
-    client = SwarmClient(creds, route, tuning, dialer=dialer)
+    client: AnswerClient = (
+        SwarmClient(creds, route, tuning, dialer=dialer)
+        if route_source is None
+        else RecoveringClient(creds, route, route_source, policy, tuning, dialer)
+    )
     return await ChatConnection(client, tokenizer, len(route.stages), list(closers)).connected()
 
 
+def avoiding_source(identity: Identity) -> RouteSource:
+    """The coordinator's route without the given nodes (stages found dead mid-answer)."""
+
+    async def source(avoid: tuple[str, ...]) -> Route:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, route_avoiding, identity, avoid)
+
+    return source
+
+
 async def open_joined_chat(
-    identity: Identity, route: Route, tokenizer_gguf: Path
+    identity: Identity,
+    route: Route,
+    tokenizer_gguf: Path,
+    policy: RecoveryPolicy = DEFAULT_POLICY,
 ) -> ChatConnection:
-    """A connection as the joined `identity`: links through its coordinator."""
+    """A connection as the joined `identity`: links through its coordinator, answers
+    continued on a route avoiding a stage that died."""
     links = await joined_links(identity)
     return await open_chat(
-        identity.credentials(), route, tokenizer_gguf, dialer=links.dialer, closers=(links.stop,)
+        identity.credentials(),
+        route,
+        tokenizer_gguf,
+        dialer=links.dialer,
+        closers=(links.stop,),
+        route_source=avoiding_source(identity),
+        policy=policy,
     )
 
 

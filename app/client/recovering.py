@@ -21,19 +21,28 @@ from dataclasses import dataclass, field
 
 from app.client.recovery import (
     Decision,
+    Probe,
     RecoveryPolicy,
     Verdict,
     classify,
+    dead_stages,
     decide,
 )
-from app.client.swarm_client import DEFAULT_CHUNK, ChannelDialer, SwarmClient, TokenEvent
+from app.client.swarm_client import (
+    DEFAULT_CHUNK,
+    NO_GUESSES,
+    ChannelDialer,
+    SwarmClient,
+    TokenEvent,
+)
 from app.config import Route
 from app.errors import AppError, ClientError, RouteUnavailable, StageFailed
 from coordinator.errors import CoordinatorError
+from core.drafting import GuessPolicy
 from core.types import SamplingParams
 from net.channel import NodeCredentials, connect_channel
 from net.errors import NetError
-from net.quic import QuicTuning
+from net.quic import PeerUnreachable, QuicTuning
 from net.tensors import WireDtype
 
 log = logging.getLogger(__name__)
@@ -75,6 +84,7 @@ class RecoveringClient:
         tuning: QuicTuning = QuicTuning(),
         dialer: ChannelDialer | None = None,
         step_timeout: float | None = None,
+        first_token_timeout: float = 60.0,
     ) -> None:
         self.creds = creds
         self.route = route
@@ -83,13 +93,29 @@ class RecoveringClient:
         self._tuning = tuning
         self._dialer = dialer
         self._step_timeout = policy.step_timeout_s if step_timeout is None else step_timeout
+        self._first_token_timeout = first_token_timeout
         self._client = self._make(route)
+        self._switching = asyncio.Lock()
+        """Concurrent answers (the API) that break together switch the client once."""
         self.recoveries: list[Recovery] = []
 
     def _make(self, route: Route) -> SwarmClient:
         return SwarmClient(
-            self.creds, route, self._tuning, step_timeout=self._step_timeout, dialer=self._dialer
+            self.creds,
+            route,
+            self._tuning,
+            first_token_timeout=self._first_token_timeout,
+            step_timeout=self._step_timeout,
+            dialer=self._dialer,
         )
+
+    @property
+    def linked(self) -> frozenset[str]:
+        return self._client.linked
+
+    @property
+    def relinks(self) -> int:
+        return self._client.relinks
 
     @property
     def stalls(self) -> list[float]:
@@ -116,17 +142,26 @@ class RecoveringClient:
         wire_dtype: WireDtype = WireDtype.F32,
         chunk: int = DEFAULT_CHUNK,
         is_end: Callable[[int], bool] = lambda _t: False,
+        guesses: GuessPolicy = NO_GUESSES,
     ) -> AsyncIterator[TokenEvent]:
-        """`SwarmClient.generate`, continued on a replacement chain when a stage dies."""
+        """`SwarmClient.generate`, continued on a replacement chain when a stage dies.
+        Guesses restart from the replayed history (the drafts come from it)."""
         produced: list[int] = []
         recoveries = 0
         pending: tuple[Decision, float, str, tuple[str, ...]] | None = None
         while True:
             history = [*prompt, *produced]
+            client = self._client
             try:
                 async for event in self._watched(
-                    self._client.generate(
-                        history, max_tokens - len(produced), sampling, wire_dtype, chunk, is_end
+                    client.generate(
+                        history,
+                        max_tokens - len(produced),
+                        sampling,
+                        wire_dtype,
+                        chunk,
+                        is_end,
+                        guesses,
                     )
                 ):
                     if pending is not None:
@@ -159,8 +194,10 @@ class RecoveringClient:
                 else:
                     # Stages it still has a link to are alive; dialling them again would
                     # move their replies off that link (the last stage sends TOKENS on
-                    # a client's newest link).
-                    dead = await self._probe(self.route, skip=self._client.linked)
+                    # a client's newest link). The answer failed for real, so a silent
+                    # stage is a suspect now.
+                    probes = await self._probe(client.route, skip=client.linked)
+                    dead = dead_stages(probes, failed=True)
                 decision = decide(
                     classify(code, bool(dead)),
                     recoveries,
@@ -177,13 +214,14 @@ class RecoveringClient:
                     dead = tuple(dict.fromkeys([*pending[3], *dead]))
                 else:
                     failure = str(exc)
-                await self._switch(decision, exc)
+                await self._switch(decision, exc, client)
                 pending = (decision, noticed, failure, dead)
 
     async def _watched(self, stream: AsyncIterator[TokenEvent]) -> AsyncIterator[TokenEvent]:
-        """`stream`, probing the route whenever an answer is `probe_after_s` late: a dead
-        stage ends the wait at once (`StageDead`) instead of at the step deadline, and
-        a stage that is merely slow is waited for."""
+        """`stream`, probing the route whenever an answer is `probe_after_s` late: a stage
+        whose host says nothing listens ends the wait at once (`StageDead`) instead of at
+        the step deadline; one that is merely slow or silent is waited for (the chain's
+        typed error or the step deadline decides, `dead_stages`)."""
         try:
             while True:
                 nxt = asyncio.ensure_future(anext(stream))
@@ -191,7 +229,8 @@ class RecoveringClient:
                     done, _ = await asyncio.wait({nxt}, timeout=self.policy.probe_after_s)
                     if done:
                         break
-                    dead = await self._probe(self.route, skip=self._client.linked)
+                    probes = await self._probe(self._client.route, skip=self._client.linked)
+                    dead = dead_stages(probes, failed=False)
                     if dead:
                         nxt.cancel()
                         with contextlib.suppress(BaseException):
@@ -206,32 +245,38 @@ class RecoveringClient:
             with contextlib.suppress(Exception):
                 await stream.aclose()  # type: ignore[attr-defined]
 
-    async def _probe(self, route: Route, skip: frozenset[str] = frozenset()) -> tuple[str, ...]:
-        """The stages of `route` outside `skip` that cannot be dialled now (in parallel,
-        briefly)."""
+    async def _probe(self, route: Route, skip: frozenset[str] = frozenset()) -> dict[str, Probe]:
+        """What a short dial finds at each stage of `route` outside `skip` (in parallel):
+        the advertised address first (a killed process's host answers "nothing listens"),
+        then, for a joined client, the link dialer (ICE through the coordinator: a stage
+        behind NAT answers only there)."""
 
-        async def dead(node_id: str, address: tuple[str, int]) -> bool:
+        async def probe(node_id: str, address: tuple[str, int]) -> Probe:
             try:
-                if self._dialer is not None:
-                    channel = await asyncio.wait_for(
-                        self._dialer(node_id, address), self.policy.probe_timeout_s
-                    )
-                else:
-                    channel = await connect_channel(
-                        address, self.creds, node_id, self._tuning, self.policy.probe_timeout_s
-                    )
+                channel = await connect_channel(
+                    address, self.creds, node_id, self._tuning, self.policy.probe_timeout_s
+                )
+            except PeerUnreachable:
+                return Probe.GONE
             except (NetError, OSError, TimeoutError):
-                return True
+                if self._dialer is None:
+                    return Probe.SILENT
+                try:
+                    channel = await asyncio.wait_for(
+                        self._dialer(node_id, address), self.policy.ice_probe_timeout_s
+                    )
+                except (NetError, OSError, TimeoutError):
+                    return Probe.SILENT
             channel.close("probe done")
-            return False
+            return Probe.ALIVE
 
         stages = [s for s in route.stages if s.node_id not in skip]
-        found = await asyncio.gather(*(dead(s.node_id, s.address) for s in stages))
-        return tuple(s.node_id for s, gone in zip(stages, found, strict=True) if gone)
+        found = await asyncio.gather(*(probe(s.node_id, s.address) for s in stages))
+        return {s.node_id: seen for s, seen in zip(stages, found, strict=True)}
 
     async def _dead(self, route: Route, skip: frozenset[str]) -> tuple[str, ...]:
-        """Stages of `route` outside `skip` not serving now."""
-        return await self._probe(route, skip)
+        """Stages of `route` outside `skip` not serving now (a spare still loading)."""
+        return dead_stages(await self._probe(route, skip), failed=True)
 
     async def _still_dead(self, avoid: tuple[str, ...]) -> tuple[str, ...]:
         """Of the stages being avoided, those still not serving where the coordinator
@@ -249,8 +294,15 @@ class RecoveringClient:
         dead = await self._dead(current, skip=planned - set(avoid))
         return tuple(n for n in avoid if n in dead or n not in planned)
 
-    async def _switch(self, decision: Decision, error: Exception) -> None:
-        """Close the broken client and connect one on a route the decision allows."""
+    async def _switch(self, decision: Decision, error: Exception, broken: SwarmClient) -> None:
+        """Close the broken client and connect one on a route the decision allows; if
+        another answer already did (concurrent API requests), use that one."""
+        async with self._switching:
+            if self._client is not broken:
+                return
+            await self._switch_now(decision, error)
+
+    async def _switch_now(self, decision: Decision, error: Exception) -> None:
         with contextlib.suppress(Exception):
             await self._client.close()
         loop = asyncio.get_running_loop()
@@ -269,7 +321,7 @@ class RecoveringClient:
                 # A spare the coordinator just placed may still be loading: replaying
                 # before it listens would only fail again.
                 old = frozenset(s.node_id for s in self.route.stages) - set(avoid)
-                waiting = await self._probe(route, skip=old)
+                waiting = await self._dead(route, skip=old)
                 if waiting:
                     raise RouteUnavailable(f"{', '.join(waiting)} not serving yet")
                 client = self._make(route)

@@ -42,6 +42,27 @@ class Verdict(Enum):
     GIVE_UP = "give up: raise the error"
 
 
+class Probe(Enum):
+    """What one short dial to a stage found."""
+
+    ALIVE = "it answered"
+    GONE = "its host said nothing listens there (the process is gone)"
+    SILENT = "no answer in time (gone, or only slow, or behind NAT)"
+
+
+def dead_stages(probes: dict[str, Probe], failed: bool) -> tuple[str, ...]:
+    """The stages to treat as dead. While an answer is merely late (`failed` False) only
+    a definite GONE counts: a stage that is slow under load, or reachable only through
+    ICE (whose direct dial times out by design), must not be declared dead and replayed
+    around. Once the answer really failed (a typed error relayed up the chain, or the
+    step deadline passed), a SILENT stage is a suspect too."""
+    return tuple(
+        node
+        for node, seen in probes.items()
+        if seen is Probe.GONE or (failed and seen is Probe.SILENT)
+    )
+
+
 class FailureKind(Enum):
     CLIENT_FAULT = "the request itself is wrong"
     MISSING_STATE = "a stage lacks the session's positions (restarted)"
@@ -89,7 +110,10 @@ class RecoveryPolicy:
     """How long one dial may take when probing which stage of the route is dead."""
     probe_after_s: float = 2.0
     """An answer this late makes the client probe the route's stages (a short dial to
-    each it has no link to); a dead one ends the wait at once."""
+    each it has no link to); one found gone ends the wait at once."""
+    ice_probe_timeout_s: float = 10.0
+    """How long a probe through the link dialer (ICE via the coordinator) may take when
+    the direct dial got no answer."""
     step_timeout_s: float = 40.0
     """The step deadline while recovering is allowed (a silent chain must be noticed)."""
 

@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,9 @@ class CoordinatedOptions:
     """The volunteer's cap on piece downloads; 0: none."""
     upload_bytes_per_s: int = 0
     """The volunteer's cap on what this node's links send; 0: none."""
+    available_until: float = 0.0
+    """When the volunteer said this PC stops serving (Unix seconds; 0: not said): told to
+    the coordinator, which keeps a spare ready for this stage first."""
 
 
 def stage_sizing(assignment: Assignment, most: int) -> tuple[int, int]:
@@ -145,20 +148,43 @@ async def _wait_for_assignment(
     stop: asyncio.Event,
     report: StatusReport,
     base: NodeStatus,
+    prepare: Callable[[Assignment], Awaitable[object]] | None = None,
 ) -> Assignment | None:
     loop = asyncio.get_running_loop()
+    ready: Assignment | None = None
+    fetching: asyncio.Task[object] | None = None
     while not stop.is_set():
         try:
             beat = await loop.run_in_executor(None, _beat, client, report_beat)
             if beat.assignment is not None:
+                if fetching is not None and not fetching.done():
+                    # The download it serves from resumes where this one stopped.
+                    fetching.cancel()
                 return beat.assignment
             report(replace(base, state=ServeState.WAITING))
+            if beat.standby is not None and beat.standby != ready and prepare is not None:
+                # A warm spare: the stage most at risk gets its pieces now, beside the
+                # heartbeats (a long download must not look like a dead node), so
+                # taking that stage over costs a load, not a download.
+                ready = beat.standby
+                fetching = asyncio.ensure_future(_standby(prepare, ready))
         except CoordinatorError as exc:
             log.warning("coordinator: %s", exc)
             report(replace(base, state=ServeState.WAITING, error=plain_reason(exc)))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
     return None
+
+
+async def _standby(prepare: Callable[[Assignment], Awaitable[object]], ready: Assignment) -> object:
+    try:
+        done = await prepare(ready)
+    except (CoordinatorError, OSError) as exc:
+        log.warning("could not get the standby stage's pieces ready: %s", exc)
+        return None
+    log.info("standing by for layers %s: pieces ready", ready.layers)
+    print(f"STANDBY layers {ready.layers[0]}-{ready.layers[1]}", flush=True)
+    return done
 
 
 async def prepare_pieces(
@@ -224,9 +250,16 @@ async def serve_coordinated(
         capacity_bytes=capacity,
         vram_cap_bytes=options.vram_cap_bytes,
         hardware=hardware,
+        available_until=options.available_until,
     )
+
+    async def standby(ready: Assignment) -> Path:
+        return await prepare_pieces(
+            identity, client, ready, lambda _p: None, options.download_bytes_per_s
+        )
+
     while not stop.is_set():
-        assignment = await _wait_for_assignment(client, report_beat, stop, report, base)
+        assignment = await _wait_for_assignment(client, report_beat, stop, report, base, standby)
         if assignment is None:
             return
         layers = LayerRange(*assignment.layers)

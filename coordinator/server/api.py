@@ -45,6 +45,7 @@ from coordinator.errors import AccessDenied, JoinRefused, NotFound
 from coordinator.server.invite_book import MAX_USES, InviteRecord
 from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
+from coordinator.server.operator_logins import OperatorLogins
 from coordinator.server.service import Coordinator, hash_token
 from coordinator.server.store import as_utc
 
@@ -139,6 +140,7 @@ class HeartbeatIn(_In):
     max_sessions: int = Field(default=0, ge=0, le=1 << 16)
     kv_budget_bytes: int = Field(default=0, ge=0, le=1 << 50)
     kv_reserved_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    available_until: float = Field(default=0.0, ge=0.0, le=1e11, description="Unix seconds")
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:
@@ -178,6 +180,10 @@ class SwarmOut(BaseModel):
     nodes: list[NodeOut]
     plan: list[RouteStage]
     spares: list[str]
+    no_spare: list[tuple[int, int]] = []
+    """Layer ranges of stages no spare stands by for."""
+    standby: dict[str, tuple[int, int]] = {}
+    """Spare node id -> the layers it keeps ready."""
     plan_error: str | None
     throughput: list[tuple[str, int]]
 
@@ -289,7 +295,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         version="1",
         description="Invitations, certificates, registry, placement, pieces and routes.",
     )
-    sessions: set[str] = set()
+    sessions = OperatorLogins(coord.store)  # in the database: a restart keeps them
     app.state.coord = coord
     app.state.sessions = sessions
     # Failed operator logins and invite redemptions per caller address (limits.py).
@@ -397,7 +403,11 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         if node_id != who:
             raise HTTPException(403, "a node may only report for itself")
         found = coord.heartbeat(who, Heartbeat(**body.model_dump()))
-        return HeartbeatAnswer(assignment=found, revoked_serials=tuple(coord.revoked_serials()))
+        return HeartbeatAnswer(
+            assignment=found,
+            revoked_serials=tuple(coord.revoked_serials()),
+            standby=None if found is not None else coord.standby_assignment(who),
+        )
 
     @app.get(
         c.ASSIGNMENT,
@@ -556,6 +566,7 @@ def _invite_out(row: InviteRecord, code: str | None = None) -> InviteOut:
 
 def _swarm_out(coord: Coordinator) -> SwarmOut:
     current = coord.current_plan
+    standby = coord.standby()
     nodes = []
     for n in coord.nodes():
         stage = None if current is None else current.stage_of(n.node_id)
@@ -603,6 +614,8 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
         nodes=nodes,
         plan=plan_stages,
         spares=[] if current is None else list(current.spares),
+        no_spare=list(standby.uncovered),
+        standby=dict(standby.by_spare),
         plan_error=coord.plan_error,
         throughput=coord.throughput(),
     )

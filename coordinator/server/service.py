@@ -41,6 +41,7 @@ from coordinator.server.invite_book import (
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
 from coordinator.server.routes import StageLoad, pick_chain, plan_chains
+from coordinator.server.spare_policy import NodeFacts, StageNeed, Standby, choose_standby
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from core.manifest import Manifest
 from net import auth
@@ -91,6 +92,8 @@ class Settings:
     """A node silent this long is dropped from the plan (its spare takes over)."""
     min_stages: int = 1
     spares: int = 0
+    warm_spares: bool = True
+    """Spares download the pieces of the stage most at risk in advance (spare_policy)."""
     sessions_per_stage: int = 256
     """Sessions each stage is planned for; llama.cpp allows 256 sequences per context."""
     context_tokens: int = 256
@@ -120,9 +123,7 @@ def placement_capacity(node: Node) -> int:
 def _stage_load(node: Node | None) -> StageLoad:
     if node is None:
         return StageLoad()
-    return StageLoad(
-        node.sessions, node.max_sessions, node.kv_budget_bytes, node.kv_reserved_bytes
-    )
+    return StageLoad(node.sessions, node.max_sessions, node.kv_budget_bytes, node.kv_reserved_bytes)
 
 
 class Coordinator:
@@ -158,6 +159,11 @@ class Coordinator:
         in every heartbeat, so a restarted coordinator learns it again within seconds."""
         self.started_at = utcnow()
         self._suspects: set[str] = set()
+        self._up_since: dict[str, float] = {}
+        """Node id -> when its current run of heartbeats began (time.time())."""
+        self._last_beat: dict[str, float] = {}
+        self._until: dict[str, float] = {}
+        """Node id -> the volunteer's declared end of availability (Unix seconds)."""
         """Nodes a client found unreachable mid-answer (cleared by their next heartbeat)."""
         store.set_setting(CA_CERT, self.ca_pem)
 
@@ -282,6 +288,7 @@ class Coordinator:
         now = utcnow()
         with self._lock:
             self._suspects.discard(node_id)  # it speaks: whoever could not reach it, it lives
+            self._note_uptime(node_id, beat.available_until)
         if beat.paused:
             self._paused_beat(node_id, beat, now)
             return None  # out of the plan: no stage
@@ -319,6 +326,58 @@ class Coordinator:
                     self._handed[i] = 0
         self.replan()
         return self.assignment(node_id)
+
+    def _note_uptime(self, node_id: str, until: float) -> None:
+        """Measured uptime: a beat after a silence past `dead_after_s` starts a new run."""
+        now = time.time()
+        last = self._last_beat.get(node_id)
+        if last is None or now - last > self.settings.dead_after_s:
+            self._up_since[node_id] = now
+        self._last_beat[node_id] = now
+        if until > 0:
+            self._until[node_id] = until
+        else:
+            self._until.pop(node_id, None)
+
+    def standby(self) -> Standby:
+        """Which spare keeps which stage ready, and the stages none does (spare_policy)."""
+        plan = self._plan
+        if plan is None:
+            return Standby({}, ())
+        now = time.time()
+        with self._lock:
+            facts = {
+                node: NodeFacts(
+                    uptime_s=now - since,
+                    leaves_in_s=(self._until[node] - now) if node in self._until else None,
+                )
+                for node, since in self._up_since.items()
+            }
+        capacities = {n.node_id: placement_capacity(n) for n in self.nodes()}
+        needs = [
+            StageNeed(s.node_id, (s.layers.start, s.layers.stop), s.bytes_needed)
+            for s in plan.stages
+        ]
+        spares = {s: capacities.get(s, 0) for s in plan.spares}
+        return choose_standby(needs, spares, facts)
+
+    def standby_assignment(self, node_id: str) -> Assignment | None:
+        """The stage a spare should get ready for (its pieces downloaded), else None."""
+        plan = self._plan
+        if plan is None or node_id not in plan.spares or not self.settings.warm_spares:
+            return None
+        layers = self.standby().by_spare.get(node_id)
+        if layers is None:
+            return None
+        return Assignment(
+            self.model.name,
+            layers,
+            None,
+            contract.manifest_path(self.model.name),
+            contract.pieces_path(self.model.name),
+            max_sessions=self.settings.sessions_per_stage,
+            context_tokens=self.settings.context_tokens,
+        )
 
     def _paused_beat(self, node_id: str, beat: Heartbeat, now: dt.datetime) -> None:
         """A paused node says only that it is there and why it serves nothing: what it
@@ -474,14 +533,11 @@ class Coordinator:
             usable = [i for i, c in enumerate(chains) if not set(c.node_ids) & set(avoid)]
             if not usable:
                 blocked = sorted({st.node_id for st in current.stages} & set(avoid))
-                raise NotFound(
-                    f"no route avoiding {', '.join(blocked)} yet: waiting for a re-plan"
-                )
+                raise NotFound(f"no route avoiding {', '.join(blocked)} yet: waiting for a re-plan")
             pick = usable[0]
             if len(usable) > 1 and len(self._handed) == len(chains):
                 loads = [
-                    [_stage_load(nodes.get(st.node_id)) for st in chains[i].stages]
-                    for i in usable
+                    [_stage_load(nodes.get(st.node_id)) for st in chains[i].stages] for i in usable
                 ]
                 pick = usable[pick_chain(loads, [self._handed[i] for i in usable])]
             if len(self._handed) == len(chains):

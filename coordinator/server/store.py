@@ -23,6 +23,7 @@ from sqlalchemy import (
     Integer,
     String,
     create_engine,
+    delete,
     event,
     select,
 )
@@ -123,6 +124,15 @@ class Setting(Base):
     value: Mapped[str] = mapped_column(String(4000))
 
 
+class OperatorLogin(Base):
+    """A signed-in operator's browser session: kept in the database so that a restarted
+    coordinator still knows it (the cookie keeps working). Only the token's hash."""
+
+    __tablename__ = "operator_logins"
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
 # ---------------------------------------------------------------- engine and schema
 
 
@@ -189,6 +199,21 @@ class Store:
     def rtt_map(self) -> dict[tuple[str, str], float]:
         with self.session() as s:
             return {(r.src, r.dst): r.ms for r in s.scalars(select(Rtt))}
+
+    # -- operator logins (by token hash)
+    def add_login(self, token_hash: str, expires_at: dt.datetime) -> None:
+        with self.session() as s:
+            s.execute(delete(OperatorLogin).where(OperatorLogin.expires_at < utcnow()))
+            s.merge(OperatorLogin(token_hash=token_hash, expires_at=expires_at))
+
+    def login_valid(self, token_hash: str) -> bool:
+        with self.session() as s:
+            row = s.get(OperatorLogin, token_hash)
+            return row is not None and as_utc(row.expires_at) > utcnow()
+
+    def drop_login(self, token_hash: str) -> None:
+        with self.session() as s:
+            s.execute(delete(OperatorLogin).where(OperatorLogin.token_hash == token_hash))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -264,3 +264,51 @@ def test_three_stage_swarm_renders(
 
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "operator-page-3-stages.png"), full_page=True)
+
+
+def test_the_page_says_which_layers_have_no_spare(
+    tmp_path_factory: pytest.TempPathFactory, browser_page: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three stages and one spare: the spare stands by for the stage whose volunteer said
+    they leave soon (its heartbeat answer names those layers), and the page lists the
+    other two stages' layers as having no spare."""
+    import time
+
+    from app.identity import join_swarm
+
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    root = tmp_path_factory.mktemp("spares")
+    model = write_tiny_model(root / "tiny-llama.gguf", n_layer=N_LAYER)
+    args = ["--spares", "1"]
+    with CoordinatorProcess.start(
+        root / "data", model, password=PASSWORD, min_stages=3, extra_args=args
+    ) as coord:
+        code = coord.admin.create_invite("worker", uses=4)["code"]
+        nodes = [join_swarm(code, root / f"node{i}") for i in range(4)]
+        for identity in nodes:
+            _node_heartbeat(identity)
+        swarm = coord.admin.swarm()
+        assert len(swarm["plan"]) == 3 and len(swarm["spares"]) == 1
+        (spare_id,) = swarm["spares"]
+        leaving = swarm["plan"][1]  # its volunteer says they stop in ten minutes
+        node = next(n for n in nodes if n.node_id == leaving["node_id"])
+        _node_heartbeat(node, available_until=time.time() + 600)
+        spare = next(n for n in nodes if n.node_id == spare_id)
+        answer = _node_heartbeat(spare)
+        assert answer["assignment"] is None  # still a spare, not in the chain
+        assert answer["standby"]["layers"] == leaving["layers"]
+        bare = sorted(tuple(s["layers"]) for s in swarm["plan"] if s is not leaving)
+
+        page = browser_page
+        tid = page.get_by_test_id
+        page.goto(coord.url)
+        tid("login-password").fill(PASSWORD)
+        tid("login-submit").click()
+        expect(tid("coverage-segment")).to_have_count(3)
+        expect(tid("no-spare-box")).to_be_visible()
+        expect(tid("no-spare")).to_have_text(", ".join(f"{a}–{b - 1}" for a, b in bare))
+        lo, hi = leaving["layers"]
+        expect(tid("spares")).to_have_text(f"{spare_id} (ready for {lo}–{hi - 1})")  # inclusive
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "operator-page-no-spare.png"), full_page=True)

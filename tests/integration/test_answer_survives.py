@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import requests
 
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
@@ -98,6 +99,14 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
         print(f"  recovery: stall {r.stall_s:.2f} s, replayed {r.replayed}, {r.failure[:120]}")
 
 
+def _logins_after(browser: requests.Session, coord: CoordinatorProcess) -> tuple[int, int]:
+    """The swarm page's API as the signed-in browser, then with a made-up cookie."""
+    url, ca = f"{coord.url}/api/v1/swarm", str(coord.ca_path)
+    mine = browser.get(url, verify=ca, timeout=10).status_code
+    made_up = {"sangama_session": "not-a-login"}
+    return mine, requests.get(url, cookies=made_up, verify=ca, timeout=10).status_code
+
+
 def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
     tmp_path: Path,
 ) -> None:
@@ -109,9 +118,18 @@ def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
     args = ["--stale-after", "4", "--dead-after", "8"]
     coords = [CoordinatorProcess.start(data, model, min_stages=3, extra_args=args)]
     port = int(coords[0].url.rsplit(":", 1)[1].split("/")[0])
+    # An operator signed in on the page before the crash (the browser keeps the cookie).
+    browser = requests.Session()
+    login = browser.post(
+        f"{coords[0].url}/api/v1/login",
+        json={"password": coords[0].password},
+        verify=str(coords[0].ca_path),
+        timeout=10,
+    )
+    assert login.ok and browser.cookies
 
     async def scenario() -> tuple[
-        list[int], list[int], list[str], list[str], float, float, list[str]
+        list[int], list[int], list[str], list[str], float, float, list[str], tuple[int, int]
     ]:
         workers = list(
             await asyncio.gather(*(_worker(coords[0], tmp_path, f"w{i}", True) for i in range(3)))
@@ -149,6 +167,7 @@ def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
                 assert not client.recoveries  # nothing broke: no replay was needed
                 assert restarted is not None
                 coords.append(await restarted)
+                logins = await loop.run_in_executor(None, _logins_after, browser, coords[-1])
                 back_after = loop.time() - down_at
                 # A later answer, on the route the restarted coordinator hands out.
                 after_route, _ = await loop.run_in_executor(None, fetch_route, me)
@@ -163,15 +182,17 @@ def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
                 back_after,
                 max(gaps[KILL_AFTER:]),
                 logs,
+                logins,
             )
         finally:
             await asyncio.gather(*(w.stop() for w in workers))
 
     try:
-        out, later, chain, chain_after, back_after, worst, logs = asyncio.run(scenario())
+        out, later, chain, chain_after, back_after, worst, logs, logins = asyncio.run(scenario())
     finally:
         for c in coords:
             c.stop()
+    assert logins == (200, 401)  # the operator's login survived the kill -9 and restart
     assert out == expected  # the running answer never needed the coordinator
     assert later == expected[:8]
     assert chain_after == chain  # assignments unchanged: no re-plan storm

@@ -6,9 +6,11 @@ import pytest
 
 from app.client.recovery import (
     FailureKind,
+    Probe,
     RecoveryPolicy,
     Verdict,
     classify,
+    dead_stages,
     decide,
     exact_for,
 )
@@ -59,3 +61,18 @@ def test_gives_up_on_its_own_fault_and_after_the_last_recovery() -> None:
 def test_only_greedy_answers_are_exact_after_a_replay() -> None:
     assert exact_for(SamplingParams())
     assert not exact_for(SamplingParams(temperature=0.7, seed=3))
+
+
+PROBES = {"a": Probe.ALIVE, "b": Probe.GONE, "c": Probe.SILENT}
+
+
+def test_a_late_answer_counts_only_a_stage_whose_host_said_nothing_listens() -> None:
+    # A slow stage, or one reachable only through ICE (its direct dial times out), is
+    # silent to a short probe: it must not be replayed around while it may still answer.
+    assert dead_stages(PROBES, failed=False) == ("b",)
+    assert dead_stages({"c": Probe.SILENT}, failed=False) == ()
+
+
+def test_a_failed_answer_suspects_the_silent_stages_too() -> None:
+    assert dead_stages(PROBES, failed=True) == ("b", "c")
+    assert dead_stages({"a": Probe.ALIVE}, failed=True) == ()

@@ -302,7 +302,15 @@
       ? `all ${n} layers covered by ${stages.length} stage${stages.length === 1 ? "" : "s"}`
       : `${covered} of ${n} layers covered, ${missing} missing`);
     setText($("coverage-hint"), `${n} transformer layers`);
-    setText($("spares"), swarm.spares.length ? swarm.spares.join(", ") : "none");
+    const standby = swarm.standby || {};
+    setText($("spares"), swarm.spares.length
+      ? swarm.spares.map((s) => (standby[s] ? `${s} (ready for ${standby[s][0]}–${standby[s][1] - 1})` : s)).join(", ")
+      : "none");
+    // Stages no spare stands by for: losing their node stalls answers until a
+    // replacement downloads their pieces.
+    const bare = swarm.no_spare || [];
+    show($("no-spare-box"), stages.length > 0 && bare.length > 0);
+    setText($("no-spare"), bare.map(([a, b]) => `${a}–${b - 1}`).join(", "));
     return covered;
   }
 

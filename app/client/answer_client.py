@@ -1,0 +1,35 @@
+"""What every client front end (chat, the API, the desktop's chat window) needs from a
+connection to the swarm: connect, generate, close. `SwarmClient` is one; the
+`RecoveringClient` the product uses (app.client.connect) wraps one and continues an
+answer on a replacement chain when a stage dies."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol
+
+from app.client.swarm_client import TokenEvent
+from app.config import Route
+from core.drafting import GuessPolicy
+from core.types import SamplingParams
+from net.tensors import WireDtype
+
+
+class AnswerClient(Protocol):
+    @property
+    def route(self) -> Route: ...
+
+    async def connect(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams = ...,
+        wire_dtype: WireDtype = ...,
+        chunk: int = ...,
+        is_end: Callable[[int], bool] = ...,
+        guesses: GuessPolicy = ...,
+    ) -> AsyncIterator[TokenEvent]: ...

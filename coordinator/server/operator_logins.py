@@ -1,0 +1,28 @@
+"""Operator logins (the page's session cookie), kept in the coordinator's database so
+they survive a restart. The API uses it like a set of tokens; only hashes are stored,
+and a login lasts `LOGIN_HOURS` (signing in again starts a new one)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from coordinator.server.service import hash_token
+from coordinator.server.store import Store, utcnow
+
+LOGIN_HOURS = 12
+
+
+class OperatorLogins:
+    def __init__(self, store: Store, hours: float = LOGIN_HOURS) -> None:
+        self.store = store
+        self.hours = hours
+
+    def add(self, token: str) -> None:
+        self.store.add_login(hash_token(token), utcnow() + dt.timedelta(hours=self.hours))
+
+    def discard(self, token: str) -> None:
+        if token:
+            self.store.drop_login(hash_token(token))
+
+    def __contains__(self, token: object) -> bool:
+        return isinstance(token, str) and bool(token) and self.store.login_valid(hash_token(token))

@@ -1,0 +1,163 @@
+"""An answer survives its middle stage dying, through the product's own entry point:
+`sangama api --identity DIR` (the OpenAI API as a joined client, which connects as
+chat and the tray do, app.client.connect). Real coordinator, three workers and a spare
+serving SmolLM2 (it has a tokenizer: the API speaks text); the middle worker is killed
+with SIGKILL after the 5th streamed token of a 40-token greedy answer, and the streamed
+text equals the same request answered without a kill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from app.client.route import fetch_route
+from app.identity import join_swarm
+from app.lab.processes import Child, spawn_sangama
+from tests.support.coordinator_proc import CoordinatorProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+N_TOKENS = 40
+KILL_AFTER = 5
+BODY = {
+    "model": "swarm",
+    "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+    "max_tokens": N_TOKENS,
+    "temperature": 0,
+    "stream": True,
+}
+
+
+async def _worker(coord: CoordinatorProcess, wd: Path, name: str, wait: bool) -> Child:
+    code = coord.admin.create_invite("worker")["code"]
+    args = ["worker", "--join", code, "--identity-dir", str(wd / name)]
+    return await spawn_sangama(name, args, wd / f"{name}.log", 300, wait_ready=wait)
+
+
+def _stream(url: str, on_piece: object = None) -> list[str]:
+    """The streamed answer's pieces (one per SSE chunk with content)."""
+    pieces: list[str] = []
+    with requests.post(f"{url}/v1/chat/completions", json=BODY, stream=True, timeout=180) as r:
+        r.raise_for_status()
+        for raw in r.iter_lines():
+            if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
+                continue
+            chunk = json.loads(raw[6:])
+            assert "error" not in chunk, chunk  # the person never sees an error
+            text = chunk["choices"][0]["delta"].get("content")
+            if text:
+                pieces.append(text)
+                if callable(on_piece):
+                    on_piece(len(pieces))
+    return pieces
+
+
+def settled(coord: CoordinatorProcess, n_stages: int, n_spares: int, timeout: float = 240) -> None:
+    """Until the plan has its stages and spares and every stage serves its layers (twice
+    in a row, a heartbeat apart): a spare joining late may re-order the chain first."""
+    deadline = time.monotonic() + timeout
+    good = 0
+    while time.monotonic() < deadline:
+        swarm = coord.admin.swarm()
+        serving = {n["node_id"]: n["n_layers"] for n in swarm["nodes"]}
+        ok = (
+            len(swarm["plan"]) == n_stages
+            and len(swarm["spares"]) == n_spares
+            and all(
+                serving.get(s["node_id"]) == s["layers"][1] - s["layers"][0] for s in swarm["plan"]
+            )
+        )
+        good = good + 1 if ok else 0
+        if good >= 2:
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"the swarm did not settle: {coord.admin.swarm()}")
+
+
+def _wait_for_api(url: str, api: Child, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert api.alive, api.log_path.read_text()
+        try:
+            if requests.get(f"{url}/v1/models", timeout=2).ok:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"the API did not come up: {api.log_path.read_text()}")
+
+
+def test_middle_stage_killed_mid_answer_the_api_answer_completes_unchanged(
+    tmp_path: Path, smollm2_path: Path
+) -> None:
+    coord = CoordinatorProcess.start(
+        tmp_path / "coordinator",
+        smollm2_path,
+        min_stages=3,
+        extra_args=["--spares", "1", "--stale-after", "2", "--dead-after", "4"],
+    )
+
+    async def scenario() -> tuple[list[str], list[str], float, str]:
+        chain_workers = list(
+            await asyncio.gather(*(_worker(coord, tmp_path, f"w{i}", True) for i in range(3)))
+        )
+        spare = await _worker(coord, tmp_path, "spare", False)
+        children = [*chain_workers, spare]
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, settled, coord, 3, 1)
+            code = coord.admin.create_invite("client", uses=2)["code"]
+            me = await loop.run_in_executor(None, join_swarm, code, tmp_path / "me")
+            route, _ = await loop.run_in_executor(None, fetch_route, me)
+            chain = [s.node_id for s in route.stages]
+            assert len(chain) == 3
+            victim = next(w for w in chain_workers if w.ready_line.split()[1] == chain[1])
+            await loop.run_in_executor(None, join_swarm, code, tmp_path / "api")
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            api_args = ["api", "--identity", str(tmp_path / "api"), "--port", str(port)]
+            api = await spawn_sangama("api", api_args, tmp_path / "api.log", 60, wait_ready=False)
+            children.append(api)
+            await loop.run_in_executor(None, _wait_for_api, url, api)
+            expected = await loop.run_in_executor(None, _stream, url)
+            killed_at: list[float] = []
+            resumed_at: list[float] = []
+
+            def on_piece(n: int) -> None:
+                if n == KILL_AFTER:
+                    os.kill(victim.process.pid, signal.SIGKILL)
+                    killed_at.append(time.monotonic())
+                elif n == KILL_AFTER + 1:
+                    resumed_at.append(time.monotonic())
+
+            got = await loop.run_in_executor(None, _stream, url, on_piece)
+            gap = resumed_at[0] - killed_at[0] if resumed_at and killed_at else float("nan")
+            return expected, got, gap, victim.ready_line.split()[1]
+        finally:
+            await asyncio.gather(*(c.stop() for c in children))
+
+    try:
+        expected, got, gap, victim = asyncio.run(scenario())
+    finally:
+        coord.stop()
+    api_log = (tmp_path / "api.log").read_text()
+    assert len(expected) >= KILL_AFTER + 10  # the answer is long enough to kill mid-way
+    assert "".join(got) == "".join(expected)  # every piece, no error, unchanged
+    assert "answer resumed on" in api_log  # it was recovered, not merely lucky
+    resumed = [ln for ln in api_log.splitlines() if "answer resumed on" in ln]
+    assert all(
+        victim not in ln.split("answer resumed on", 1)[1].split(" after ")[0] for ln in resumed
+    )
+    print(
+        f"\nAPI answer, kill -9 of the middle stage after piece {KILL_AFTER}: "
+        f"next piece after {gap:.2f} s"
+    )
+    for ln in resumed:
+        print("  " + ln.strip()[-160:])
