@@ -18,12 +18,14 @@ Also: the undo cost per trip on every stage (keep_until -> seq_rm, timed inside
 core.stage on the same stage files), drafting with 16 sessions at once (gemma3), and
 time to first token of a 460-token prompt, chunked (64) vs one piece, on the WAN chains.
 
-    .venv/bin/python bench/drafts.py [--json] [--quick] [--tokens 48]
+    .venv/bin/python bench/drafts.py [--json] [--quick] [--tokens 48] [--repeat 3]
                                      [--chains wan20,wan18_gemma,gemma3] [--exact]
 
+Each setting runs --repeat times (interleaved with the others); tokens/s is the median.
 `--json` prints {chain: {prompt: {setting: {tokens_per_trip, accepted, proposed,
-tokens_per_s, speed_up, identical, ...}}}} plus the keys "undo", "many_sessions",
-"chunked_prompt", "load_average".
+tokens_per_s, speed_up, identical}}}} plus the keys "undo" (ms per trip per stage),
+"many_sessions", "chunked_prompt", "trip_details", "load_average". `--quick`: 16
+tokens, 4 sessions, one run each.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ PROMPTS = {
     "factual": "Question: What is the capital of France, and what river runs through it?\nAnswer:",
 }
 SETTINGS = ["none", "2", "4", "6", "adaptive"]
+CHAINS = ("wan20", "wan18_gemma", "gemma3")
 TINY_VOCAB = 512
 N_CTX = 1024
 N_CTX_SHARED = 4096
@@ -80,6 +83,10 @@ async def _generate(
             prompt, tokens, SamplingParams(), chunk=chunk, guesses=policy
         )
     ]
+
+
+KEYS = ("tokens_per_trip", "accepted", "proposed", "tokens_per_s", "speed_up", "identical")
+"""What --json holds per chain, prompt and setting (the issue's table)."""
 
 
 def _summary(events: list[TokenEvent], plain: list[int] | None) -> dict[str, Any]:
@@ -99,9 +106,27 @@ def _summary(events: list[TokenEvent], plain: list[int] | None) -> dict[str, Any
     }
 
 
+def _median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One setting's repeats: medians of the rates, counts of the median-speed run."""
+    runs = sorted(runs, key=lambda r: r["tokens_per_s"])
+    mid = runs[len(runs) // 2]
+    return {
+        **mid,
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+        "identical": all(r["identical"] for r in runs),
+        "tokens_per_s_runs": [r["tokens_per_s"] for r in runs],
+    }
+
+
 async def _chain_table(
-    swarm: LocalSwarm, prompts: dict[str, list[int]], tokens: int, settings: list[str]
+    swarm: LocalSwarm,
+    prompts: dict[str, list[int]],
+    tokens: int,
+    settings: list[str],
+    repeat: int = 1,
 ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every setting `repeat` times, the settings interleaved in each round so a change in
+    the machine's load falls on all of them; speed-ups from the medians."""
     assert swarm.route is not None and swarm.client_credentials is not None
     table: dict[str, dict[str, dict[str, Any]]] = {}
     async with SwarmClient(
@@ -109,19 +134,29 @@ async def _chain_table(
     ) as client:
         await _generate(client, prompts["factual"], 4, "none")  # warm links and caches
         for name, prompt in prompts.items():
-            rows: dict[str, dict[str, Any]] = {}
+            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
             plain: list[int] | None = None
-            for setting in settings:
-                r = _summary(await _generate(client, prompt, tokens, setting), plain)
-                if setting == "none":
-                    plain = r["tokens"]
-                rows[setting] = r
+            for _ in range(repeat):
+                for setting in settings:
+                    r = _summary(await _generate(client, prompt, tokens, setting), plain)
+                    if setting == "none" and plain is None:
+                        plain = r["tokens"]
+                    runs[setting].append(r)
+            rows = {s: _median_runs(rs) for s, rs in runs.items()}
             base = rows["none"]["tokens_per_s"]
             for r in rows.values():
                 r["speed_up"] = r["tokens_per_s"] / base if base else 0.0
-                del r["tokens"]
             table[name] = rows
     return table
+
+
+def _table_json(table: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    return {p: {s: {k: r[k] for k in KEYS} for s, r in rows.items()} for p, rows in table.items()}
+
+
+def _trip_details(table: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    keep = ("trip_ms", "trips", "tokens_per_s_runs")
+    return {p: {s: {k: r[k] for k in keep} for s, r in rows.items()} for p, rows in table.items()}
 
 
 async def _sessions(
@@ -156,18 +191,22 @@ async def _sessions(
     return out
 
 
-async def _ttft(swarm: LocalSwarm, prompt: list[int]) -> dict[str, Any]:
+async def _ttft(swarm: LocalSwarm, prompt: list[int], repeat: int = 3) -> dict[str, Any]:
+    """Time to first token, chunked (64) and in one piece, interleaved; medians."""
     assert swarm.route is not None and swarm.client_credentials is not None
     out: dict[str, Any] = {"prompt_tokens": len(prompt)}
     async with SwarmClient(
         swarm.client_credentials, swarm.route, swarm.tuning, step_timeout=60,
         first_token_timeout=120,
     ) as client:  # fmt: skip
-        for label, chunk in (("chunked_64", 64), ("unchunked", len(prompt))):
-            best = min(
-                [(await _generate(client, prompt, 1, "none", chunk))[0].trip_ms for _ in range(2)]
-            )
-            out[f"{label}_ttft_ms"] = best
+        seen: dict[str, list[float]] = {"chunked_64": [], "unchunked": []}
+        for _ in range(repeat):
+            for label, chunk in (("chunked_64", 64), ("unchunked", len(prompt))):
+                ev = await _generate(client, prompt, 1, "none", chunk)
+                seen[label].append(ev[0].trip_ms)
+        for label, times in seen.items():
+            out[f"{label}_ttft_ms"] = statistics.median(times)
+            out[f"{label}_runs_ms"] = times
     out["speed_up"] = out["unchunked_ttft_ms"] / out["chunked_64_ttft_ms"]
     return out
 
@@ -244,11 +283,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 model=str(model), cuts=cuts, threads=1, link_delays_ms=delays, n_ctx=N_CTX
             ) as swarm:
                 prompts = {k: _fold(v) for k, v in ids.items()}
-                out["wan20"] = await _chain_table(swarm, prompts, args.tokens, SETTINGS)
+                out["wan20"] = await _chain_table(
+                    swarm, prompts, args.tokens, SETTINGS, args.repeat
+                )
                 _progress(out)
                 if args.ttft:
                     out.setdefault("chunked_prompt", {})["wan20"] = await _ttft(
-                        swarm, _fold(long_ids)
+                        swarm, _fold(long_ids), args.repeat
                     )
             out["wan20_links_ms"] = {"delays": delays, "sum": sum(delays)}
             out.setdefault("undo", {})["wan20"] = _undo(model, cuts, 8, N_CTX)
@@ -262,10 +303,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         try:
             await swarm.start(ready_timeout=900)  # 18 workers calibrating on a busy machine
-            out["wan18_gemma"] = await _chain_table(swarm, ids, args.tokens, SETTINGS)
+            out["wan18_gemma"] = await _chain_table(swarm, ids, args.tokens, SETTINGS, args.repeat)
             _progress(out)
             if args.ttft:
-                out.setdefault("chunked_prompt", {})["wan18_gemma"] = await _ttft(swarm, long_ids)
+                out.setdefault("chunked_prompt", {})["wan18_gemma"] = await _ttft(
+                    swarm, long_ids, args.repeat
+                )
         finally:
             await swarm.stop()
             swarm.cleanup()
@@ -283,7 +326,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             n_ctx=N_CTX_SHARED,
             max_sessions=args.sessions + 2,
         ) as swarm:
-            out["gemma3"] = await _chain_table(swarm, ids, args.tokens, SETTINGS)
+            out["gemma3"] = await _chain_table(swarm, ids, args.tokens, SETTINGS, args.repeat)
             out["many_sessions"] = await _sessions(swarm, ids, args.tokens, args.sessions)
         out.setdefault("undo", {})["gemma3"] = _undo(gemma, cuts, args.sessions + 2, N_CTX_SHARED)
     with open("/proc/loadavg", encoding="ascii") as f:
@@ -292,7 +335,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print(out: dict[str, Any]) -> None:
-    for chain in ("wan20", "wan18_gemma", "gemma3"):
+    for chain in CHAINS:
         if chain not in out:
             continue
         print(f"{chain}: {out['decode_tokens']} tokens per run, n-gram guesses from the client")
@@ -335,6 +378,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer tokens and sessions")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--sessions", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per setting (medians)")
     ap.add_argument("--chains", default="wan20,wan18_gemma,gemma3")
     ap.add_argument(
         "--no-ttft", dest="ttft", action="store_false", help="skip the chunked-prompt timing"
@@ -347,9 +391,13 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.quick:
-        args.tokens, args.sessions = 16, 4
+        args.tokens, args.sessions, args.repeat = 16, 4, 1
     out = asyncio.run(run(args))
     if args.json:
+        for chain in CHAINS:
+            if chain in out:
+                out.setdefault("trip_details", {})[chain] = _trip_details(out[chain])
+                out[chain] = _table_json(out[chain])
         print(json.dumps(out, indent=1))
     else:
         _print(out)

@@ -67,10 +67,11 @@ SOURCES = (NGRAM, MTP, MTP_NGRAM)
 
 @dataclass(frozen=True)
 class GuessPolicy:
-    """How many guesses per step. `adaptive=False`: always `max_guesses` (when found)."""
+    """How many guesses per step. The default is what users get (`DEFAULT_GUESSES`):
+    adaptive, up to 6. `adaptive=False`: always `max_guesses` (when the text has them)."""
 
-    max_guesses: int = 4
-    adaptive: bool = False
+    max_guesses: int = 6
+    adaptive: bool = True
     source: str = NGRAM
     """Where guesses come from: n-gram lookup on the client (`ngram`), the model's MTP
     head on the last stage, sent back with each token (`mtp`), or MTP guesses when the
@@ -101,26 +102,40 @@ class GuessPolicy:
 
     @classmethod
     def fixed(cls, guesses: int) -> GuessPolicy:
-        return cls(max_guesses=guesses)
+        return cls(max_guesses=guesses, adaptive=False)
 
     @classmethod
     def parse(cls, text: str) -> GuessPolicy:
-        """`none`, a count (`4`), or `adaptive` (up to 6): the bench's and CLI's setting;
-        `mtp` / `mtp+ngram` (up to 6, adaptive), or `mtp:4`, `mtp+ngram:adaptive`, take
-        the MTP head's guesses (core.drafting.SOURCES)."""
+        """`none`, `ngram` (always up to 4), a count (`4`) or `adaptive` (up to 6): the
+        bench's and the CLI's `--guesses`; `mtp` / `mtp+ngram` (up to 6, adaptive), or
+        `mtp:4`, `mtp+ngram:adaptive`, take the MTP head's guesses (core.drafting.SOURCES)."""
         source, _, rest = text.partition(":")
         if source in (MTP, MTP_NGRAM):
             base = cls.parse(rest or "adaptive")
             return replace(base, source=source)
         if text == "none":
-            return cls(max_guesses=0)
+            return cls.fixed(0)
+        if text == "ngram":
+            return cls.fixed(4)
         if text == "adaptive":
             return cls(max_guesses=6, adaptive=True)
         try:
             n = int(text)
         except ValueError:
-            raise ValueError(f"guesses must be none, adaptive or a count, got {text!r}") from None
-        return cls(max_guesses=n)
+            raise ValueError(
+                f"guesses must be none, ngram, adaptive or a count, got {text!r}"
+            ) from None
+        if n < 0:
+            raise ValueError(f"a guess count cannot be negative, got {n}")
+        return cls.fixed(n)
+
+
+GUESS_CHOICES = ("none", "ngram", "adaptive")
+"""What users choose between (`--guesses`)."""
+DEFAULT_GUESSES = GuessPolicy()
+"""Clients guess by default: adaptive n-gram guesses cost a trip nothing when they are
+wrong (the cut rides on the next step) and switch themselves off where guessed trips do
+not pay, so a user who never hears of them is never slower for them."""
 
 
 @dataclass(frozen=True)

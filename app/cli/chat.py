@@ -10,6 +10,7 @@ from app.client.connect import ChatConnector, direct_connector, identity_connect
 from app.config import Route
 from app.credentials import load_credentials
 from app.errors import ConfigError
+from core.drafting import GuessPolicy
 from core.models import resolve_model
 from core.types import SamplingParams
 from net.tensors import WireDtype
@@ -22,8 +23,10 @@ async def _chat(
     chat_format: bool,
     sampling: SamplingParams,
     dtype: WireDtype,
+    guesses: GuessPolicy,
 ) -> int:
     conn = await connect()
+    conn.client.guesses = guesses
     try:
         report = await stream_answer(
             conn.client,
@@ -52,6 +55,7 @@ def run_chat_cli(
     chat_format: bool,
     sampling: SamplingParams,
     wire_dtype: str,
+    guesses: str = "adaptive",
 ) -> int:
     """Chat along a route file with static credentials, or as a joined client node."""
     if identity is not None:
@@ -63,4 +67,5 @@ def run_chat_cli(
         creds = load_credentials(credentials, node_id)
         connect = direct_connector(creds, route, resolve_model(model or route.model))
     dtype = WireDtype[wire_dtype.upper()]
-    return asyncio.run(_chat(connect, prompt, max_tokens, chat_format, sampling, dtype))
+    policy = GuessPolicy.parse(guesses)
+    return asyncio.run(_chat(connect, prompt, max_tokens, chat_format, sampling, dtype, policy))

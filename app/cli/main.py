@@ -15,6 +15,7 @@ from app.errors import AppError, ConfigError
 from app.parent_watch import maybe_watch_parent
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteError
+from core.drafting import GUESS_CHOICES
 from core.errors import CoreError
 from core.types import BackendReport, LayerRange, SamplingParams
 from net.errors import NetError
@@ -181,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
+    p.add_argument(
+        "--guesses",
+        choices=GUESS_CHOICES,
+        default="adaptive",
+        help="guess tokens ahead from the text (n-gram), verified in the same trip: "
+        "adaptive (default) stops guessing where it does not pay",
+    )
     _add_sampling(p)
 
     p = sub.add_parser(
@@ -405,6 +413,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         chat_format=not args.raw,
         sampling=_sampling(args),
         wire_dtype=args.wire_dtype,
+        guesses=args.guesses,
     )
 
 

@@ -37,7 +37,7 @@ from net.replay import ReplayLog
 from net.tensors import WireDtype
 
 DEFAULT_CHUNK = 64
-NO_GUESSES = GuessPolicy(max_guesses=0)
+NO_GUESSES = GuessPolicy.fixed(0)
 
 ChannelDialer = Callable[[str, tuple[str, int]], Awaitable[Channel]]
 """(node id, address) -> an authenticated channel to it."""
@@ -105,8 +105,14 @@ class SwarmClient:
         step_timeout: float = 40.0,
         dialer: ChannelDialer | None = None,
         relink_timeout: float = 20.0,
+        guesses: GuessPolicy = NO_GUESSES,
     ) -> None:
         self.creds = creds
+        self.guesses = guesses
+        """Guessing ahead for generations that do not choose (core.drafting). Plain by
+        default here, so a library caller gets plain decoding's exact rows unless it asks;
+        what people use passes `core.drafting.DEFAULT_GUESSES` (adaptive) or their
+        `--guesses` (app/cli/chat.py, the connect wiring)."""
         self.route = route
         self.tuning = tuning
         self.first_token_timeout = first_token_timeout
@@ -237,12 +243,15 @@ class SwarmClient:
         wire_dtype: WireDtype = WireDtype.F32,
         chunk: int = DEFAULT_CHUNK,
         is_end: Callable[[int], bool] = lambda _t: False,
-        guesses: GuessPolicy = NO_GUESSES,
+        guesses: GuessPolicy | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Yield tokens as the last stage sends them; stop at max_tokens or an end token.
 
-        With `guesses`, each step also carries n-gram guesses that one trip verifies
-        (app.client.ngram_drafts); an event then holds every token that trip confirmed."""
+        Each step may also carry n-gram guesses that one trip verifies
+        (app.client.ngram_drafts; `guesses`, default the client's own `self.guesses`); an
+        event then holds every token that trip confirmed."""
+        if guesses is None:
+            guesses = self.guesses
         if self._relinking is not None and not self._relinking.done():
             await asyncio.shield(self._relinking)
         if self._first is None or self._last is None:

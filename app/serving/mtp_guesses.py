@@ -21,7 +21,10 @@ def observe_results(
     (the first stage forwards them); a step without them leaves that session unguessed."""
     for step, result in zip(steps, results, strict=True):
         if isinstance(result, StepResult) and result.nextn is not None and step.tokens:
-            mtp.observe(step.session, step.start, step.tokens, result.nextn)
+            # Guessed rows after a wrong guess are never evaluated (verify_rows): the
+            # rows that were are a prefix of the step's tokens.
+            n = result.nextn.shape[0]
+            mtp.observe(step.session, step.start, step.tokens[:n], result.nextn)
 
 
 def guess(

@@ -59,9 +59,10 @@ from app.serving.session_rules import (
     TokensReady,
 )
 from app.serving.session_rules import Event as RuleEvent
+from app.serving.verify_rows import step_verifying
 from app.wire_convert import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
-from core.draft_acceptance import accept_drafts
+from core.draft_acceptance import RowByRow, Verdict, accept_drafts
 from core.errors import CoreError, PositionError
 from core.sampling import make_rng, sample
 from core.scheduling import Queued, select_batch
@@ -432,24 +433,53 @@ class StageWorker:
                 if not batch:
                     continue
                 started = time.perf_counter()
-                results = await loop.run_in_executor(self._executor, self._stage_step, batch)
+                checks = self._checks(batch) if self.is_last else {}
+                results, verdicts = await loop.run_in_executor(
+                    self._executor, self._stage_step, batch, checks
+                )
                 compute_ms = (time.perf_counter() - started) * 1e3
                 self.stats.batches += 1
                 self.stats.last_compute_ms = compute_ms
                 self.stats.last_queue_ms = max((started - p.arrived) * 1e3 for p in batch)
                 self.stats.rows += sum(p.request.n_rows for p in batch)
-                for p, result in zip(batch, results, strict=True):
-                    self._emit(p, result, compute_ms, (started - p.arrived) * 1e3)
+                for i, (p, result) in enumerate(zip(batch, results, strict=True)):
+                    self._emit(p, result, compute_ms, (started - p.arrived) * 1e3, verdicts.get(i))
 
-    def _stage_step(self, batch: list[_Pending]) -> list[StepResult | StepFailure]:
-        """On the engine thread: evaluate, then feed the MTP head (last stage with one)."""
-        results = self.stage.step([p.request for p in batch])
+    def _checks(self, batch: list[_Pending]) -> dict[int, tuple[int, RowByRow]]:
+        """Row-by-row verifiers for the batch's steps that carry guesses (verify_rows)."""
+        checks: dict[int, tuple[int, RowByRow]] = {}
+        for i, p in enumerate(batch):
+            session = self._sessions.get(p.step.session)
+            drafts = p.step.drafts
+            if not drafts or session is None or session.rng is None or session.params is None:
+                continue
+            # The penalty's history as _sample_and_reply will hold it, without the guesses.
+            history = [*session.history[: p.step.keep_until], *p.step.tokens[: -len(drafts)]]
+            checks[i] = (len(drafts), RowByRow(drafts, session.params, session.rng, history))
+        return checks
+
+    def _stage_step(
+        self, batch: list[_Pending], checks: dict[int, tuple[int, RowByRow]]
+    ) -> tuple[list[StepResult | StepFailure], dict[int, Verdict]]:
+        """On the engine thread: evaluate (steps with guesses row by row, verify_rows),
+        then feed the MTP head (last stage with one)."""
+        requests = [p.request for p in batch]
+        verdicts: dict[int, Verdict] = {}
+        if checks:  # guesses: the head only for rows that can still matter
+            results, verdicts = step_verifying(self.stage, requests, checks)
+        else:
+            results = self.stage.step(requests)
         if self.stage.mtp is not None:
             observe_results(self.stage.mtp, [p.step for p in batch], results)
-        return results
+        return results, verdicts
 
     def _emit(
-        self, p: _Pending, result: StepResult | StepFailure, compute_ms: float, queue_ms: float
+        self,
+        p: _Pending,
+        result: StepResult | StepFailure,
+        compute_ms: float,
+        queue_ms: float,
+        verdict: Verdict | None = None,
     ) -> None:
         session = self._sessions.get(p.step.session)
         if session is None:
@@ -490,7 +520,7 @@ class StageWorker:
             )
             return
         assert result.logits is not None
-        self._sample_and_reply(session, p.step, result.logits, timings)
+        self._sample_and_reply(session, p.step, result.logits, timings, verdict)
 
     def _sample_and_reply(
         self,
@@ -498,6 +528,7 @@ class StageWorker:
         step: wire.Step,
         logits: np.ndarray,
         timings: tuple[wire.StageTiming, ...],
+        verdict: Verdict | None = None,
     ) -> None:
         if step.keep_until is not None:
             del session.history[step.keep_until :]
@@ -510,13 +541,14 @@ class StageWorker:
         if drafts:
             # Row j's logits predict what follows row j: the last len(drafts)+1 rows decide;
             # the penalty's history must not yet hold the guesses under test.
-            verdict = accept_drafts(
-                logits[-(len(drafts) + 1) :],
-                drafts,
-                params,
-                session.rng,
-                session.history[: len(session.history) - len(drafts)],
-            )
+            if verdict is None:  # verified here from all rows' logits
+                verdict = accept_drafts(
+                    logits[-(len(drafts) + 1) :],
+                    drafts,
+                    params,
+                    session.rng,
+                    session.history[: len(session.history) - len(drafts)],
+                )
             room = max(1, session.open.max_tokens - session.generated)
             chosen = list(verdict.tokens[:room])
         else:
@@ -527,7 +559,8 @@ class StageWorker:
         finished = session.generated >= session.open.max_tokens
         diagnostics = b""
         if self.config.return_logits:
-            diagnostics = logits[-(len(drafts) + 1)].astype(np.float32).tobytes()
+            row = logits[0] if drafts else logits[-1]  # what followed the newest token
+            diagnostics = row.astype(np.float32).tobytes()
         reply = wire.Tokens(
             session=step.session,
             step_id=step.step_id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.draft_acceptance import accept_drafts, target_probs
+from core.draft_acceptance import RowByRow, accept_drafts, target_probs
 from core.sampling import make_rng, sample
 from core.types import SamplingParams
 
@@ -86,3 +86,31 @@ def test_sampled_verification_replays_with_the_same_seed() -> None:
     rows = np.random.default_rng(0).normal(size=(4, V)).astype(np.float32)
     a = [accept_drafts(rows, (1, 2, 3), params, make_rng(params)).tokens for _ in range(3)]
     assert a[0] == a[1] == a[2]
+
+
+def test_row_by_row_stops_at_the_first_reject_and_equals_all_rows() -> None:
+    greedy = SamplingParams()
+    rows = _rows(3, 4, 5, 6)
+    check = RowByRow((3, 1, 5), greedy, make_rng(greedy))
+    assert check.feed(rows[0]) is None  # guess 3 stood: row 1 decides next
+    verdict = check.feed(rows[1])  # guess 1 is wrong: rows 2 and 3 are never needed
+    assert verdict == accept_drafts(rows, (3, 1, 5), greedy, make_rng(greedy))
+    assert verdict is not None and verdict.tokens == (3, 4) and check.rows_fed == 2
+    done = RowByRow((3,), greedy, make_rng(greedy))
+    assert done.feed(rows[0]) is None and done.feed(rows[1]) is not None
+    with pytest.raises(ValueError, match="rows"):
+        done.feed(rows[2])
+
+
+def test_row_by_row_sampled_draws_like_all_rows() -> None:
+    params = SamplingParams(temperature=0.9, seed=5)
+    logits = np.random.default_rng(1).normal(0, 2, (5, V)).astype(np.float32)
+    for drafts in [(0, 1, 2, 3), (int(np.argmax(logits[0])), 2, 2, 2), (7, 7, 7, 7)]:
+        want = accept_drafts(logits, drafts, params, make_rng(params), history=[1])
+        check = RowByRow(drafts, params, make_rng(params), history=[1])
+        got = None
+        for row in logits:
+            got = check.feed(row)
+            if got is not None:
+                break
+        assert got == want and check.rows_fed == want.n_accepted + 1

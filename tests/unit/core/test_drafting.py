@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.drafting import (
+    DEFAULT_GUESSES,
+    GUESS_CHOICES,
     GuessPolicy,
     GuessState,
     guesses_now,
@@ -102,3 +104,15 @@ def test_adaptive_probes_a_plain_trip_after_a_long_run_of_guesses() -> None:
     assert guesses_now(policy, state) == 0
     state = next_guess_state(policy, state, 0, 0, 5.0)
     assert guesses_now(policy, state) == 2
+
+
+def test_users_get_adaptive_guesses_and_choose_by_name() -> None:
+    assert GuessPolicy() == DEFAULT_GUESSES and DEFAULT_GUESSES.adaptive
+    assert DEFAULT_GUESSES.max_guesses > 0
+    assert GuessPolicy.parse("adaptive") == DEFAULT_GUESSES
+    ngram = GuessPolicy.parse("ngram")
+    assert not ngram.adaptive and ngram.max_guesses == 4
+    assert GuessPolicy.parse("none").max_guesses == 0 and not GuessPolicy.fixed(3).adaptive
+    assert {GuessPolicy.parse(c).max_guesses > 0 for c in GUESS_CHOICES} == {False, True}
+    with pytest.raises(ValueError, match="negative"):
+        GuessPolicy.parse("-2")
