@@ -14,7 +14,9 @@ stops rising, the busiest resource is named. `--reproducible` adds a 32-request 
 (a) with the workers in reproducible mode, against the same run in the default mode.
 
     .venv/bin/python bench/load.py [--json] [--quick] [--levels 1,4,16] [--tokens 16]
-        [--settings loopback,wan20] [--reproducible]
+        [--settings loopback,wan20,wan20r] [--reproducible] [--kv-cost]
+
+wan20r is the latency-bound chain with its workers in reproducible mode.
 """
 
 from __future__ import annotations
@@ -279,7 +281,9 @@ def loopback(levels: list[int], tokens: int, reproducible: bool = False) -> Loca
     )
 
 
-def wan20(levels: list[int], tokens: int, model: Path, seed: int = 7) -> LocalSwarm:
+def wan20(
+    levels: list[int], tokens: int, model: Path, seed: int = 7, reproducible: bool = False
+) -> LocalSwarm:
     rng = random.Random(seed)
     delays = [float(rng.randint(1, 56)) for _ in range(21)]
     return LocalSwarm(
@@ -288,6 +292,7 @@ def wan20(levels: list[int], tokens: int, model: Path, seed: int = 7) -> LocalSw
         max_sessions=max(levels),
         n_ctx=max(levels) * (8 + tokens + 16),
         link_delays_ms=delays,
+        reproducible=reproducible,
     )
 
 
@@ -425,7 +430,7 @@ def main() -> int:
         out["settings"].append(
             asyncio.run(_setting("loopback", swarm, gemma_prompts, levels, args.tokens))
         )
-    if "wan20" in settings:
+    if "wan20" in settings or "wan20r" in settings:
         from tests.support.tiny_models import write_tiny_model
 
         with tempfile.TemporaryDirectory(prefix="sangama-load-") as tmp:
@@ -433,10 +438,12 @@ def main() -> int:
                 Path(tmp) / "tiny20.gguf", n_layer=20, n_embd=256, n_head=4, n_ff=512
             )
             tiny_prompts = [[1 + (k * 31 + j * 7) % 500 for j in range(8)] for k in range(8)]
-            swarm = wan20(levels, args.tokens, model)
-            out["settings"].append(
-                asyncio.run(_setting("wan20", swarm, tiny_prompts, levels, args.tokens))
-            )
+            for name in ("wan20", "wan20r"):  # wan20r: the same chain in reproducible mode
+                if name in settings:
+                    swarm = wan20(levels, args.tokens, model, reproducible=name == "wan20r")
+                    out["settings"].append(
+                        asyncio.run(_setting(name, swarm, tiny_prompts, levels, args.tokens))
+                    )
     if args.reproducible:
         n = 32
         for mode, repro in (("default", False), ("reproducible", True)):
