@@ -301,7 +301,8 @@ def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[s
     process, one thread (as a worker runs; two threads on a shared 2-core machine spend
     their time at ggml's barriers); `filled` sessions each hold `context` positions, then
     8 of them decode one row each (timed: includes llama.cpp's cell search), and one rolls
-    back 4 positions (seq_rm, timed). The same with one KV stream per session
+    back 4 positions (seq_rm, timed), then all of them decode one row each (timed: the
+    step of a full stage). The same with one KV stream per session
     (non-unified, reproducible mode), each decode holding one session."""
     import numpy as np
 
@@ -361,6 +362,18 @@ def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[s
                             )
                         ]
                     )
+                # Then every session one row (the step of a full stage), three times.
+                at = [context + 8 if k < 8 else context for k in range(n)]
+                all_ms: list[float] = []
+                for _ in range(3):
+                    reqs = [
+                        StepRequest(f"s{k}", at[k], tokens=np.array([7], dtype=np.int32))
+                        for k in range(n)
+                    ]
+                    t = time.perf_counter()
+                    stage.step(reqs)
+                    all_ms.append((time.perf_counter() - t) * 1e3)
+                    at = [a + 1 for a in at]
             finally:
                 stage.shutdown()
             rows.append(
@@ -369,6 +382,7 @@ def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[s
                     "sessions_filled": n,
                     "decode_8_rows_ms": statistics.median(decode_ms[1:]),
                     "seq_rm_ms": statistics.median(rm_ms[1:]),
+                    "decode_all_rows_ms": statistics.median(all_ms),
                     "fill_s": fill_s,
                     "load_average": Path("/proc/loadavg").read_text().split()[:3],
                 }
@@ -406,7 +420,8 @@ def main() -> int:
             for r in cost["rows"]:
                 print(
                     f"  {r['kv']:11} {r['sessions_filled']:4d} sessions: 8-row decode"
-                    f" {r['decode_8_rows_ms']:7.2f} ms, seq_rm {r['seq_rm_ms']:.3f} ms"
+                    f" {r['decode_8_rows_ms']:7.2f} ms, seq_rm {r['seq_rm_ms']:.3f} ms, a row"
+                    f" for each of them {r['decode_all_rows_ms']:.0f} ms"
                     f" (filling took {r['fill_s']:.1f} s; load average {r['load_average'][0]})"
                 )
         return 0
