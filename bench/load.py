@@ -137,18 +137,20 @@ def _limit(level: dict[str, Any], n_cores: int, floor_ms: float) -> str:
     if busy["client"] >= 0.85:
         return f"the client process (one event loop, {busy['client']:.0%} of a core)"
     ours, machine = level["machine_cpu_share"], level["machine_busy"]
+    stage = (
+        f"stage {worst} holds a step longest ({split['compute_ms'][worst]:.0f} ms computing +"
+        f" {split['queue_ms'][worst]:.0f} ms waiting for its engine, of a {trip:.0f} ms trip;"
+        f" {busy['workers'][worst]:.0%} of a core)"
+    )
     if machine >= 0.9:
         whose = "the chain's" if ours >= 0.5 * machine else "mostly other work's"
+        where = f"; {stage}" if held[worst] >= 0.5 * trip else ""
         return (
             f"this machine's {n_cores} cores ({machine:.0%} busy, {whose}: the chain used"
-            f" {ours:.0%}; every wake-up waits for a core)"
+            f" {ours:.0%}; every wake-up waits for a core){where}"
         )
     if held[worst] >= 0.5 * trip:
-        return (
-            f"stage {worst} compute ({split['compute_ms'][worst]:.1f} ms a step +"
-            f" {split['queue_ms'][worst]:.1f} ms waiting for its engine, of a {trip:.0f} ms"
-            f" trip; {busy['workers'][worst]:.0%} of a core)"
-        )
+        return f"{stage}: its compute"
     net = split["network_and_handling_ms"]
     if floor_ms and net - floor_ms < floor_ms:
         return f"the links' delay ({floor_ms:.0f} ms of the {trip:.0f} ms trip is configured delay)"
