@@ -14,7 +14,9 @@ stops rising, the busiest resource is named. `--reproducible` adds a 32-request 
 (a) with the workers in reproducible mode, against the same run in the default mode.
 
     .venv/bin/python bench/load.py [--json] [--quick] [--levels 1,4,16] [--tokens 16]
-        [--settings loopback,wan20] [--reproducible]
+        [--settings loopback,wan20,wan20r] [--reproducible] [--kv-cost]
+
+wan20r is the latency-bound chain with its workers in reproducible mode.
 """
 
 from __future__ import annotations
@@ -108,33 +110,54 @@ def _stage_split(events: list[TokenEvent]) -> dict[str, Any]:
     }
 
 
-def _limit(level: dict[str, Any], n_cores: int) -> str:
-    """The busiest resource at this level, in words."""
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU ticks of the whole machine so far (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _limit(level: dict[str, Any], n_cores: int, floor_ms: float) -> str:
+    """The resource that bounds this level, in words: a saturated process first (a stage's
+    engine is one thread, the client one event loop), then the machine's cores (ours or
+    others' work), then where the trip's time goes (a stage's step, or the links: their
+    configured delay against the handling on top)."""
     split = level["stages"]
     busy = level["cpu_busy"]
     trip = split.get("trip_ms", 0.0) or 1.0
     held = [c + q for c, q in zip(split["compute_ms"], split["queue_ms"], strict=True)]
     worst = max(range(len(held)), key=lambda i: held[i])
-    machine = level["machine_cpu_share"]
-    if machine >= 0.9:
-        return f"this machine's {n_cores} cores ({machine:.0%} busy with the chain's processes)"
-    load = float(level["load_average"][0])
-    if load >= 2 * n_cores:  # others' work: every wake-up of every process waits for a core
+    hottest = max(range(len(busy["workers"])), key=lambda i: busy["workers"][i])
+    if busy["workers"][hottest] >= 0.85:
         return (
-            f"this machine's other load (load average {load:.0f} on {n_cores} cores; the"
-            f" chain itself used {machine:.0%} of them)"
+            f"stage {hottest} compute saturated ({busy['workers'][hottest]:.0%} of a core;"
+            f" {split['compute_ms'][hottest]:.1f} ms a step + {split['queue_ms'][hottest]:.1f}"
+            f" ms waiting for its engine, of a {trip:.0f} ms trip)"
         )
-    if busy["client"] >= 0.9:
+    if busy["client"] >= 0.85:
         return f"the client process (one event loop, {busy['client']:.0%} of a core)"
-    if held[worst] >= 0.5 * trip:
+    ours, machine = level["machine_cpu_share"], level["machine_busy"]
+    stage = (
+        f"stage {worst} holds a step longest ({split['compute_ms'][worst]:.0f} ms computing +"
+        f" {split['queue_ms'][worst]:.0f} ms waiting for its engine, of a {trip:.0f} ms trip;"
+        f" {busy['workers'][worst]:.0%} of a core)"
+    )
+    if machine >= 0.9:
+        whose = "the chain's" if ours >= 0.5 * machine else "mostly other work's"
+        where = f"; {stage}" if held[worst] >= 0.5 * trip else ""
         return (
-            f"stage {worst} compute: {split['compute_ms'][worst]:.1f} ms a step plus"
-            f" {split['queue_ms'][worst]:.1f} ms waiting for its engine, of a {trip:.1f} ms"
-            f" trip ({busy['workers'][worst]:.0%} of a core; load average"
-            f" {level['load_average'][0]} from everything on this machine)"
+            f"this machine's {n_cores} cores ({machine:.0%} busy, {whose}: the chain used"
+            f" {ours:.0%}; every wake-up waits for a core){where}"
         )
+    if held[worst] >= 0.5 * trip:
+        return f"{stage}: its compute"
     net = split["network_and_handling_ms"]
-    return f"the trip's latency ({net:.0f} of {trip:.0f} ms is network and handling)"
+    if floor_ms and net - floor_ms < floor_ms:
+        return f"the links' delay ({floor_ms:.0f} ms of the {trip:.0f} ms trip is configured delay)"
+    return (
+        f"handling between stages ({net - floor_ms:.0f} ms of the {trip:.0f} ms trip on top of"
+        f" {floor_ms:.0f} ms configured delay: frames, QUIC, the proxies' event loop)"
+    )
 
 
 async def _level(
@@ -148,6 +171,7 @@ async def _level(
     pids = [w.process.pid for w in swarm.workers]
     cpu0 = [_cpu_s(p) for p in pids]
     client0 = time.process_time()
+    machine0 = _machine_busy()
     t0 = time.perf_counter()
     runs = await asyncio.gather(
         *(_one(client, prompts[k % len(prompts)], tokens, t0) for k in range(n))
@@ -157,6 +181,7 @@ async def _level(
     errors = sorted({r["error"] for r in runs if "error" in r})
     cpu = [(_cpu_s(p) - c) / wall for p, c in zip(pids, cpu0, strict=True)]
     client_busy = (time.process_time() - client0) / wall
+    machine1 = _machine_busy()
     n_cores = os.cpu_count() or 1
     same = sum(
         r["tokens"] == solo[k % len(prompts)] for k, r in enumerate(runs) if "error" not in r
@@ -173,10 +198,12 @@ async def _level(
         "stages": _stage_split([e for r in ok for e in r["events"]]),
         "cpu_busy": {"workers": cpu, "client": client_busy},
         "machine_cpu_share": (sum(cpu) + client_busy) / n_cores,
+        "machine_busy": (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1]),
         "peak_rss_mib": [_peak_rss_mib(p) for p in pids],
         "load_average": Path("/proc/loadavg").read_text().split()[:3],
     }
-    level["limit"] = _limit(level, n_cores) if ok else "; ".join(errors)
+    floor = sum(swarm.link_delays_ms or ())
+    level["limit"] = _limit(level, n_cores, floor) if ok else "; ".join(errors)
     return level
 
 
@@ -209,7 +236,13 @@ async def _setting(
     finally:
         await swarm.stop()
         swarm.cleanup()
-    return {"setting": name, "stages": len(swarm.cuts) - 1, "tokens": tokens, "levels": rows}
+    return {
+        "setting": name,
+        "stages": len(swarm.cuts) - 1,
+        "tokens": tokens,
+        "link_delay_ms": sum(swarm.link_delays_ms or ()),
+        "levels": rows,
+    }
 
 
 def _print_row(name: str, r: dict[str, Any], live: bool = False) -> None:
@@ -224,7 +257,8 @@ def _print_row(name: str, r: dict[str, Any], live: bool = False) -> None:
         f"{r['same_as_alone']:4d}/{r['completed']:<4d} "
         f"trip {s.get('trip_ms', 0):7.1f} = compute {comp}{more} + max wait {wait:.1f} + net "
         f"{s.get('network_and_handling_ms', 0):.1f} ms | peak "
-        f"{max(r['peak_rss_mib'], default=0):.0f} MiB | {r['limit']}",
+        f"{max(r['peak_rss_mib'], default=0):.0f} MiB | load {r['load_average'][0]}, machine"
+        f" {r['machine_busy']:.0%} busy (chain {r['machine_cpu_share']:.0%}) | {r['limit']}",
         file=sys.stderr if live else sys.stdout,
         flush=True,
     )
@@ -249,7 +283,9 @@ def loopback(levels: list[int], tokens: int, reproducible: bool = False) -> Loca
     )
 
 
-def wan20(levels: list[int], tokens: int, model: Path, seed: int = 7) -> LocalSwarm:
+def wan20(
+    levels: list[int], tokens: int, model: Path, seed: int = 7, reproducible: bool = False
+) -> LocalSwarm:
     rng = random.Random(seed)
     delays = [float(rng.randint(1, 56)) for _ in range(21)]
     return LocalSwarm(
@@ -258,14 +294,18 @@ def wan20(levels: list[int], tokens: int, model: Path, seed: int = 7) -> LocalSw
         max_sessions=max(levels),
         n_ctx=max(levels) * (8 + tokens + 16),
         link_delays_ms=delays,
+        reproducible=reproducible,
     )
 
 
-def kv_cost(filled: tuple[int, ...] = (8, 256), context: int = 32) -> dict[str, Any]:
+def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[str, Any]:
     """What the unified KV cache costs as it fills: one Gemma stage (layers 0-6), in this
-    process; `filled` sessions each hold `context` positions, then 8 of them decode one
-    row each (timed), and one rolls back 4 positions (seq_rm, timed). The same with one
-    KV stream per session (non-unified), each decode holding one session."""
+    process, one thread (as a worker runs; two threads on a shared 2-core machine spend
+    their time at ggml's barriers); `filled` sessions each hold `context` positions, then
+    8 of them decode one row each (timed: includes llama.cpp's cell search), and one rolls
+    back 4 positions (seq_rm, timed), then all of them decode one row each (timed: the
+    step of a full stage). The same with one KV stream per session
+    (non-unified, reproducible mode), each decode holding one session."""
     import numpy as np
 
     from core.models import stage_files
@@ -282,19 +322,29 @@ def kv_cost(filled: tuple[int, ...] = (8, 256), context: int = 32) -> dict[str, 
                 n_ctx=256 * (context + 16),
                 n_batch=256,
                 n_seq_max=256,
-                n_threads=2,
+                n_threads=1,
                 use_gpu=False,
                 reproducible=not unified,
             )
             stage = Stage.from_file(path, spec)
+            fill_started = time.perf_counter()
             try:
-                for k in range(n):
-                    stage.open(f"s{k}")
-                    toks = np.arange(1, context + 1, dtype=np.int32) + k
-                    stage.step([StepRequest(f"s{k}", 0, tokens=toks)])
+                for first in range(0, n, 8):  # 8 sessions x 32 rows: one n_batch
+                    group = range(first, min(first + 8, n))
+                    for k in group:
+                        stage.open(f"s{k}")
+                    stage.step(
+                        [
+                            StepRequest(
+                                f"s{k}", 0, tokens=np.arange(1, context + 1, dtype=np.int32) + k
+                            )
+                            for k in group
+                        ]
+                    )
+                fill_s = time.perf_counter() - fill_started
                 decode_ms: list[float] = []
                 rm_ms: list[float] = []
-                for rep in range(6):
+                for rep in range(8):
                     reqs = [
                         StepRequest(f"s{k}", context + rep, tokens=np.array([7], dtype=np.int32))
                         for k in range(8)
@@ -314,6 +364,18 @@ def kv_cost(filled: tuple[int, ...] = (8, 256), context: int = 32) -> dict[str, 
                             )
                         ]
                     )
+                # Then every session one row (the step of a full stage), three times.
+                at = [context + 8 if k < 8 else context for k in range(n)]
+                all_ms: list[float] = []
+                for _ in range(3):
+                    reqs = [
+                        StepRequest(f"s{k}", at[k], tokens=np.array([7], dtype=np.int32))
+                        for k in range(n)
+                    ]
+                    t = time.perf_counter()
+                    stage.step(reqs)
+                    all_ms.append((time.perf_counter() - t) * 1e3)
+                    at = [a + 1 for a in at]
             finally:
                 stage.shutdown()
             rows.append(
@@ -322,6 +384,9 @@ def kv_cost(filled: tuple[int, ...] = (8, 256), context: int = 32) -> dict[str, 
                     "sessions_filled": n,
                     "decode_8_rows_ms": statistics.median(decode_ms[1:]),
                     "seq_rm_ms": statistics.median(rm_ms[1:]),
+                    "decode_all_rows_ms": statistics.median(all_ms),
+                    "fill_s": fill_s,
+                    "load_average": Path("/proc/loadavg").read_text().split()[:3],
                 }
             )
     return {"context_per_session": context, "rows": rows}
@@ -357,7 +422,9 @@ def main() -> int:
             for r in cost["rows"]:
                 print(
                     f"  {r['kv']:11} {r['sessions_filled']:4d} sessions: 8-row decode"
-                    f" {r['decode_8_rows_ms']:7.2f} ms, seq_rm {r['seq_rm_ms']:.3f} ms"
+                    f" {r['decode_8_rows_ms']:7.2f} ms, seq_rm {r['seq_rm_ms']:.3f} ms, a row"
+                    f" for each of them {r['decode_all_rows_ms']:.0f} ms"
+                    f" (filling took {r['fill_s']:.1f} s; load average {r['load_average'][0]})"
                 )
         return 0
     settings = [s for s in args.settings.split(",") if s]
@@ -365,7 +432,12 @@ def main() -> int:
     tok = Tokenizer.from_gguf(gemma)
     gemma_prompts = [tok.encode(p) for p in PROMPTS]
     tok.close()
-    out: dict[str, Any] = {"levels": levels, "tokens": args.tokens, "settings": []}
+    out: dict[str, Any] = {
+        "levels": levels,
+        "tokens": args.tokens,
+        "cores": os.cpu_count(),
+        "settings": [],
+    }
     print(
         "  setting   reqs  total/s   wall/s  each/s  ttft ms same/done  per-stage timings",
         file=sys.stderr,
@@ -375,7 +447,7 @@ def main() -> int:
         out["settings"].append(
             asyncio.run(_setting("loopback", swarm, gemma_prompts, levels, args.tokens))
         )
-    if "wan20" in settings:
+    if "wan20" in settings or "wan20r" in settings:
         from tests.support.tiny_models import write_tiny_model
 
         with tempfile.TemporaryDirectory(prefix="sangama-load-") as tmp:
@@ -383,10 +455,12 @@ def main() -> int:
                 Path(tmp) / "tiny20.gguf", n_layer=20, n_embd=256, n_head=4, n_ff=512
             )
             tiny_prompts = [[1 + (k * 31 + j * 7) % 500 for j in range(8)] for k in range(8)]
-            swarm = wan20(levels, args.tokens, model)
-            out["settings"].append(
-                asyncio.run(_setting("wan20", swarm, tiny_prompts, levels, args.tokens))
-            )
+            for name in ("wan20", "wan20r"):  # wan20r: the same chain in reproducible mode
+                if name in settings:
+                    swarm = wan20(levels, args.tokens, model, reproducible=name == "wan20r")
+                    out["settings"].append(
+                        asyncio.run(_setting(name, swarm, tiny_prompts, levels, args.tokens))
+                    )
     if args.reproducible:
         n = 32
         for mode, repro in (("default", False), ("reproducible", True)):

@@ -123,3 +123,35 @@ def test_reproducible_mode_gives_32_batched_requests_their_solo_tokens(tiny: Pat
     finally:
         alone.shutdown()
     assert answers == solo
+
+
+def test_sessions_added_one_by_one_until_the_kv_pool_is_full(tiny: Path) -> None:
+    # Default mode (one unified KV pool), slots for 256 but KV for only FIT sessions: the
+    # first session past the pool is refused by the memory check, and not one before it
+    # by anything else (rate limits, slots, streams, queues); the running ones finish.
+    fit = 96
+    n_ctx = fit * RESERVED + RESERVED // 2  # room for `fit`, not for one more
+
+    async def scenario() -> tuple[int, Overloaded | None, list[list[int]]]:
+        async with LocalSwarm(
+            model=str(tiny), cuts=CUTS, max_sessions=SESSIONS, n_ctx=n_ctx
+        ) as swarm:
+            assert swarm.route is not None and swarm.client_credentials is not None
+            async with SwarmClient(swarm.client_credentials, swarm.route) as client:
+                running: list[tuple[TokenEvent, AsyncGenerator[TokenEvent, None]]] = []
+                refused: Overloaded | None = None
+                while refused is None and len(running) <= SESSIONS:
+                    gen = client.generate(_prompt(len(running)), NEW)
+                    try:
+                        running.append((await gen.__anext__(), gen))  # type: ignore[arg-type]
+                    except Overloaded as exc:
+                        refused = exc
+                answers = await asyncio.gather(*(_rest(f, g) for f, g in running))
+        return len(running), refused, list(answers)
+
+    admitted, refused, answers = asyncio.run(scenario())
+    assert refused is not None
+    assert admitted == fit, f"refused after {admitted} sessions, the pool holds {fit}"
+    assert "KV memory full" in refused.message
+    assert refused.retry_after_ms > 0 and refused.try_another_route
+    assert all(len(a) == NEW for a in answers)
