@@ -71,12 +71,18 @@ class WorkerConfig:
     """The most GPU memory the stage may take (the volunteer's VRAM cap); 0: all free."""
     upload_bytes_per_s: int = 0
     """The volunteer's upload cap for everything this stage's links send; 0: none."""
+    inline_step_ms: float = 50.0
+    """A decode step (a few rows) runs on the event loop's thread, without the hand-off
+    to the engine thread, while such steps take at most this long; 0: never
+    (app/serving/engine_calls.py)."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
             raise ConfigError(f"quic_library must be aioquic or qh3, not {self.quic_library!r}")
         if self.threads < 1 or self.max_sessions < 1 or self.row_budget < 1:
             raise ConfigError("threads, max_sessions and row_budget must be >= 1")
+        if not (isinstance(self.inline_step_ms, int | float) and self.inline_step_ms >= 0):
+            raise ConfigError(f"inline_step_ms must be >= 0, not {self.inline_step_ms!r}")
         for name in ("idle_timeout", "relink_timeout", "resume_grace"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 < value < 86400):
@@ -109,6 +115,7 @@ class WorkerConfig:
                 idle_timeout=float(doc.get("idle_timeout", 5.0)),
                 relink_timeout=float(doc.get("relink_timeout", 20.0)),
                 resume_grace=float(doc.get("resume_grace", 30.0)),
+                inline_step_ms=float(doc.get("inline_step_ms", 50.0)),
             )
         except ConfigError:
             raise
@@ -138,6 +145,7 @@ class WorkerConfig:
             f"idle_timeout = {self.idle_timeout!r}",
             f"relink_timeout = {self.relink_timeout!r}",
             f"resume_grace = {self.resume_grace!r}",
+            f"inline_step_ms = {self.inline_step_ms!r}",
         ]
         if self.next_hop is not None:
             lines += [

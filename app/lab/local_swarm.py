@@ -56,6 +56,8 @@ class LocalSwarm:
     each stage->next, last stage->client (len = stages + 1)."""
     reproducible: bool = False
     """Workers in reproducible mode (WorkerConfig.reproducible)."""
+    inline_step_ms: float = WorkerConfig.inline_step_ms
+    """WorkerConfig.inline_step_ms of every worker (benchmarks compare 0 with the default)."""
     workdir: Path | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     route: Route | None = None
@@ -110,6 +112,7 @@ class LocalSwarm:
                     quic_library=self.quic_library,
                     idle_timeout=self.idle_timeout,
                     reproducible=self.reproducible,
+                    inline_step_ms=self.inline_step_ms,
                 )
             )
         client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)
