@@ -71,10 +71,11 @@ class WorkerConfig:
     """The most GPU memory the stage may take (the volunteer's VRAM cap); 0: all free."""
     upload_bytes_per_s: int = 0
     """The volunteer's upload cap for everything this stage's links send; 0: none."""
-    inline_step_ms: float = 50.0
+    inline_step_ms: float = 0.0
     """A decode step (a few rows) runs on the event loop's thread, without the hand-off
-    to the engine thread, while such steps take at most this long; 0: never
-    (app/serving/engine_calls.py)."""
+    to the engine thread, while such steps take at most this long; 0 (default): never.
+    Off because on a busy PC the loop thread, charged with the compute, loses the
+    scheduler's wake-up preference and every hop waits longer (bench/README.md)."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
@@ -115,7 +116,7 @@ class WorkerConfig:
                 idle_timeout=float(doc.get("idle_timeout", 5.0)),
                 relink_timeout=float(doc.get("relink_timeout", 20.0)),
                 resume_grace=float(doc.get("resume_grace", 30.0)),
-                inline_step_ms=float(doc.get("inline_step_ms", 50.0)),
+                inline_step_ms=float(doc.get("inline_step_ms", 0.0)),
             )
         except ConfigError:
             raise

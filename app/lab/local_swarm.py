@@ -57,7 +57,7 @@ class LocalSwarm:
     reproducible: bool = False
     """Workers in reproducible mode (WorkerConfig.reproducible)."""
     inline_step_ms: float = WorkerConfig.inline_step_ms
-    """WorkerConfig.inline_step_ms of every worker (benchmarks compare 0 with the default)."""
+    """WorkerConfig.inline_step_ms of every worker (bench/swarm.py also runs it at 50)."""
     workdir: Path | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     route: Route | None = None

@@ -94,10 +94,10 @@ def test_worker_config_inline_setting_round_trips() -> None:
         "layers": [0, 2],
         "credentials": "/c",
     }
-    assert WorkerConfig.from_dict(base).inline_step_ms == 50.0
-    cfg = WorkerConfig.from_dict({**base, "inline_step_ms": 0})
-    assert cfg.inline_step_ms == 0.0
-    assert "inline_step_ms = 0.0" in cfg.to_toml()
+    assert WorkerConfig.from_dict(base).inline_step_ms == 0.0
+    cfg = WorkerConfig.from_dict({**base, "inline_step_ms": 30})
+    assert cfg.inline_step_ms == 30.0
+    assert "inline_step_ms = 30.0" in cfg.to_toml()
     with pytest.raises(ConfigError):
         WorkerConfig(
             "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), cfg.credentials, inline_step_ms=-1
