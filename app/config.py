@@ -76,6 +76,11 @@ class WorkerConfig:
     (every stage's recurrent snapshots, n_rs_seq = 8, bound how many can be undone)."""
     mtp_p_min: float = 0.3
     """The head stops guessing once its probability for a guess falls below this."""
+    inline_step_ms: float = 0.0
+    """A decode step (a few rows) runs on the event loop's thread, without the hand-off
+    to the engine thread, while such steps take at most this long; 0 (default): never.
+    Off because on a busy PC the loop thread, charged with the compute, loses the
+    scheduler's wake-up preference and every hop waits longer (bench/README.md)."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
@@ -84,6 +89,8 @@ class WorkerConfig:
             raise ConfigError("threads, max_sessions and row_budget must be >= 1")
         if not (0 <= self.mtp_guesses <= 8 and 0.0 <= self.mtp_p_min <= 1.0):
             raise ConfigError("mtp_guesses must be in 0..8 and mtp_p_min in [0, 1]")
+        if not (isinstance(self.inline_step_ms, int | float) and self.inline_step_ms >= 0):
+            raise ConfigError(f"inline_step_ms must be >= 0, not {self.inline_step_ms!r}")
         for name in ("idle_timeout", "relink_timeout", "resume_grace"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 < value < 86400):
@@ -118,6 +125,7 @@ class WorkerConfig:
                 resume_grace=float(doc.get("resume_grace", 30.0)),
                 mtp_guesses=int(doc.get("mtp_guesses", 6)),
                 mtp_p_min=float(doc.get("mtp_p_min", 0.3)),
+                inline_step_ms=float(doc.get("inline_step_ms", 0.0)),
             )
         except ConfigError:
             raise
@@ -149,6 +157,7 @@ class WorkerConfig:
             f"resume_grace = {self.resume_grace!r}",
             f"mtp_guesses = {self.mtp_guesses}",
             f"mtp_p_min = {self.mtp_p_min!r}",
+            f"inline_step_ms = {self.inline_step_ms!r}",
         ]
         if self.next_hop is not None:
             lines += [

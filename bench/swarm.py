@@ -48,9 +48,11 @@ def whole_model_tps(model: Path, prompt: list[int], tokens: int, threads: int) -
 
 
 async def swarm_tps(
-    model: Path, prompt: list[int], tokens: int, threads: int, library: str
+    model: Path, prompt: list[int], tokens: int, threads: int, library: str, **options: Any
 ) -> dict[str, Any]:
-    swarm = LocalSwarm(model=str(model), cuts=[0, 6, 12, 18], threads=threads, quic_library=library)
+    swarm = LocalSwarm(
+        model=str(model), cuts=[0, 6, 12, 18], threads=threads, quic_library=library, **options
+    )
     await swarm.start()
     try:
         assert swarm.route is not None and swarm.client_credentials is not None
@@ -166,6 +168,11 @@ def main() -> int:
         f"{lib}_threads_{t}": event_loop.run(swarm_tps(model, prompt, args.tokens, t, lib))
         for t, lib in configs
     }
+    # Decode steps run on the event loop's thread instead of the engine thread
+    # (WorkerConfig.inline_step_ms; off by default: see bench/README.md).
+    inline = event_loop.run(
+        swarm_tps(model, prompt, args.tokens, 2, DEFAULT_LIBRARY, inline_step_ms=50.0)
+    )
     default = max(
         (k for k in swarm_runs if k.startswith(DEFAULT_LIBRARY)),
         key=lambda k: swarm_runs[k]["tokens_per_s"],
@@ -173,6 +180,8 @@ def main() -> int:
     out["whole_model_tokens_per_s"] = whole
     out["swarm"] = swarm_runs
     out["swarm_vs_mono"] = swarm_runs[default]["tokens_per_s"] / whole
+    out["swarm_inline"] = inline
+    out["swarm_vs_mono_inline"] = inline["tokens_per_s"] / whole
     out[f"swarm_vs_mono_{other}"] = swarm_runs[f"{other}_threads_2"]["tokens_per_s"] / whole
 
     hops: dict[str, dict[str, float]] = {}
@@ -207,7 +216,8 @@ def main() -> int:
         )
     print(
         f"  swarm_vs_mono {out['swarm_vs_mono']:.2f} ({DEFAULT_LIBRARY}), "
-        f"{out[f'swarm_vs_mono_{other}']:.2f} ({other})"
+        f"{out[f'swarm_vs_mono_{other}']:.2f} ({other}), "
+        f"{out['swarm_vs_mono_inline']:.2f} ({DEFAULT_LIBRARY}, 2 threads, steps inline)"
     )
     print(
         f"(b) per-hop software cost, one 640-wide row, 3 forwarders (4 links); "

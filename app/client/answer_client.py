@@ -16,6 +16,9 @@ from net.tensors import WireDtype
 
 
 class AnswerClient(Protocol):
+    guesses: GuessPolicy
+    """Guessing ahead for answers whose generate() does not choose."""
+
     @property
     def route(self) -> Route: ...
 
@@ -31,5 +34,5 @@ class AnswerClient(Protocol):
         wire_dtype: WireDtype = ...,
         chunk: int = ...,
         is_end: Callable[[int], bool] = ...,
-        guesses: GuessPolicy = ...,
+        guesses: GuessPolicy | None = ...,
     ) -> AsyncIterator[TokenEvent]: ...

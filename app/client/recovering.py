@@ -85,10 +85,13 @@ class RecoveringClient:
         dialer: ChannelDialer | None = None,
         step_timeout: float | None = None,
         first_token_timeout: float = 60.0,
+        guesses: GuessPolicy = NO_GUESSES,
     ) -> None:
         self.creds = creds
         self.route = route
         self.policy = policy
+        self.guesses = guesses
+        """Guessing ahead for answers that do not choose (as `SwarmClient.guesses`)."""
         self._route_source = route_source
         self._tuning = tuning
         self._dialer = dialer
@@ -142,10 +145,13 @@ class RecoveringClient:
         wire_dtype: WireDtype = WireDtype.F32,
         chunk: int = DEFAULT_CHUNK,
         is_end: Callable[[int], bool] = lambda _t: False,
-        guesses: GuessPolicy = NO_GUESSES,
+        guesses: GuessPolicy | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """`SwarmClient.generate`, continued on a replacement chain when a stage dies.
-        Guesses restart from the replayed history (the drafts come from it)."""
+        Guesses (default `self.guesses`) restart from the replayed history (the drafts
+        come from it)."""
+        if guesses is None:
+            guesses = self.guesses
         produced: list[int] = []
         recoveries = 0
         pending: tuple[Decision, float, str, tuple[str, ...]] | None = None

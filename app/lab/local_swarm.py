@@ -58,6 +58,8 @@ class LocalSwarm:
     """Workers in reproducible mode (WorkerConfig.reproducible)."""
     mtp_p_min: float = 0.3
     """The last stage's MTP confidence threshold (WorkerConfig.mtp_p_min)."""
+    inline_step_ms: float = WorkerConfig.inline_step_ms
+    """WorkerConfig.inline_step_ms of every worker (bench/swarm.py also runs it at 50)."""
     workdir: Path | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     route: Route | None = None
@@ -113,6 +115,7 @@ class LocalSwarm:
                     idle_timeout=self.idle_timeout,
                     reproducible=self.reproducible,
                     mtp_p_min=self.mtp_p_min,
+                    inline_step_ms=self.inline_step_ms,
                 )
             )
         client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)

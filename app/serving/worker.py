@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -26,6 +25,7 @@ import numpy as np
 from app.config import Hop, WorkerConfig
 from app.serving.calibration import calibrated_row_budget
 from app.serving.downstream import Dialer, Downstream
+from app.serving.engine_calls import EngineCalls, InlinePolicy, runs_inline
 from app.serving.mtp_guesses import (
     GuessGate,
     chosen_position,
@@ -165,7 +165,9 @@ class StageWorker:
             if config.next_hop is not None
             else None
         )
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._engine_calls = EngineCalls()
+        self._inline = InlinePolicy(config.inline_step_ms)
+        self._last_short_step_ms: float | None = None
         spec = stage.spec
         self.admission = AdmissionLedger(
             admission or AdmissionPolicy(n_ctx=spec.n_ctx, max_sessions=spec.n_seq_max)
@@ -194,8 +196,8 @@ class StageWorker:
 
     async def start(self) -> tuple[str, int]:
         if self.config.calibrate_budget:
-            self.row_budget, self.step_samples = await asyncio.get_running_loop().run_in_executor(
-                self._executor, calibrated_row_budget, self.stage
+            self.row_budget, self.step_samples = await self._engine_calls.run(
+                calibrated_row_budget, self.stage
             )
             log.info("row budget %d from step times %s", self.row_budget, self.step_samples)
         self.address = await self._server.listen(*self.config.listen)
@@ -271,8 +273,8 @@ class StageWorker:
             await self._downstream.close()
         self._server.close()
         await asyncio.sleep(0.05)  # let CONNECTION_CLOSE datagrams leave
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.stage.shutdown)
-        self._executor.shutdown(wait=True)
+        await self._engine_calls.run(self.stage.shutdown)
+        self._engine_calls.shutdown()
 
     # ------------------------------------------------------------ channels
 
@@ -349,9 +351,7 @@ class StageWorker:
             session.rng = make_rng(session.params)
         self._sessions[frame.session] = session
         self._idle.clear()
-        future = asyncio.get_running_loop().run_in_executor(
-            self._executor, self.stage.open, frame.session
-        )
+        future = asyncio.wrap_future(self._engine_calls.submit(self.stage.open, frame.session))
         future.add_done_callback(lambda f: self._opened(frame.session, f))
         if self._downstream is not None:
             self._downstream.send(frame)
@@ -410,7 +410,6 @@ class StageWorker:
     # ------------------------------------------------------------ the engine
 
     async def _engine_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -432,12 +431,18 @@ class StageWorker:
                 batch = [p for p in batch if p.request.session in self._sessions]
                 if not batch:
                     continue
+                rows = sum(p.request.n_rows for p in batch)
+                inline = runs_inline(self._inline, rows, self._last_short_step_ms)
                 started = time.perf_counter()
                 checks = self._checks(batch) if self.is_last else {}
-                results, verdicts = await loop.run_in_executor(
-                    self._executor, self._stage_step, batch, checks
+                results, verdicts = await self._engine_calls.run_step(
+                    inline, self._stage_step, batch, checks
                 )
                 compute_ms = (time.perf_counter() - started) * 1e3
+                if rows <= self._inline.max_rows:
+                    self._last_short_step_ms = compute_ms
+                if inline and self._pending:
+                    await asyncio.sleep(0)  # let the links run between inline steps
                 self.stats.batches += 1
                 self.stats.last_compute_ms = compute_ms
                 self.stats.last_queue_ms = max((started - p.arrived) * 1e3 for p in batch)
@@ -575,10 +580,10 @@ class StageWorker:
         session.guess_gate = gate_step(session.guess_gate, bool(drafts))
         if self.stage.mtp is not None and not finished and k > 0 and gate_open(session.guess_gate):
             # The model's own guesses of the next tokens ride back with this reply.
-            future = asyncio.get_running_loop().run_in_executor(
-                self._executor, guess, self.stage.mtp, step.session,
+            future = asyncio.wrap_future(self._engine_calls.submit(
+                guess, self.stage.mtp, step.session,
                 chosen_position(step, n_accepted), chosen[-1], k, self.config.mtp_p_min,
-            )  # fmt: skip
+            ))  # fmt: skip
             future.add_done_callback(lambda f: self._reply_guessed(session, reply, f))
             return
         self._feed(TokensReady(reply))  # to the client now, or when its link is back
@@ -611,7 +616,7 @@ class StageWorker:
         if session.expiry is not None:
             session.expiry.cancel()
         self._pending = [p for p in self._pending if p.step.session != name]
-        self._executor.submit(self._close_on_stage, name)
+        self._engine_calls.submit(self._close_on_stage, name)
         if self._downstream is None:
             return
         if forward_close:

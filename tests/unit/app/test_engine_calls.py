@@ -1,0 +1,104 @@
+"""Engine calls: one at a time, in order; a short step runs inline only when nothing is queued."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from app.config import WorkerConfig
+from app.errors import ConfigError
+from app.serving.engine_calls import EngineCalls, InlinePolicy, runs_inline
+from core.types import LayerRange
+
+
+def test_policy_inlines_short_decode_steps_only() -> None:
+    policy = InlinePolicy(limit_ms=50.0, max_rows=8)
+    assert runs_inline(policy, 1, 20.0)
+    assert runs_inline(policy, 8, 50.0)
+    assert not runs_inline(policy, 1, None)  # not measured yet: the engine thread times it
+    assert not runs_inline(policy, 1, 50.1)  # too long to hold the event loop
+    assert not runs_inline(policy, 9, 1.0)  # a prompt chunk or a big batch
+    assert not runs_inline(InlinePolicy(limit_ms=0.0), 1, 0.1)  # switched off
+
+
+def test_inline_step_runs_on_the_loop_thread_when_idle() -> None:
+    calls = EngineCalls()
+
+    async def main() -> tuple[int, int]:
+        inline = await calls.run_step(True, threading.get_ident)
+        threaded = await calls.run_step(False, threading.get_ident)
+        return inline, threaded
+
+    try:
+        inline, threaded = asyncio.run(main())
+    finally:
+        calls.shutdown()
+    assert inline == threading.get_ident()
+    assert threaded != inline
+    assert calls.inline_calls == 1
+
+
+def test_inline_step_waits_behind_queued_calls() -> None:
+    """An open queued on the engine thread must reach the engine before the step."""
+    calls = EngineCalls()
+    order: list[str] = []
+    release = threading.Event()
+
+    def slow_open() -> None:
+        release.wait(5)
+        order.append("open")
+
+    def step() -> str:
+        order.append("step")
+        return threading.current_thread().name
+
+    async def main() -> str:
+        opened = asyncio.wrap_future(calls.submit(slow_open))
+        asyncio.get_running_loop().call_later(0.05, release.set)
+        ran_on = await calls.run_step(True, step)
+        await opened
+        return ran_on
+
+    try:
+        ran_on = asyncio.run(main())
+    finally:
+        calls.shutdown()
+    assert order == ["open", "step"]
+    assert ran_on.startswith("engine")
+    assert calls.inline_calls == 0
+
+
+def test_failed_call_still_frees_the_engine_thread() -> None:
+    calls = EngineCalls()
+
+    def boom() -> None:
+        raise RuntimeError("engine failed")
+
+    async def main() -> int:
+        with pytest.raises(RuntimeError):
+            await calls.run(boom)
+        return await calls.run_step(True, threading.get_ident)
+
+    try:
+        assert asyncio.run(main()) == threading.get_ident()
+    finally:
+        calls.shutdown()
+
+
+def test_worker_config_inline_setting_round_trips() -> None:
+    base = {
+        "node_id": "s0",
+        "listen": "127.0.0.1:1",
+        "layers": [0, 2],
+        "credentials": "/c",
+    }
+    assert WorkerConfig.from_dict(base).inline_step_ms == 0.0
+    cfg = WorkerConfig.from_dict({**base, "inline_step_ms": 30})
+    assert cfg.inline_step_ms == 30.0
+    assert "inline_step_ms = 30.0" in cfg.to_toml()
+    with pytest.raises(ConfigError):
+        WorkerConfig(
+            "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), cfg.credentials, inline_step_ms=-1
+        )
