@@ -128,6 +128,8 @@ def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
         m = _BLOCK_TENSOR.match(t.name)
         if place == BLOCK and m and int(m.group(1)) < n_layer:
             block_bytes[int(m.group(1))] += int(t.n_bytes)
+        elif place == BLOCK and m:
+            head_bytes += int(t.n_bytes)  # the MTP block: loaded by the last stage alone
         elif place == EMBEDDING:
             embedding_bytes += int(t.n_bytes)
         elif place == HEAD:

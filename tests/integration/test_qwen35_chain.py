@@ -77,6 +77,10 @@ def test_mtp_block_goes_to_the_last_stage_only(tmp_path: Path) -> None:
     model = write_qwen35_model(tmp_path / "q.gguf", DIMS, mtp=True)
     manifest = slice_model(model, tmp_path / "pieces")
     assert (manifest.facts.n_layer, manifest.facts.n_mtp_layers) == (N, 1)
+    # The MTP block's weights count toward the last stage (the head), not a trunk layer.
+    plain = slice_model(write_qwen35_model(tmp_path / "p.gguf", DIMS, mtp=False), tmp_path / "pp")
+    assert manifest.facts.bytes_per_layer == plain.facts.bytes_per_layer
+    assert manifest.facts.head_bytes > plain.facts.head_bytes
     for layers in LayerRange.from_cuts([0, 2, 4, 6]):
         path = assemble_stage(manifest, tmp_path / "pieces", layers, tmp_path / "s.gguf")
         r = GGUFReader(str(path))

@@ -145,7 +145,8 @@ def test_chosen_position_follows_the_real_rows_and_accepted_guesses() -> None:
 def test_sources_choose_mtp_guesses_ngram_ones_or_both() -> None:
     history = [1, 2, 3, 1, 2]
     assert GuessPolicy.parse("mtp").source == "mtp" and GuessPolicy.parse("mtp").adaptive
-    assert GuessPolicy.parse("mtp+ngram:3") == GuessPolicy(3, adaptive=False, source="mtp+ngram")
+    combined = GuessPolicy(max_guesses=3, adaptive=False, source="mtp+ngram")
+    assert GuessPolicy.parse("mtp+ngram:3") == combined
     with pytest.raises(ValueError):
         GuessPolicy(source="eagle")
     mtp, both, ngram = (GuessPolicy.parse(s) for s in ("mtp:4", "mtp+ngram:4", "4"))
