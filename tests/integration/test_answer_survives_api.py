@@ -22,7 +22,7 @@ from app.identity import join_swarm
 from app.lab.processes import Child, spawn_sangama
 from tests.support.coordinator_proc import CoordinatorProcess, free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e  # heavy: SmolLM2 on four workers and the API, ~4-5 min here
 
 N_TOKENS = 40
 KILL_AFTER = 5
