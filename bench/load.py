@@ -265,9 +265,11 @@ def _print_row(name: str, r: dict[str, Any], live: bool = False) -> None:
 
 
 def _stops_rising(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first level whose total is under 1.1x the previous one (or falls)."""
+    """The first level whose wall total is under 1.1x the previous one (or falls): the
+    wall figure, because the sum of decode speeds counts requests that overlap little
+    (late first tokens) as if they ran side by side."""
     for prev, cur in itertools.pairwise(levels):
-        if cur["total_tokens_per_s"] < 1.1 * prev["total_tokens_per_s"]:
+        if cur["wall_tokens_per_s"] < 1.1 * prev["wall_tokens_per_s"]:
             return cur
     return None
 
