@@ -43,6 +43,7 @@ from core.types import LayerRange
 from tests.support.tiny_models import write_tiny_model
 
 N_LAYER = 8
+NO_CHAOS = ChaosPolicy(chain_weight=0, spare_weight=0, coordinator_weight=0, relay_weight=0)
 ANSWER_TIMEOUT_S = 300.0
 """An answer still running after this long is a hang: counted lost, not waited for."""
 
@@ -280,7 +281,10 @@ def report(run: SoakRun, swarm: SoakSwarm, load_before: list[str]) -> dict[str, 
         "answers_started": len(answers),
         "answers_failed": len(failed),
         "failures": [
-            f"client {a.client} prompt {a.prompt}: {a.error or 'wrong tokens'}" for a in failed
+            f"client {a.client} prompt {a.prompt}: "
+            f"{a.error or f'token {a.correct} differs'}; recoveries replayed "
+            f"{[r.replayed for r in a.recoveries]}"
+            for a in failed
         ],
         "tokens_expected": sum(a.expected for a in answers),
         "tokens_lost": lost,
@@ -357,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         default=STALE_AFTER_S,
         help="the coordinator's --stale-after (a longer one lets rebooted workers return)",
     )
+    ap.add_argument(
+        "--no-chaos", action="store_true", help="kill nothing: the control run, same load"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--workdir", type=Path, default=None, help="keep logs here (default: a temp dir)"
@@ -370,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens=args.tokens,
         seed=args.seed,
         stale_after_s=args.stale_after,
+        policy=NO_CHAOS if args.no_chaos else ChaosPolicy(),
     )
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)

@@ -139,7 +139,7 @@ class SoakSwarm:
         code = self.coordinator.admin.create_invite("worker")["code"]
         directory = self.workdir / name
         port = free_udp_port()
-        args = ["worker", "--join", code, "--identity-dir", str(directory), *_listen(port)]
+        args = ["worker", "--join", code, "--identity-dir", str(directory), *_worker_args(port)]
         child = await spawn_sangama(name, args, self._log(name), READY_TIMEOUT_S, wait)
         self._keep_reading(child)
         worker = Worker(name, directory, child, port)
@@ -208,7 +208,7 @@ class SoakSwarm:
         if w.child.stderr_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(w.child.stderr_task, 2)
-        args = ["worker", "--identity", str(w.directory), *_listen(w.port)]
+        args = ["worker", "--identity", str(w.directory), *_worker_args(w.port)]
         # Not waiting for READY: a restarted worker may come back as a spare (no stage).
         w.child = await spawn_sangama(name, args, self._log(name), READY_TIMEOUT_S, False)
         self._keep_reading(w.child)
@@ -252,5 +252,9 @@ class SoakSwarm:
             await asyncio.sleep(every_s)
 
 
-def _listen(port: int) -> list[str]:
-    return ["--listen", f"127.0.0.1:{port}"]
+def _worker_args(port: int) -> list[str]:
+    # Reproducible: sessions batched together on a stage change each other's float
+    # rounding, and a near-tie between two tokens then flips a greedy answer (the soak
+    # saw 3 of 99 answers differ at one position with no fault at all). One decode per
+    # session makes an answer depend on its tokens only, so a difference is a loss.
+    return ["--listen", f"127.0.0.1:{port}", "--reproducible"]

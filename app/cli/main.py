@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-battery-pause", action="store_true", help="keep serving on battery")
     p.add_argument("--max-download", default="0", help="piece download cap per second, e.g. 5M")
     p.add_argument("--max-upload", default="0", help="upload cap per second for links, e.g. 2M")
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="each session decoded on its own: the same tokens as alone (costs batching)",
+    )
 
     p = sub.add_parser("chat", help="ask the swarm; stream the answer")
     p.add_argument("--prompt", required=True)
@@ -369,6 +374,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             available_until=parse_when(args.available_until),
             download_bytes_per_s=guest.download_bytes_per_s,
             upload_bytes_per_s=guest.upload_bytes_per_s,
+            reproducible=args.reproducible,
         ),
         guest,
     )

@@ -88,6 +88,9 @@ class CoordinatedOptions:
     available_until: float = 0.0
     """When the volunteer said this PC stops serving (Unix seconds; 0: not said): told to
     the coordinator, which keeps a spare ready for this stage first."""
+    reproducible: bool = False
+    """Each session's rows in a llama_decode of their own (WorkerConfig.reproducible):
+    a greedy answer equals the one it gives alone, whatever else the stage batches."""
 
 
 def stage_sizing(assignment: Assignment, most: int) -> tuple[int, int]:
@@ -304,6 +307,7 @@ async def serve_coordinated(
             quic_library=options.quic_library,
             device_cap_bytes=options.vram_cap_bytes,
             upload_bytes_per_s=options.upload_bytes_per_s,
+            reproducible=options.reproducible,
         )
         creds = identity.credentials()
         ice = await loop.run_in_executor(
