@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +32,21 @@ def test_worker_refuses_bad_options(
     err = capsys.readouterr().err.strip()
     assert err.startswith("sangama worker: error:") and says in err, err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_reproducible_reaches_the_coordinated_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: bool
+) -> None:
+    import app.serving.guest as guest
+
+    seen: list[Any] = []
+
+    def run_guest(options: Any, _settings: Any) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(guest, "run_guest", run_guest)
+    extra = ["--reproducible"] if flag else []
+    assert main(["worker", "--identity", str(tmp_path), *extra]) == 0
+    assert [o.reproducible for o in seen] == [flag]
