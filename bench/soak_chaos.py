@@ -36,6 +36,9 @@ class ChaosPolicy:
     coordinator_weight: float = 2.0
     relay_weight: float = 1.0
     """Used only when the soak runs a relay."""
+    coordinator_every: int = 0
+    """Every this many rounds the coordinator, if up (0: only by weight): a short soak
+    then surely kills it too."""
     min_workers: int = 3
     """Workers that must stay up besides the victim (the chain length)."""
     down_s: tuple[float, float] = (0.5, 8.0)
@@ -67,6 +70,14 @@ class Fault:
 def next_fault(seed: int, round_no: int, now: Situation, policy: ChaosPolicy) -> Fault | None:
     """The fault for round `round_no`, or None when nothing may be killed now."""
     rng = random.Random(f"{seed}:{round_no}")  # per round: a replay needs no history
+    every = policy.coordinator_every
+    if every and now.coordinator_up and (round_no + 1) % every == 0:
+        return Fault(
+            Target.COORDINATOR,
+            "coordinator",
+            rng.uniform(*policy.down_s),
+            rng.uniform(*policy.gap_s),
+        )
     candidates: list[tuple[Target, str, float]] = []
     workers = len(now.chain) + len(now.spares)
     if workers - 1 >= policy.min_workers:

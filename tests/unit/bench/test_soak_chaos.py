@@ -42,3 +42,14 @@ def test_no_worker_is_killed_when_the_rest_could_not_form_a_chain() -> None:
 def test_no_relay_fault_without_a_relay() -> None:
     faults = plan(3, 200, Situation(FULL.chain, FULL.spares), POLICY)
     assert all(f is not None and f.kind is not Target.RELAY for f in faults)
+
+
+def test_coordinator_every_n_rounds_kills_it_then_and_only_when_up() -> None:
+    policy = ChaosPolicy(coordinator_every=4)
+    faults = plan(5, 12, FULL, policy)
+    for r in (3, 7, 11):
+        fault = faults[r]
+        assert fault is not None and fault.kind is Target.COORDINATOR
+    down = Situation(FULL.chain, FULL.spares, coordinator_up=False)
+    fault = next_fault(5, 3, down, policy)
+    assert fault is not None and fault.kind is not Target.COORDINATOR
