@@ -11,8 +11,8 @@ survived per kind, RSS start/peak/end per process kind and the load average. The
 code is 0 only when nothing was lost and memory stayed bounded.
 
 The relay is not killed yet: the policy has a RELAY target, but a relayed loopback swarm
-(coturn, `--turn`, `--relay-only` workers) and links that re-allocate after coturn
-restarts are issue 16 item 4's work in progress; see bench/README.md.
+costs coturn plus `--relay-only` workers on every run; coturn's kill -9 mid-answer is
+tests/integration/test_relay_restart.py's. See bench/README.md.
 """
 
 from __future__ import annotations
