@@ -125,7 +125,14 @@ class RecoveringClient:
         return [r.stall_s for r in self.recoveries]
 
     async def connect(self) -> None:
-        await self._client.connect()
+        """Connect along the route; if a stage of it is already dead (a volunteer left
+        between the route and the dial), connect along one avoiding it instead."""
+        try:
+            await self._client.connect()
+        except (AppError, CoordinatorError, NetError, OSError, TimeoutError) as exc:
+            dead = dead_stages(await self._probe(self.route), failed=True)
+            log.warning("connecting failed (%s); dead stages %s: asking for a route", exc, dead)
+            await self._switch(Decision(Verdict.REROUTE, avoid=dead), exc, self._client)
 
     async def close(self) -> None:
         await self._client.close()
