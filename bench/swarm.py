@@ -162,6 +162,8 @@ def main() -> int:
     out["quic_library"] = DEFAULT_LIBRARY
     out["load_average_start"] = os.getloadavg()[0]
     whole = whole_model_tps(model, prompt, args.tokens, threads=2)
+    # Like with like as well: on a busy machine two threads can collapse (bench/README.md).
+    whole_1 = whole_model_tps(model, prompt, args.tokens, threads=1)
     other = "aioquic" if DEFAULT_LIBRARY == "qh3" else "qh3"
     configs = [(1, DEFAULT_LIBRARY), (2, DEFAULT_LIBRARY), (2, other)]
     swarm_runs = {
@@ -178,8 +180,13 @@ def main() -> int:
         key=lambda k: swarm_runs[k]["tokens_per_s"],
     )
     out["whole_model_tokens_per_s"] = whole
+    out["whole_model_1_thread_tokens_per_s"] = whole_1
     out["swarm"] = swarm_runs
     out["swarm_vs_mono"] = swarm_runs[default]["tokens_per_s"] / whole
+    out["swarm_vs_mono_by_threads"] = {
+        "1": swarm_runs[f"{DEFAULT_LIBRARY}_threads_1"]["tokens_per_s"] / whole_1,
+        "2": swarm_runs[f"{DEFAULT_LIBRARY}_threads_2"]["tokens_per_s"] / whole,
+    }
     out["swarm_inline"] = inline
     out["swarm_vs_mono_inline"] = inline["tokens_per_s"] / whole
     out[f"swarm_vs_mono_{other}"] = swarm_runs[f"{other}_threads_2"]["tokens_per_s"] / whole
@@ -207,6 +214,7 @@ def main() -> int:
         return 0
     print(f"(a) decode, {model.name}, {args.tokens} tokens")
     print(f"  whole model (1 process, 2 threads)   {whole:7.1f} tok/s")
+    print(f"  whole model (1 process, 1 thread)    {whole_1:7.1f} tok/s")
     for name, r in swarm_runs.items():
         print(
             f"  swarm, 3 processes, {name:18} {r['tokens_per_s']:7.1f} tok/s   "
@@ -217,7 +225,9 @@ def main() -> int:
     print(
         f"  swarm_vs_mono {out['swarm_vs_mono']:.2f} ({DEFAULT_LIBRARY}), "
         f"{out[f'swarm_vs_mono_{other}']:.2f} ({other}), "
-        f"{out['swarm_vs_mono_inline']:.2f} ({DEFAULT_LIBRARY}, 2 threads, steps inline)"
+        f"{out['swarm_vs_mono_inline']:.2f} ({DEFAULT_LIBRARY}, 2 threads, steps inline); "
+        f"same threads: 1 {out['swarm_vs_mono_by_threads']['1']:.2f}, "
+        f"2 {out['swarm_vs_mono_by_threads']['2']:.2f}"
     )
     print(
         f"(b) per-hop software cost, one 640-wide row, 3 forwarders (4 links); "
