@@ -31,6 +31,9 @@ class Queued:
     """A prompt chunk (many rows) rather than a decode or verification step."""
     waited: int = 0
     """Steps this item has been passed over already."""
+    session: str = ""
+    """Whose rows: a session's items run in arrival order (a prompt's short last chunk
+    must not overtake its first one that did not fit the budget); "" = no constraint."""
 
 
 def select_batch(queue: Sequence[Queued], row_budget: int, max_wait: int = 2) -> list[int]:
@@ -41,13 +44,29 @@ def select_batch(queue: Sequence[Queued], row_budget: int, max_wait: int = 2) ->
         raise ValueError("max_wait must be >= 0")
     order = sorted(range(len(queue)), key=lambda i: (queue[i].is_prompt, i))
     chosen: list[int] = []
+    taken: set[int] = set()
+    earlier: dict[str, list[int]] = {}
+    for i, q in enumerate(queue):
+        if q.session:
+            earlier.setdefault(q.session, []).append(i)
+
+    def in_turn(i: int) -> bool:
+        """Every earlier item of the same session is already chosen."""
+        s = queue[i].session
+        return not s or all(j in taken for j in earlier[s] if j < i)
+
     used = 0
     for i in order:
-        if used + queue[i].rows <= row_budget or not chosen:
+        if in_turn(i) and (used + queue[i].rows <= row_budget or not chosen):
             chosen.append(i)
+            taken.add(i)
             used += queue[i].rows
     if not any(queue[i].is_prompt for i in chosen):
-        overdue = [i for i in order if queue[i].is_prompt and queue[i].waited >= max_wait]
+        overdue = [
+            i
+            for i in order
+            if queue[i].is_prompt and queue[i].waited >= max_wait and i not in taken and in_turn(i)
+        ]
         if overdue:
             chosen.append(overdue[0])  # the oldest: one chunk per step at most
     return chosen

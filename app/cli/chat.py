@@ -26,7 +26,6 @@ async def _chat(
     guesses: GuessPolicy,
 ) -> int:
     conn = await connect()
-    conn.client.guesses = guesses
     try:
         report = await stream_answer(
             conn.client,
@@ -36,6 +35,7 @@ async def _chat(
             dtype,
             chat_format=chat_format,
             sampling=sampling,
+            guesses=guesses,
         )
     finally:
         await conn.close()

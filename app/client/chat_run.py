@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.client.answer_client import AnswerClient
-from app.client.swarm_client import TokenEvent
+from app.client.swarm_client import NO_GUESSES, TokenEvent
+from core.drafting import GuessPolicy
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.tensors import WireDtype
@@ -102,6 +103,7 @@ async def chat_once(
     sampling: SamplingParams = SamplingParams(),
     wire_dtype: WireDtype = WireDtype.F32,
     stream: Callable[[str], None] | None = None,
+    guesses: GuessPolicy = NO_GUESSES,
 ) -> ChatReport:
     ids = tokenizer.encode_chat([("user", prompt)]) if chat_format else tokenizer.encode(prompt)
     streamer = tokenizer.streamer()
@@ -110,7 +112,9 @@ async def chat_once(
     t0 = time.perf_counter()
     first_ms = 0.0
     t_first = t0
-    async for ev in client.generate(ids, max_tokens, sampling, wire_dtype, is_end=tokenizer.is_end):
+    async for ev in client.generate(
+        ids, max_tokens, sampling, wire_dtype, is_end=tokenizer.is_end, guesses=guesses
+    ):
         if not tokens:
             t_first = time.perf_counter()
             first_ms = (t_first - t0) * 1e3
@@ -149,6 +153,7 @@ async def stream_answer(
     *,
     chat_format: bool | None = None,
     sampling: SamplingParams | None = None,
+    guesses: GuessPolicy = NO_GUESSES,
 ) -> ChatReport:
     """One answer streamed to stdout as it arrives: how both demos and `sangama chat` ask.
     chat_format None: the chat template when the model ships one (an instruction-tuned
@@ -166,6 +171,7 @@ async def stream_answer(
         sampling=sampling,
         wire_dtype=dtype,
         stream=_write,
+        guesses=guesses,
     )
 
 

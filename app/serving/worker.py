@@ -419,6 +419,7 @@ class StageWorker:
                         p.request.n_rows,
                         is_prompt=p.request.n_rows > 1 and not p.step.drafts,
                         waited=p.waited,
+                        session=p.request.session,
                     )
                     for p in self._pending
                 ]

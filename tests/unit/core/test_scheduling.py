@@ -75,3 +75,21 @@ def test_the_row_budget_is_the_knee_of_the_measured_throughput() -> None:
 )
 def test_the_row_budget_stays_in_range(samples: list[tuple[int, float]], n_batch: int) -> None:
     assert 1 <= choose_row_budget(samples, n_batch) <= n_batch
+
+
+def test_a_sessions_items_run_in_arrival_order() -> None:
+    # Session a's prompt: 64 rows then a 10-row last chunk; b decodes. With room for 40
+    # rows the short chunk would fit before the long one: it must wait its turn (seen
+    # with 16 drafting sessions: "rows start at 64, the cache ends at 0").
+    queue = [
+        Queued(1, False, session="b"),
+        Queued(64, True, session="a"),
+        Queued(10, True, session="a"),
+    ]
+    assert select_batch(queue, 40) == [0]  # not the 10 rows that would fit
+    overdue = [queue[0], Queued(64, True, waited=2, session="a"), queue[2]]
+    assert select_batch(overdue, 40) == [0, 1]  # the overdue first chunk, not the tail
+    one_row_tail = [Queued(64, True, session="a"), Queued(1, False, session="a")]
+    assert select_batch(one_row_tail, 8) == [0]
+    # Without sessions the old rule stands: what fits is taken.
+    assert select_batch([Queued(64, True), Queued(10, True)], 40) == [0]
