@@ -53,6 +53,11 @@ class WorkerConfig:
     reproducible: bool = False
     """Every session's rows in a llama_decode of their own, on a KV stream of its own:
     a request gives exactly the tokens it gives alone, at the cost of batching."""
+    exact_guesses: bool = True
+    """Stages before the last evaluate a step's guessed rows one at a time, each as plain
+    decoding computes it, so guessing never changes an answer (llama.cpp's multi-row
+    kernels for repacked weights round differently and can flip a near-tie). False: all
+    of a step's rows in one decode, faster where compute, not the links, is the cost."""
     max_datagram_size: int = 1200
     quic_library: str = DEFAULT_LIBRARY
     """"qh3" (default) or "aioquic" (see net.quic)."""
@@ -117,6 +122,7 @@ class WorkerConfig:
                 row_budget=int(doc.get("row_budget", 256)),
                 calibrate_budget=bool(doc.get("calibrate_budget", True)),
                 reproducible=bool(doc.get("reproducible", False)),
+                exact_guesses=bool(doc.get("exact_guesses", True)),
                 max_datagram_size=int(doc.get("max_datagram_size", 1200)),
                 return_logits=bool(doc.get("return_logits", False)),
                 quic_library=str(doc.get("quic_library", DEFAULT_LIBRARY)),
@@ -149,6 +155,7 @@ class WorkerConfig:
             f"row_budget = {self.row_budget}",
             f"calibrate_budget = {'true' if self.calibrate_budget else 'false'}",
             f"reproducible = {'true' if self.reproducible else 'false'}",
+            f"exact_guesses = {'true' if self.exact_guesses else 'false'}",
             f"max_datagram_size = {self.max_datagram_size}",
             f"return_logits = {'true' if self.return_logits else 'false'}",
             f'quic_library = "{self.quic_library}"',

@@ -79,6 +79,7 @@ from app.client.swarm_client import ChannelDialer, SwarmClient
 from app.config import Route
 from app.errors import ClientError, RouteUnavailable, StageFailed, StageTimeout
 from core.admission import LLAMA_MAX_SEQ
+from core.drafting import DEFAULT_GUESSES
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.channel import NodeCredentials
@@ -205,6 +206,7 @@ class SwarmBackend:
                 dialer=self._dialer,
                 step_timeout=self.step_timeout,
                 first_token_timeout=self.first_token_timeout,
+                guesses=DEFAULT_GUESSES,
             )
         return SwarmClient(
             self.creds,
@@ -213,6 +215,7 @@ class SwarmBackend:
             first_token_timeout=self.first_token_timeout,
             step_timeout=self.step_timeout,
             dialer=self._dialer,
+            guesses=DEFAULT_GUESSES,
         )
 
     async def _connected(self) -> AnswerClient:

@@ -27,6 +27,7 @@ from app.client.swarm_client import ChannelDialer, SwarmClient
 from app.config import Route
 from app.identity import Identity
 from app.links import channel_dialer, start_links
+from core.drafting import DEFAULT_GUESSES
 from core.tokenizer import Tokenizer
 from net.channel import NodeCredentials
 from net.quic import QuicTuning
@@ -100,9 +101,11 @@ async def open_chat(
                 await close()
         raise
     client: AnswerClient = (
-        SwarmClient(creds, route, tuning, dialer=dialer)
+        SwarmClient(creds, route, tuning, dialer=dialer, guesses=DEFAULT_GUESSES)
         if route_source is None
-        else RecoveringClient(creds, route, route_source, policy, tuning, dialer)
+        else RecoveringClient(
+            creds, route, route_source, policy, tuning, dialer, guesses=DEFAULT_GUESSES
+        )
     )
     return await ChatConnection(client, tokenizer, len(route.stages), list(closers)).connected()
 

@@ -56,6 +56,8 @@ class LocalSwarm:
     each stage->next, last stage->client (len = stages + 1)."""
     reproducible: bool = False
     """Workers in reproducible mode (WorkerConfig.reproducible)."""
+    exact_guesses: bool = WorkerConfig.exact_guesses
+    """WorkerConfig.exact_guesses of every worker."""
     mtp_p_min: float = 0.3
     """The last stage's MTP confidence threshold (WorkerConfig.mtp_p_min)."""
     inline_step_ms: float = WorkerConfig.inline_step_ms
@@ -114,6 +116,7 @@ class LocalSwarm:
                     quic_library=self.quic_library,
                     idle_timeout=self.idle_timeout,
                     reproducible=self.reproducible,
+                    exact_guesses=self.exact_guesses,
                     mtp_p_min=self.mtp_p_min,
                     inline_step_ms=self.inline_step_ms,
                 )

@@ -1,5 +1,6 @@
-"""The last stage's engine step when some sessions carry guesses: the head only where it
-can still matter.
+"""Engine steps when some sessions carry guesses. The last stage: the head only where it
+can still matter (`step_verifying`); the stages before it: guessed rows one at a time
+(`step_guesses_alone`), so guessing never changes an answer.
 
 Measured (bench/draft_trips.py, Gemma 3 270M on this machine's CPU): the last stage's
 layers cost about the same for 1 or 5 rows, but the output head over 262 144 tokens
@@ -83,3 +84,35 @@ def step_verifying(
             )
             verdicts[i] = verdict
     return results, verdicts
+
+
+def step_guesses_alone(
+    stage: Stage, requests: list[StepRequest], guessed: dict[int, int]
+) -> list[StepResult | StepFailure]:
+    """`Stage.step(requests)` on a stage before the last, except that request i in
+    `guessed` (with its number of guesses, the last rows) has its guessed rows evaluated
+    one at a time after the others: each row then meets the same kernels as in plain
+    decoding, so the hidden states it sends on are plain decoding's, bit for bit."""
+    first = [
+        replace(_rows(req, 0, req.n_rows - guessed[i]), keep_until=req.keep_until)
+        if guessed.get(i, 0) > 0
+        else req
+        for i, req in enumerate(requests)
+    ]
+    results = stage.step(first)
+    for i, k in guessed.items():
+        res, req = results[i], requests[i]
+        if isinstance(res, StepFailure) or k <= 0:
+            continue
+        assert res.hidden is not None
+        parts = [res.hidden]
+        for j in range(req.n_rows - k, req.n_rows):
+            (more,) = stage.step([_rows(req, j, j + 1)])
+            if isinstance(more, StepFailure):
+                results[i] = more
+                break
+            assert more.hidden is not None
+            parts.append(more.hidden)
+        else:
+            results[i] = StepResult(req.session, req.start, hidden=np.concatenate(parts))
+    return results

@@ -59,7 +59,7 @@ from app.serving.session_rules import (
     TokensReady,
 )
 from app.serving.session_rules import Event as RuleEvent
-from app.serving.verify_rows import step_verifying
+from app.serving.verify_rows import step_guesses_alone, step_verifying
 from app.wire_convert import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
 from core.draft_acceptance import RowByRow, Verdict, accept_drafts
@@ -471,8 +471,15 @@ class StageWorker:
         then feed the MTP head (last stage with one)."""
         requests = [p.request for p in batch]
         verdicts: dict[int, Verdict] = {}
+        guessed = (
+            {i: len(p.step.drafts) for i, p in enumerate(batch) if p.step.drafts}
+            if self.config.exact_guesses and not self.is_last
+            else {}
+        )
         if checks:  # guesses: the head only for rows that can still matter
             results, verdicts = step_verifying(self.stage, requests, checks)
+        elif guessed:  # each guessed row as plain decoding computes it
+            results = step_guesses_alone(self.stage, requests, guessed)
         else:
             results = self.stage.step(requests)
         if self.stage.mtp is not None:

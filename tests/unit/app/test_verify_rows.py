@@ -7,7 +7,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from app.serving.verify_rows import step_verifying
+from app.serving.verify_rows import step_guesses_alone, step_verifying
 from core.draft_acceptance import RowByRow
 from core.sampling import make_rng
 from core.stage import Stage, StepRequest, StepResult
@@ -68,3 +68,32 @@ def test_all_guesses_standing_evaluates_every_row_once() -> None:
     _, verdicts = step_verifying(cast(Stage, cast(Any, head)), [_req("a", 0, [3, 4, 5])], checks)
     assert verdicts[0].tokens == (4, 5, 6)
     assert [e[1] for e in head.evaluated] == [0, 1, 2]
+
+
+class _Trunk:
+    """Stands in for a stage before the last: a row's output is its input times 2, one
+    step call per list of requests recorded with every request's rows."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, int, int, int | None]]] = []
+
+    def step(self, requests: list[StepRequest]) -> list[StepResult]:
+        self.calls.append([(r.session, r.start, r.n_rows, r.keep_until) for r in requests])
+        out = []
+        for r in requests:
+            assert r.hidden is not None
+            out.append(StepResult(r.session, r.start, hidden=r.hidden * 2))
+        return out
+
+
+def test_earlier_stages_evaluate_each_guessed_row_alone_and_send_all_rows_on() -> None:
+    trunk = _Trunk()
+    reqs = [_req("a", 10, [3, 4, 5, 9], keep=10), _req("b", 7, [1])]
+    results = step_guesses_alone(cast(Stage, cast(Any, trunk)), reqs, {0: 3})
+    # a's newest row (with its cut) batched with b, then each guess in a decode of its own.
+    assert trunk.calls == [[("a", 10, 1, 10), ("b", 7, 1, None)], [("a", 11, 1, None)],
+                           [("a", 12, 1, None)], [("a", 13, 1, None)]]  # fmt: skip
+    a, b = results
+    assert isinstance(a, StepResult) and a.hidden is not None and a.start == 10
+    assert a.hidden[:, 0].tolist() == [6, 8, 10, 18]  # every row, in order
+    assert isinstance(b, StepResult) and b.hidden is not None and b.hidden[0, 0] == 2
