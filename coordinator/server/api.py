@@ -295,7 +295,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         version="1",
         description="Invitations, certificates, registry, placement, pieces and routes.",
     )
-    sessions = OperatorLogins(coord.store)  # in the database: a restart keeps them
+    sessions = OperatorLogins(lambda: coord.store)  # in the database: a restart keeps them
     app.state.coord = coord
     app.state.sessions = sessions
     # Failed operator logins and invite redemptions per caller address (limits.py).

@@ -5,6 +5,7 @@ and a login lasts `LOGIN_HOURS` (signing in again starts a new one)."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 from coordinator.server.service import hash_token
 from coordinator.server.store import Store, utcnow
@@ -13,9 +14,15 @@ LOGIN_HOURS = 12
 
 
 class OperatorLogins:
-    def __init__(self, store: Store, hours: float = LOGIN_HOURS) -> None:
-        self.store = store
+    def __init__(self, store_of: Callable[[], Store], hours: float = LOGIN_HOURS) -> None:
+        # The store is looked up at each use, not at creation: an app is also built
+        # without a running coordinator (for its OpenAPI description alone).
+        self._store_of = store_of
         self.hours = hours
+
+    @property
+    def store(self) -> Store:
+        return self._store_of()
 
     def add(self, token: str) -> None:
         self.store.add_login(hash_token(token), utcnow() + dt.timedelta(hours=self.hours))
