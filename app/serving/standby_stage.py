@@ -1,0 +1,74 @@
+"""A warm spare's stage: built ahead of time, served the moment it is assigned.
+
+The coordinator names a standby stage to a spare (the stage most at risk). The spare
+downloads its pieces, assembles the stage file and builds the engine here, in the
+background, without announcing anything: it is no stage of the plan and serves no one.
+When the coordinator then assigns it that stage, the worker starts on the stage already
+built (a promotion: no second load); assigned another, it frees this one first.
+
+A pre-load is kept only if it fits the volunteer's cap (the same check a serving stage
+passes); one that does not is freed again and the spare keeps just the pieces."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from app.compute import stage_compute
+from app.config import WorkerConfig
+from app.errors import AppError
+from app.serving.serve import LoadedStage, load_stage
+from app.serving.vram_check import check_within_cap
+from core.hardware import memory_in_use
+
+log = logging.getLogger(__name__)
+
+
+async def preload(config: WorkerConfig) -> LoadedStage | None:
+    """Build `config`'s stage without serving it; None when it cannot be kept (over the
+    cap, or the build failed: the spare then loads at promotion, as a cold one)."""
+    loop = asyncio.get_running_loop()
+    try:
+        loaded = await load_stage(config)
+    except (AppError, OSError, RuntimeError, ValueError) as exc:
+        log.warning("could not pre-load the standby stage %s: %s", config.layers, exc)
+        return None
+    try:
+        measured = await loop.run_in_executor(None, memory_in_use)
+        check_within_cap(stage_compute(loaded.stage), config.device_cap_bytes, measured)
+    except AppError as exc:
+        log.warning("standby stage %s not kept loaded: %s", config.layers, exc)
+        free(loaded)
+        return None
+    print(f"PRELOADED layers {config.layers.start}-{config.layers.stop}", flush=True)
+    return loaded
+
+
+def free(loaded: LoadedStage | None) -> None:
+    """Free a pre-loaded stage that will not be served (its native memory, at once)."""
+    if loaded is not None:
+        loaded.stage.shutdown()
+
+
+async def take(fetching: asyncio.Future[object] | None, same: bool) -> LoadedStage | None:
+    """The pre-loaded stage when the assignment is the standby stage (`same`): waiting for
+    a pre-load under way, which is further along than a fresh load would be. Otherwise
+    the pre-load stops (a download resumes later where it stopped) or is freed."""
+    if fetching is None:
+        return None
+    if not same and not fetching.done():
+        fetching.cancel()
+    try:
+        loaded = await fetching
+    except asyncio.CancelledError:
+        return None
+    if not isinstance(loaded, LoadedStage):
+        return None
+    if same:
+        return loaded
+    free(loaded)
+    return None
+
+
+PreloadFn = Callable[[WorkerConfig], Awaitable[LoadedStage | None]]
