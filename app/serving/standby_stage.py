@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from app.compute import stage_compute
 from app.config import WorkerConfig
@@ -29,8 +30,14 @@ async def preload(config: WorkerConfig) -> LoadedStage | None:
     """Build `config`'s stage without serving it; None when it cannot be kept (over the
     cap, or the build failed: the spare then loads at promotion, as a cold one)."""
     loop = asyncio.get_running_loop()
+    building = asyncio.ensure_future(load_stage(config))
     try:
-        loaded = await load_stage(config)
+        loaded = await asyncio.shield(building)
+    except asyncio.CancelledError:
+        # Assigned another stage mid-load: the load's thread runs on regardless; what it
+        # builds is freed the moment it is done instead of holding memory until GC.
+        building.add_done_callback(_free_when_built)
+        raise
     except (AppError, OSError, RuntimeError, ValueError) as exc:
         log.warning("could not pre-load the standby stage %s: %s", config.layers, exc)
         return None
@@ -45,13 +52,18 @@ async def preload(config: WorkerConfig) -> LoadedStage | None:
     return loaded
 
 
+def _free_when_built(building: asyncio.Future[LoadedStage]) -> None:
+    if not building.cancelled() and building.exception() is None:
+        free(building.result())
+
+
 def free(loaded: LoadedStage | None) -> None:
     """Free a pre-loaded stage that will not be served (its native memory, at once)."""
     if loaded is not None:
         loaded.stage.shutdown()
 
 
-async def take(fetching: asyncio.Future[object] | None, same: bool) -> LoadedStage | None:
+async def take(fetching: asyncio.Future[Any] | None, same: bool) -> LoadedStage | None:
     """The pre-loaded stage when the assignment is the standby stage (`same`): waiting for
     a pre-load under way, which is further along than a fresh load would be. Otherwise
     the pre-load stops (a download resumes later where it stopped) or is freed."""
