@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.compute import stage_compute
@@ -81,6 +80,3 @@ async def take(fetching: asyncio.Future[Any] | None, same: bool) -> LoadedStage 
         return loaded
     free(loaded)
     return None
-
-
-PreloadFn = Callable[[WorkerConfig], Awaitable[LoadedStage | None]]
