@@ -2,11 +2,14 @@
 
 Each run: a real coordinator (--spares 1), three workers and a spare on loopback, a
 joined client generating a greedy answer through RecoveringClient (as every product
-client does); the middle worker is killed with SIGKILL after the 5th token. The spare's
+client does); a chain worker is killed with SIGKILL after the 5th token. The spare's
 downloads are capped (`--max-download`, a home line) so that what a cold spare must
-fetch after the kill shows; a warm one fetched the stage most at risk beforehand (the
-coordinator's standby, coordinator/server/spare_policy.py). Both answers must equal
-the same uninterrupted answer.
+fetch after the kill shows; a warm one fetched and pre-loaded the stage most at risk
+beforehand (the coordinator's standby, coordinator/server/spare_policy.py; the worker's
+app/serving/standby_stage.py), and that stage is the one killed. Each run also times
+kill -> the client noticed, kill -> the spare serving, and counts the spare's loads
+after the kill (0: promoted as pre-loaded). Both answers must equal the same
+uninterrupted answer.
 
     python -m bench.spare_takeover [--model GGUF] [--max-download 4M] [--json]
 """
