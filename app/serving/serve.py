@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,6 +55,9 @@ class LoadedStage:
     path: Path
     spec: StageSpec
     stage: Stage
+    calibration: tuple[int, list[tuple[int, float]]] | None = None
+    """The row budget and the step timings it came from, measured while standing by (the
+    calibration takes longer than the promotion otherwise would on a busy PC)."""
 
     def fits(self, config: WorkerConfig) -> bool:
         """Whether `config` would build this very stage (its next hop may differ)."""
@@ -99,9 +102,14 @@ async def start_worker(
 
     if loaded is None or not loaded.fits(config):
         loaded = await load_stage(config)
+    measured = loaded.calibration if config.calibrate_budget else None
+    if measured is not None:
+        config = replace(config, calibrate_budget=False)
     worker = StageWorker(
         config, loaded.stage, creds, dialer, admission_policy(loaded.path, loaded.spec)
     )
+    if measured is not None:
+        worker.row_budget, worker.step_samples = measured[0], list(measured[1])
     await worker.start()
     return worker
 

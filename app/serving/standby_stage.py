@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any
 
 from app.compute import stage_compute
@@ -47,6 +48,13 @@ async def preload(config: WorkerConfig) -> LoadedStage | None:
         log.warning("standby stage %s not kept loaded: %s", config.layers, exc)
         free(loaded)
         return None
+    if config.calibrate_budget:
+        # The worker would measure its row budget at start; measured now, the promotion
+        # does not wait for it.
+        from app.serving.calibration import calibrated_row_budget
+
+        budget = await loop.run_in_executor(None, calibrated_row_budget, loaded.stage)
+        loaded = replace(loaded, calibration=budget)
     print(f"PRELOADED layers {config.layers.start}-{config.layers.stop}", flush=True)
     return loaded
 
