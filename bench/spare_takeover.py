@@ -2,11 +2,14 @@
 
 Each run: a real coordinator (--spares 1), three workers and a spare on loopback, a
 joined client generating a greedy answer through RecoveringClient (as every product
-client does); the middle worker is killed with SIGKILL after the 5th token. The spare's
+client does); a chain worker is killed with SIGKILL after the 5th token. The spare's
 downloads are capped (`--max-download`, a home line) so that what a cold spare must
-fetch after the kill shows; a warm one fetched the stage most at risk beforehand (the
-coordinator's standby, coordinator/server/spare_policy.py). Both answers must equal
-the same uninterrupted answer.
+fetch after the kill shows; a warm one fetched and pre-loaded the stage most at risk
+beforehand (the coordinator's standby, coordinator/server/spare_policy.py; the worker's
+app/serving/standby_stage.py), and that stage is the one killed. Each run also times
+kill -> the client noticed, kill -> the spare serving, and counts the spare's loads
+after the kill (0: promoted as pre-loaded). Both answers must equal the same
+uninterrupted answer.
 
     python -m bench.spare_takeover [--model GGUF] [--max-download 4M] [--json]
 """
@@ -41,6 +44,12 @@ KILL_AFTER = 5
 class Run:
     spare: str
     kill_to_next_token_s: float
+    kill_to_noticed_s: float
+    """Kill -> the client knows the answer broke (its probe found the stage gone)."""
+    kill_to_spare_serving_s: float
+    """Kill -> the spare prints READY (re-plan, its next heartbeat, the load if cold)."""
+    loads_at_takeover: int
+    """Stage loads the spare did after the kill: 0 when promoted pre-loaded."""
     recoveries: int
     tokens: int
     load_avg: str
@@ -66,14 +75,19 @@ def _settled(coord: CoordinatorProcess, timeout: float = 300.0) -> None:
     raise RuntimeError("the swarm did not settle")
 
 
-async def _until_standby(spare: Child, timeout: float = 300.0) -> None:
+async def _read(spare: Child, lines: list[tuple[float, str]]) -> None:
+    """The spare's stdout lines with the time each came (READY, STANDBY, LOADING)."""
     assert spare.process.stdout is not None
-    while True:
-        line = await asyncio.wait_for(spare.process.stdout.readline(), timeout)
-        if not line:
-            raise RuntimeError(f"the spare exited; see {spare.log_path}")
-        if line.startswith(b"STANDBY"):
-            return
+    while line := await spare.process.stdout.readline():
+        lines.append((time.monotonic(), line.decode().strip()))
+
+
+async def _until_standby(lines: list[tuple[float, str]], timeout: float = 300.0) -> None:
+    end = time.monotonic() + timeout
+    while not any(x.startswith("STANDBY") for _, x in lines):
+        if time.monotonic() > end:
+            raise RuntimeError("the spare never stood by")
+        await asyncio.sleep(0.2)
 
 
 async def one_run(model: Path, root: Path, warm: bool, max_download: str) -> tuple[Run, list[int]]:
@@ -97,8 +111,10 @@ async def one_run(model: Path, root: Path, warm: bool, max_download: str) -> tup
         chain = list(await asyncio.gather(*(worker(f"w{i}", True, []) for i in range(3))))
         spare = await worker("spare", False, ["--max-download", max_download])
         loop = asyncio.get_running_loop()
+        said: list[tuple[float, str]] = []
+        reading = asyncio.ensure_future(_read(spare, said))
         if warm:
-            await _until_standby(spare)
+            await _until_standby(said)
         await loop.run_in_executor(None, _settled, coord)
         me = await loop.run_in_executor(
             None, join_swarm, coord.admin.create_invite("client")["code"], root / "me"
@@ -131,7 +147,21 @@ async def one_run(model: Path, root: Path, warm: bool, max_download: str) -> tup
                 elif len(out) == KILL_AFTER + 1:
                     gap = time.monotonic() - killed_at
         load = Path("/proc/loadavg").read_text().split()[0] if sys.platform == "linux" else "?"
-        return Run("warm" if warm else "cold", gap, len(client.recoveries), len(out), load), out
+        reading.cancel()
+        stall = client.recoveries[0].stall_s if client.recoveries else 0.0
+        ready = next((t for t, x in said if x.startswith("READY")), killed_at)
+        loads = sum(1 for t, x in said if x.startswith("LOADING") and t >= killed_at)
+        run = Run(
+            "warm" if warm else "cold",
+            gap,
+            gap - stall,
+            ready - killed_at,
+            loads,
+            len(client.recoveries),
+            len(out),
+            load,
+        )
+        return run, out
     finally:
         await asyncio.gather(*(c.stop() for c in children))
         coord.stop()
@@ -160,11 +190,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"runs": [asdict(r) for r in runs], "answers_equal": same}))
     else:
         print(
-            f"{'spare':6} {'kill -> next token':>19} {'recoveries':>10} {'tokens':>6} {'load':>5}"
+            f"{'spare':6} {'kill -> next token':>19} {'noticed':>8} {'spare serving':>14} "
+            f"{'loads':>5} {'recoveries':>10} {'tokens':>6} {'load':>5}"
         )
         for r in runs:
-            gap = f"{r.kill_to_next_token_s:17.2f} s"
-            print(f"{r.spare:6} {gap} {r.recoveries:10} {r.tokens:6} {r.load_avg:>5}")
+            print(
+                f"{r.spare:6} {r.kill_to_next_token_s:17.2f} s {r.kill_to_noticed_s:6.2f} s "
+                f"{r.kill_to_spare_serving_s:12.2f} s {r.loads_at_takeover:5} "
+                f"{r.recoveries:10} {r.tokens:6} {r.load_avg:>5}"
+            )
         print(f"spare download cap {a.max_download}/s; answers equal: {same}")
     return 0 if same else 1
 

@@ -33,7 +33,8 @@ from app.links import (
 )
 from app.node_status import NodeStatus, ServeState, StatusReport, plain_reason
 from app.progress import print_progress
-from app.serving.serve import report_stopped, start_worker, stop_event
+from app.serving import standby_stage
+from app.serving.serve import LoadedStage, report_stopped, start_worker, stop_event
 from app.serving.vram_check import check_within_cap
 from app.serving.worker import StageWorker
 from coordinator.client.downloads import DownloadProgress, download_pieces
@@ -152,7 +153,8 @@ async def _wait_for_assignment(
     report: StatusReport,
     base: NodeStatus,
     prepare: Callable[[Assignment], Awaitable[object]] | None = None,
-) -> Assignment | None:
+) -> tuple[Assignment | None, LoadedStage | None]:
+    """The assignment, and the standby stage pre-loaded for it when it is that stage."""
     loop = asyncio.get_running_loop()
     ready: Assignment | None = None
     fetching: asyncio.Task[object] | None = None
@@ -160,10 +162,10 @@ async def _wait_for_assignment(
         try:
             beat = await loop.run_in_executor(None, _beat, client, report_beat)
             if beat.assignment is not None:
-                if fetching is not None and not fetching.done():
-                    # The download it serves from resumes where this one stopped.
-                    fetching.cancel()
-                return beat.assignment
+                # The standby stage promoted: served as pre-loaded. Another stage: the
+                # pre-load is freed (a download resumes later where it stopped).
+                same = ready is not None and beat.assignment.layers == ready.layers
+                return beat.assignment, await standby_stage.take(fetching, same)
             report(replace(base, state=ServeState.WAITING))
             if beat.standby is not None and beat.standby != ready and prepare is not None:
                 # A warm spare: the stage most at risk gets its pieces now, beside the
@@ -176,7 +178,8 @@ async def _wait_for_assignment(
             report(replace(base, state=ServeState.WAITING, error=plain_reason(exc)))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
-    return None
+    standby_stage.free(await standby_stage.take(fetching, False))
+    return None, None
 
 
 async def _standby(prepare: Callable[[Assignment], Awaitable[object]], ready: Assignment) -> object:
@@ -256,13 +259,16 @@ async def serve_coordinated(
         available_until=options.available_until,
     )
 
-    async def standby(ready: Assignment) -> Path:
-        return await prepare_pieces(
+    async def standby(ready: Assignment) -> LoadedStage | None:
+        pieces = await prepare_pieces(
             identity, client, ready, lambda _p: None, options.download_bytes_per_s
         )
+        return await standby_stage.preload(_stage_config(options, identity, port, ready, pieces))
 
     while not stop.is_set():
-        assignment = await _wait_for_assignment(client, report_beat, stop, report, base, standby)
+        assignment, loaded = await _wait_for_assignment(
+            client, report_beat, stop, report, base, standby
+        )
         if assignment is None:
             return
         layers = LayerRange(*assignment.layers)
@@ -290,25 +296,16 @@ async def serve_coordinated(
             identity, client, assignment, on_progress, options.download_bytes_per_s
         )
         if stop.is_set():  # paused while downloading: nothing to load
+            standby_stage.free(loaded)
             return
         report(replace(status, state=ServeState.LOADING, progress=1.0))
         hop = assignment.next_hop
-        sessions, n_ctx = stage_sizing(assignment, options.max_sessions)
-        config = WorkerConfig(
-            node_id=identity.node_id,
-            listen=(host, port),
-            model=str(pieces_dir),
-            layers=layers,
-            credentials=identity.directory,
-            next_hop=Hop(hop.node_id, parse_address(hop.address)) if hop else None,
-            threads=options.threads,
-            max_sessions=sessions,
-            n_ctx=n_ctx,
-            quic_library=options.quic_library,
-            device_cap_bytes=options.vram_cap_bytes,
-            upload_bytes_per_s=options.upload_bytes_per_s,
-            reproducible=options.reproducible,
-        )
+        config = _stage_config(options, identity, port, assignment, pieces_dir)
+        if loaded is not None and not loaded.fits(config):
+            standby_stage.free(loaded)
+            loaded = None
+        if loaded is None:
+            print(f"LOADING layers {layers.start}-{layers.stop}", flush=True)
         creds = identity.credentials()
         ice = await loop.run_in_executor(
             None, ice_config, client, advertised_candidates(options.advertise)
@@ -321,7 +318,7 @@ async def serve_coordinated(
             send_throttle=upload_throttle(options.upload_bytes_per_s),
         )
         link_dialer = LinkDialer(creds, router, ice, tuning, direct=not options.relay_only)
-        worker = await start_worker(config, creds, link_dialer.dial_with_path)
+        worker = await start_worker(config, creds, link_dialer.dial_with_path, loaded)
         try:
             serve_ice_offers(router, worker.server, ice)
             router.start()
@@ -372,6 +369,33 @@ async def serve_coordinated(
             await worker.stop()
             if on_stopped is not None:
                 on_stopped(worker)
+
+
+def _stage_config(
+    options: CoordinatedOptions,
+    identity: Identity,
+    port: int,
+    assignment: Assignment,
+    pieces_dir: Path,
+) -> WorkerConfig:
+    """The worker config of an assigned (or standby) stage."""
+    hop = assignment.next_hop
+    sessions, n_ctx = stage_sizing(assignment, options.max_sessions)
+    return WorkerConfig(
+        node_id=identity.node_id,
+        listen=(options.listen[0], port),
+        model=str(pieces_dir),
+        layers=LayerRange(*assignment.layers),
+        credentials=identity.directory,
+        next_hop=Hop(hop.node_id, parse_address(hop.address)) if hop else None,
+        threads=options.threads,
+        max_sessions=sessions,
+        n_ctx=n_ctx,
+        quic_library=options.quic_library,
+        device_cap_bytes=options.vram_cap_bytes,
+        upload_bytes_per_s=options.upload_bytes_per_s,
+        reproducible=options.reproducible,
+    )
 
 
 async def _heartbeats(

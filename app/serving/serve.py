@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from net.channel import NodeCredentials
 if TYPE_CHECKING:
     from app.serving.downstream import Dialer
     from app.serving.worker import StageWorker
+    from core.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +47,35 @@ def prepare_stage_file(config: WorkerConfig) -> tuple[Path, int]:
     return paths[0], manifest.facts.n_layer
 
 
-async def start_worker(
-    config: WorkerConfig, creds: NodeCredentials, dialer: Dialer | None = None
-) -> StageWorker:
-    """Build the stage (in a thread: loading takes a while) and start serving it."""
-    from app.serving.worker import StageWorker  # heavy imports after the environment is set
+@dataclass(frozen=True)
+class LoadedStage:
+    """A stage built from its file and not yet served: what a warm spare holds ready."""
+
+    config: WorkerConfig
+    path: Path
+    spec: StageSpec
+    stage: Stage
+    calibration: tuple[int, list[tuple[int, float]]] | None = None
+    """The row budget and the step timings it came from, measured while standing by (the
+    calibration takes longer than the promotion otherwise would on a busy PC)."""
+
+    def fits(self, config: WorkerConfig) -> bool:
+        """Whether `config` would build this very stage (its next hop may differ)."""
+        same = ("model", "layers", "max_sessions", "n_ctx", "threads", "device_cap_bytes")
+        return all(getattr(config, k) == getattr(self.config, k) for k in same) and (
+            config.row_budget,
+            config.use_gpu,
+            config.reproducible,
+        ) == (self.config.row_budget, self.config.use_gpu, self.config.reproducible)
+
+
+async def load_stage(config: WorkerConfig) -> LoadedStage:
+    """Assemble the stage file and build the stage (in a thread: loading takes a while)."""
     from core.stage import Stage
 
-    path, n_layer = prepare_stage_file(config)
+    path, n_layer = await asyncio.get_running_loop().run_in_executor(
+        None, prepare_stage_file, config
+    )
     spec = StageSpec(
         config.layers,
         n_layer,
@@ -65,7 +88,28 @@ async def start_worker(
         reproducible=config.reproducible,
     )
     stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
-    worker = StageWorker(config, stage, creds, dialer, admission_policy(path, spec))
+    return LoadedStage(config, path, spec, stage)
+
+
+async def start_worker(
+    config: WorkerConfig,
+    creds: NodeCredentials,
+    dialer: Dialer | None = None,
+    loaded: LoadedStage | None = None,
+) -> StageWorker:
+    """Build the stage, or take `loaded` (built for the same config), and serve it."""
+    from app.serving.worker import StageWorker  # heavy imports after the environment is set
+
+    if loaded is None or not loaded.fits(config):
+        loaded = await load_stage(config)
+    measured = loaded.calibration if config.calibrate_budget else None
+    if measured is not None:
+        config = replace(config, calibrate_budget=False)
+    worker = StageWorker(
+        config, loaded.stage, creds, dialer, admission_policy(loaded.path, loaded.spec)
+    )
+    if measured is not None:
+        worker.row_budget, worker.step_samples = measured[0], list(measured[1])
     await worker.start()
     return worker
 

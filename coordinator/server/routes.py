@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from coordinator.errors import PlacementError
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan, plan
@@ -66,6 +67,7 @@ def plan_chains(
     context_tokens: int,
     spares: int,
     min_stages: int,
+    warm: Mapping[tuple[int, int], str] = MappingProxyType({}),
 ) -> list[Plan]:
     """The main chain (raises like `plan`), then up to `max_chains - 1` more from nodes
     outside every chain so far, while they can hold the model; spares are kept out of
@@ -79,6 +81,7 @@ def plan_chains(
         context_tokens=context_tokens,
         spares=spares,
         min_stages=min_stages,
+        warm=warm,
     )
     chains = [main]
     used = set(main.node_ids)

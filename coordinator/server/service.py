@@ -41,7 +41,8 @@ from coordinator.server.invite_book import (
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
 from coordinator.server.routes import StageLoad, pick_chain, plan_chains
-from coordinator.server.spare_policy import NodeFacts, StageNeed, Standby, choose_standby
+from coordinator.server.spare_policy import Standby
+from coordinator.server.standby import standby_assignment, standby_of, warm_layers
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from core.manifest import Manifest
 from net import auth
@@ -340,26 +341,11 @@ class Coordinator:
             self._until.pop(node_id, None)
 
     def standby(self) -> Standby:
-        """Which spare keeps which stage ready, and the stages none does (spare_policy)."""
-        plan = self._plan
-        if plan is None:
-            return Standby({}, ())
-        now = time.time()
-        with self._lock:
-            facts = {
-                node: NodeFacts(
-                    uptime_s=now - since,
-                    leaves_in_s=(self._until[node] - now) if node in self._until else None,
-                )
-                for node, since in self._up_since.items()
-            }
+        """Which spare keeps which stage ready, and the stages none does (standby.py)."""
         capacities = {n.node_id: placement_capacity(n) for n in self.nodes()}
-        needs = [
-            StageNeed(s.node_id, (s.layers.start, s.layers.stop), s.bytes_needed)
-            for s in plan.stages
-        ]
-        spares = {s: capacities.get(s, 0) for s in plan.spares}
-        return choose_standby(needs, spares, facts)
+        with self._lock:
+            up_since, until = dict(self._up_since), dict(self._until)
+        return standby_of(self._plan, up_since, until, capacities)
 
     def standby_assignment(self, node_id: str) -> Assignment | None:
         """The stage a spare should get ready for (its pieces downloaded), else None."""
@@ -369,15 +355,8 @@ class Coordinator:
         layers = self.standby().by_spare.get(node_id)
         if layers is None:
             return None
-        return Assignment(
-            self.model.name,
-            layers,
-            None,
-            contract.manifest_path(self.model.name),
-            contract.pieces_path(self.model.name),
-            max_sessions=self.settings.sessions_per_stage,
-            context_tokens=self.settings.context_tokens,
-        )
+        s = self.settings
+        return standby_assignment(self.model.name, layers, s.sessions_per_stage, s.context_tokens)
 
     def _paused_beat(self, node_id: str, beat: Heartbeat, now: dt.datetime) -> None:
         """A paused node says only that it is there and why it serves nothing: what it
@@ -438,6 +417,9 @@ class Coordinator:
             for n in workers
         )
         inputs = (infos, self.settings)
+        # Computed from the last plan, before this one: the spare warm for a stage that
+        # just died is the one its repair should take (it serves without loading).
+        warm = warm_layers(self.standby()) if self.settings.warm_spares else {}
         with self._lock:
             if not force and inputs == self._plan_inputs:
                 return self._plan
@@ -460,6 +442,7 @@ class Coordinator:
                     context_tokens=self.settings.context_tokens,
                     spares=self.settings.spares,
                     min_stages=self.settings.min_stages,
+                    warm=warm,
                 )
                 if [c.node_ids for c in chains] != [c.node_ids for c in self._chains]:
                     self._handed = [0] * len(chains)

@@ -1,6 +1,8 @@
-"""An answer survives its middle stage dying: real coordinator and worker processes, a
-three-stage chain and a spare; the middle worker is killed with SIGKILL after the 5th
-of 40 greedy tokens, and the client still receives all 40, equal to the whole model's."""
+"""An answer survives a stage dying: real coordinator and worker processes, a three-stage
+chain and a warm spare; the stage the spare stands by for (pre-loaded, not serving) is
+killed with SIGKILL after the 5th of 40 greedy tokens, and the client still receives all
+40, equal to the whole model's; the spare serves the stage it had loaded, loading nothing
+again."""
 
 from __future__ import annotations
 
@@ -30,6 +32,24 @@ N_TOKENS = 40
 KILL_AFTER = 5
 
 
+async def _lines(child: Child, into: list[str]) -> None:
+    """A worker's stdout lines (READY, STANDBY, PRELOADED, LOADING), as they come."""
+    assert child.process.stdout is not None
+    while line := await child.process.stdout.readline():
+        into.append(line.decode().strip())
+
+
+async def _until(lines: list[str], prefix: str, timeout: float = 180.0) -> str:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        found = next((x for x in lines if x.startswith(prefix)), None)
+        if found is not None:
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no {prefix} line within {timeout} s: {lines}")
+
+
 async def _worker(coord: CoordinatorProcess, wd: Path, name: str, wait: bool) -> Child:
     code = coord.admin.create_invite("worker")["code"]
     args = ["worker", "--join", code, "--identity-dir", str(wd / name)]
@@ -48,13 +68,17 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
         extra_args=["--spares", "1", "--stale-after", "2", "--dead-after", "4"],
     )
 
+    spare_lines: list[str] = []
+
     async def scenario() -> tuple[list[int], RecoveringClient, float, str]:
         chain_workers = list(
             await asyncio.gather(*(_worker(coord, tmp_path, f"w{i}", True) for i in range(3)))
         )
         spare = await _worker(coord, tmp_path, "spare", False)
         workers = [*chain_workers, spare]
+        reading = asyncio.ensure_future(_lines(spare, spare_lines))
         try:
+            preloaded = await _until(spare_lines, "PRELOADED")
             loop = asyncio.get_running_loop()
             me = await loop.run_in_executor(
                 None, join_swarm, coord.admin.create_invite("client")["code"], tmp_path / "me"
@@ -62,7 +86,12 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
             route, _ = await loop.run_in_executor(None, fetch_route, me)
             chain = [s.node_id for s in route.stages]
             assert len(chain) == 3
-            victim = next(w for w in chain_workers if w.ready_line.split()[1] == chain[1])
+            # The stage the spare pre-loaded (the one most at risk) dies.
+            warm = preloaded.split()[-1]
+            doomed = next(
+                s.node_id for s in route.stages if f"{s.layers.start}-{s.layers.stop}" == warm
+            )
+            victim = next(w for w in chain_workers if w.ready_line.split()[1] == doomed)
 
             async def avoiding(avoid: tuple[str, ...]) -> Route:
                 return await loop.run_in_executor(None, route_avoiding, me, avoid)
@@ -83,6 +112,7 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
             return out, client, gap, victim.ready_line.split()[1]
         finally:
             await asyncio.gather(*(w.stop() for w in workers))
+            reading.cancel()
 
     try:
         out, client, gap, victim = asyncio.run(scenario())
@@ -94,7 +124,15 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
     assert first.replayed >= len(PROMPT) + KILL_AFTER
     assert victim in first.dead  # the probe found the killed stage
     assert victim not in {s.node_id for s in client.route.stages}
-    print(f"\nkill -9 of the middle stage: token {KILL_AFTER} -> {KILL_AFTER + 1} took {gap:.2f} s")
+    # The spare took over the stage it had pre-loaded: one load in all, none at promotion.
+    spare_id = next(x.split()[1] for x in spare_lines if x.startswith("READY"))
+    assert spare_id in {s.node_id for s in client.route.stages}
+    assert sum(x.startswith("PRELOADED") for x in spare_lines) == 1
+    assert sum(x.startswith("LOADING") for x in spare_lines) == 0, spare_lines
+    print(
+        f"\nkill -9 of the warm stage ({victim}): "
+        f"token {KILL_AFTER} -> {KILL_AFTER + 1} took {gap:.2f} s"
+    )
     for r in client.recoveries:
         print(f"  recovery: stall {r.stall_s:.2f} s, replayed {r.replayed}, {r.failure[:120]}")
 

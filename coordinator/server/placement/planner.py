@@ -23,6 +23,7 @@ from coordinator.server.placement.search import best_sequence, feasible_order, p
 from core.types import LayerRange
 
 _NO_RTT: Mapping[tuple[str, str], float] = MappingProxyType({})
+_NO_WARM: Mapping[tuple[int, int], str] = MappingProxyType({})
 
 
 def _least_total(costs: Costs, stages: int) -> int:
@@ -82,9 +83,12 @@ def _keep_or_repair(
     healthy: Sequence[NodeInfo],
     rtt: Rtt,
     min_stages: int,
+    warm: Mapping[tuple[int, int], str] = _NO_WARM,
 ) -> Plan | None:
     """The previous chain where it still works, gaps refilled with as few nodes as possible
-    from outside the kept chain; None when that is not possible."""
+    from outside the kept chain; None when that is not possible. A gap of one stage whose
+    layers a spare in `warm` holds ready (loaded or downloaded) goes to that spare: it
+    serves at once, where the cheapest newcomer would first load."""
     if not previous.covers(costs.n_layer):
         return None
     if any(not costs.allows(s.layers.stop) for s in previous.stages):
@@ -111,8 +115,18 @@ def _keep_or_repair(
         lo, hi = stages[i].layers.start, stages[j].layers.stop
         before = stages[i - 1].node_id if i > 0 else None
         after = stages[j + 1].node_id if j + 1 < len(stages) else None
-        seq = None
+        seq: tuple[NodeInfo, ...] | None = None
+        ready = by_id.get(warm.get((lo, hi), ""))
+        if (
+            i == j
+            and ready in pool
+            and ready is not None
+            and costs.need(lo, hi) <= ready.capacity_bytes
+        ):
+            seq = (ready,)
         for m in range(1, min(len(pool), hi - lo) + 1):  # fewest newcomers = fewest moves
+            if seq is not None:
+                break
             if (seq := best_sequence(costs, pool, m, lo, hi, rtt, before, after)) is not None:
                 break
         if seq is None:
@@ -168,6 +182,7 @@ def plan(
     context_tokens: int = 4096,
     spares: int = 1,
     min_stages: int = 1,
+    warm: Mapping[tuple[int, int], str] = _NO_WARM,
 ) -> Plan:
     """A chain of stages for `model` on the healthy `nodes` (see the module docstring).
 
@@ -176,6 +191,7 @@ def plan(
     are healthy and still fit (moves=0), else its gaps are refilled from outside the
     chain, else a fresh plan is made. `spares` nodes stay out of the chain when the
     fleet allows; when it does not, every node that can take a stage joins the chain.
+    `warm` maps a stage's layers to the spare standing by for them, preferred in a repair.
 
     Raises NotEnoughMemory when the healthy nodes cannot hold the model (with numbers),
     PlacementError when `min_stages` asks for more stages than layers or healthy nodes.
@@ -201,7 +217,7 @@ def plan(
         raise PlacementError(f"min_stages={min_stages} but only {len(healthy)} healthy nodes")
     rtt = Rtt(rtt_ms)
     if previous is not None:
-        kept = _keep_or_repair(costs, previous, healthy, rtt, min_stages)
+        kept = _keep_or_repair(costs, previous, healthy, rtt, min_stages, warm)
         if kept is not None:
             return kept
     return _fresh(costs, healthy, rtt, previous, spares, min_stages)

@@ -590,3 +590,27 @@ def test_long_chains_are_valid_and_deterministic(data: st.DataObject) -> None:
     assert len(p.stages) >= 9
     shuffled = data.draw(st.permutations(nodes))
     assert plan(model, shuffled, rtt_ms=rtt, min_stages=9, spares=0) == p
+
+
+def test_a_repair_hands_the_stage_to_the_spare_warm_for_it() -> None:
+    nodes = [NodeInfo(f"g{i}", 96 * GB) for i in (1, 2, 3, 4, 5)]
+    first = plan(QWEN, nodes, spares=2)
+    assert first.node_ids == ("g1", "g2", "g3") and first.spares == ("g4", "g5")
+    left = [n for n in nodes if n.node_id != "g2"]
+    gone = first.stages[1].layers
+    cold = plan(QWEN, left, previous=first, spares=2)
+    assert cold.node_ids == ("g1", "g4", "g3")  # the cheapest newcomer, with no warm one
+    warm = plan(QWEN, left, previous=first, spares=2, warm={(gone.start, gone.stop): "g5"})
+    assert warm.node_ids == ("g1", "g5", "g3") and warm.moves == 1
+    assert warm.stage_of("g5").layers == gone  # type: ignore[union-attr]
+    # A warm spare that is gone itself, or warm for other layers, changes nothing.
+    assert plan(QWEN, left[:-1], previous=first, warm={(gone.start, gone.stop): "g5"}).node_ids == (
+        "g1",
+        "g4",
+        "g3",
+    )
+    assert plan(QWEN, left, previous=first, spares=2, warm={(0, 1): "g5"}).node_ids == (
+        "g1",
+        "g4",
+        "g3",
+    )

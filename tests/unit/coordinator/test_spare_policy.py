@@ -52,3 +52,23 @@ def test_a_spare_only_stands_by_for_a_stage_it_can_hold() -> None:
     assert len(chosen.uncovered) == 1
     nothing_fits = choose_standby(STAGES, {"tiny": 10}, facts)
     assert not nothing_fits.by_spare and len(nothing_fits.uncovered) == 3
+
+
+def test_the_coordinator_side_maps_a_plan_to_the_warm_spare_per_stage() -> None:
+    from coordinator.server.placement import Plan, StageAssignment
+    from coordinator.server.standby import standby_assignment, standby_of, warm_layers
+    from core.types import LayerRange
+
+    stages = tuple(
+        StageAssignment(n, LayerRange(a, b), 100, 1000)
+        for n, (a, b) in zip("abc", [(0, 3), (3, 6), (6, 8)], strict=True)
+    )
+    plan = Plan(stages=stages, spares=("s",), estimated_trip_ms=1.0, moves=0)
+    now = 10 * HOUR
+    up = {"a": 0.0, "b": 0.0, "c": 0.0, "s": 0.0}
+    chosen = standby_of(plan, up, {"b": now + 60}, {"s": 1000}, now=now)  # b leaves soon
+    assert chosen.by_spare == {"s": (3, 6)} and chosen.uncovered == ((0, 3), (6, 8))
+    assert warm_layers(chosen) == {(3, 6): "s"}
+    assert standby_of(None, up, {}, {"s": 1000}, now=now).by_spare == {}
+    ready = standby_assignment("m", (3, 6), 4, 512)
+    assert ready.layers == (3, 6) and ready.next_hop is None and ready.max_sessions == 4
