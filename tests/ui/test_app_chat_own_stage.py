@@ -25,7 +25,7 @@ from app.ui.controllers import AsyncThread, ChatController, ChatStats
 from app.ui.history import History
 from tests.support.coordinator_proc import CoordinatorProcess
 
-pytestmark = [pytest.mark.ui, pytest.mark.integration]
+pytestmark = [pytest.mark.ui, pytest.mark.integration, pytest.mark.e2e]
 
 QUESTION = "What is 2 + 2?"
 ANSWER_WAIT_MS = 45_000
