@@ -20,9 +20,10 @@ def reply_link(links: Sequence[L], upstream: L | None, upstream_is_stage: bool) 
 
     The newest one, except that where the session comes from an upstream stage (this
     stage is not the first) the upstream's own link never is the client's: a node
-    chatting through its own stage is answered on its other link, or on none yet (the
-    client's link may still be dialling; it is taken when it is ready)."""
+    chatting through its own stage is answered on its other link. With no other link
+    the upstream's is the one there is (a node that both sends and reads over one link);
+    a client link ready later takes over (SessionRules' LinkReady)."""
     for link in reversed(links):
         if not upstream_is_stage or link != upstream:
             return link
-    return None
+    return upstream if upstream in links else None

@@ -44,7 +44,8 @@ def test_the_newest_link_unless_it_is_the_upstream_stages() -> None:
     assert reply_link(["a", "b"], "b", upstream_is_stage=False) == "b"
     assert reply_link(["a", "b"], "b", upstream_is_stage=True) == "a"
     assert reply_link(["a", "b"], "x", upstream_is_stage=True) == "b"
-    assert reply_link(["b"], "b", upstream_is_stage=True) is None
+    assert reply_link(["b"], "b", upstream_is_stage=True) == "b"  # the only link there is
+    assert reply_link(["a"], "b", upstream_is_stage=True) == "a"
     assert reply_link([], "b", upstream_is_stage=False) is None
 
 
