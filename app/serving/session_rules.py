@@ -56,6 +56,7 @@ from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from app.serving.node_limits import NodeLimits
+from app.serving.reply_links import reply_link
 from core.admission import AdmissionLedger
 from net import wire
 from net.errors import ErrorCode
@@ -258,8 +259,12 @@ class SessionRules(Generic[L]):
         is_last: bool,
         admission: AdmissionLedger | None = None,
         node_limits: NodeLimits | None = None,
+        upstream_is_stage: bool = False,
     ) -> None:
         self.is_last = is_last
+        self.upstream_is_stage = upstream_is_stage
+        """Not the first stage: sessions come from a stage, never from their client
+        (the two may share a node id: app.serving.reply_links)."""
         self.node_limits = node_limits
         """Per upstream node: sessions held and new-session OPEN rate; None: no limit."""
         self.draining = False
@@ -267,8 +272,9 @@ class SessionRules(Generic[L]):
         """What each session reserves of the stage's KV (core.admission); None: no limit
         here (the stage's own slot check still refuses)."""
         self._sessions: dict[str, _Session[L]] = {}
-        self._peers: dict[str, L] = {}
-        """Node id -> its newest link (the last stage finds a session's client by it)."""
+        self._peers: dict[str, list[L]] = {}
+        """Node id -> its links, oldest first (the last stage finds a session's client by
+        them)."""
 
     def __contains__(self, session: object) -> bool:
         return session in self._sessions
@@ -328,7 +334,7 @@ class SessionRules(Generic[L]):
                 return self._refuse(link, frame.session, ErrorCode.OVERLOADED, error.message)
         session = _Session(frame, owner_id=peer, owner=link)
         if self.is_last:
-            session.reply = self._peers.get(frame.reply_to)
+            session.reply = self._reply_link(frame.reply_to, link)
             if session.reply is None:
                 return self._refuse(
                     link,
@@ -358,6 +364,9 @@ class SessionRules(Generic[L]):
         if session.owner is not None and session.owner != link:
             actions.append(Release(session.owner, frame.session))
         session.owner = link
+        if self.is_last and session.reply == link:
+            # The upstream redialled under the client's node id and took its reply link.
+            session.reply = self._reply_link(session.open.reply_to, link)
         actions.append(Resumed(frame.session, session.owner_id))
         return actions + self._relinked(frame.session, session)
 
@@ -386,8 +395,13 @@ class SessionRules(Generic[L]):
 
     # ------------------------------------------------------------ links
 
+    def _reply_link(self, client: str, upstream: L) -> L | None:
+        return reply_link(self._peers.get(client, ()), upstream, self.upstream_is_stage)
+
     def _on_link_ready(self, ev: LinkReady[L]) -> list[Action[L]]:
-        self._peers[ev.peer] = ev.link
+        links = self._peers.setdefault(ev.peer, [])
+        if ev.link not in links:
+            links.append(ev.link)
         if not self.is_last:
             return []
         # A client redialled the last stage: its sessions' TOKENS go this way now, and the
@@ -396,6 +410,8 @@ class SessionRules(Generic[L]):
         for name, s in self._sessions.items():
             if s.open.reply_to != ev.peer or s.reply == ev.link:
                 continue
+            if self.upstream_is_stage and s.owner == ev.link:
+                continue
             s.reply = ev.link
             if s.last_reply is not None:
                 actions.append(Send(ev.link, s.last_reply))
@@ -403,8 +419,10 @@ class SessionRules(Generic[L]):
         return actions
 
     def _on_link_closed(self, ev: LinkClosed[L]) -> list[Action[L]]:
-        for peer, link in list(self._peers.items()):
-            if link == ev.link:
+        for peer, links in list(self._peers.items()):
+            if ev.link in links:
+                links.remove(ev.link)
+            if not links:
                 del self._peers[peer]
         actions: list[Action[L]] = []
         for name, s in self._sessions.items():

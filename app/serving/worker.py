@@ -182,6 +182,7 @@ class StageWorker:
             self.is_last,
             self.admission,
             NodeLimits(limits, time.monotonic) if self.is_first else None,
+            upstream_is_stage=not self.is_first,
         )
         """Ownership, resume, de-duplication, admission: decided there, carried out here."""
         self._sessions: dict[str, _Session] = {}
