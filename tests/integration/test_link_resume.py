@@ -130,12 +130,17 @@ def test_only_the_upstream_that_opened_a_session_may_resume_it(gemma_path: Path)
                 channels[name] = ch
             opened = wire.Open("s1", "m", WireDtype.F32, wire.SamplingSpec(), "owner", 4, 2)
             rows = b"\0" * (2 * 640 * 4)
+            # The owner's session first, answered, so that it is surely the older one (two
+            # links' first frames may reach the stage in either order).
             channels["owner"].send(opened)
-            channels["intruder"].send(opened)  # same id, same content, other node
-            await asyncio.sleep(0.5)
             channels["owner"].send(wire.Step("s1", 0, 0, (1, 2), rows, 2, 640, WireDtype.F32))
             for _ in range(100):
                 if any(isinstance(f, wire.Tokens) for f in got["owner"]):
+                    break
+                await asyncio.sleep(0.1)
+            channels["intruder"].send(opened)  # same id, same content, other node
+            for _ in range(100):
+                if got["intruder"]:
                     break
                 await asyncio.sleep(0.1)
             for ch in channels.values():
