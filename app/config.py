@@ -57,7 +57,8 @@ class WorkerConfig:
     """Stages before the last evaluate a step's guessed rows one at a time, each as plain
     decoding computes it, so guessing never changes an answer (llama.cpp's multi-row
     kernels for repacked weights round differently and can flip a near-tie). False: all
-    of a step's rows in one decode, faster where compute, not the links, is the cost."""
+    of a step's rows in one decode, faster where compute, not the links, is the cost.
+    Not for recurrent models (qwen35): their undo needs the rows in one decode."""
     max_datagram_size: int = 1200
     quic_library: str = DEFAULT_LIBRARY
     """"qh3" (default) or "aioquic" (see net.quic)."""

@@ -142,6 +142,9 @@ class StageWorker:
         self.creds = creds
         self.is_first = stage.spec.is_first
         self.is_last = stage.spec.is_last
+        self._recurrent = bool(getattr(stage.engine, "recurrent", False))
+        """Recurrent layers undo a cut from per-token snapshots of one decode only, so
+        their guessed rows stay in one decode (exact_guesses does not apply)."""
         self.n_embd = stage.engine.n_embd
         self.stats = WorkerStats()
         tuning = QuicTuning(
@@ -474,7 +477,7 @@ class StageWorker:
         verdicts: dict[int, Verdict] = {}
         guessed = (
             {i: len(p.step.drafts) for i, p in enumerate(batch) if p.step.drafts}
-            if self.config.exact_guesses and not self.is_last
+            if self.config.exact_guesses and not self.is_last and not self._recurrent
             else {}
         )
         if checks:  # guesses: the head only for rows that can still matter
