@@ -14,8 +14,10 @@ import signal
 import time
 from pathlib import Path
 
+import keyring
 import pytest
 import requests
+from keyring.backends import fail
 
 from app.client.route import fetch_route
 from app.identity import join_swarm
@@ -81,6 +83,15 @@ def settled(coord: CoordinatorProcess, n_stages: int, n_spares: int, timeout: fl
     raise AssertionError(f"the swarm did not settle: {coord.admin.swarm()}")
 
 
+def _join_with_files(code: str, directory: Path) -> None:
+    before = keyring.get_keyring()
+    keyring.set_keyring(fail.Keyring())  # type: ignore[no-untyped-call]
+    try:
+        join_swarm(code, directory)
+    finally:
+        keyring.set_keyring(before)
+
+
 def _wait_for_api(url: str, api: Child, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -119,7 +130,9 @@ def test_middle_stage_killed_mid_answer_the_api_answer_completes_unchanged(
             chain = [s.node_id for s in route.stages]
             assert len(chain) == 3
             victim = next(w for w in chain_workers if w.ready_line.split()[1] == chain[1])
-            await loop.run_in_executor(None, join_swarm, code, tmp_path / "api")
+            # The API process must find the identity's secrets: in 0600 files, whatever
+            # keyring backend this test process happens to have (CI found it missing).
+            await loop.run_in_executor(None, _join_with_files, code, tmp_path / "api")
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             api_args = ["api", "--identity", str(tmp_path / "api"), "--port", str(port)]
