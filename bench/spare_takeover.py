@@ -33,7 +33,7 @@ from app.client.recovery import RecoveryPolicy
 from app.client.route import fetch_route
 from app.identity import join_swarm
 from app.lab.processes import Child, spawn_sangama
-from tests.support.coordinator_proc import CoordinatorProcess
+from tests.support.coordinator_proc import CoordinatorProcess, wait_settled
 
 PROMPT = [1, 5, 17, 42, 99, 7]
 N_TOKENS = 40
@@ -53,26 +53,6 @@ class Run:
     recoveries: int
     tokens: int
     load_avg: str
-
-
-def _settled(coord: CoordinatorProcess, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    good = 0
-    while time.monotonic() < deadline:
-        swarm = coord.admin.swarm()
-        serving = {n["node_id"]: n["n_layers"] for n in swarm["nodes"]}
-        ok = (
-            len(swarm["plan"]) == 3
-            and len(swarm["spares"]) == 1
-            and all(
-                serving.get(s["node_id"]) == s["layers"][1] - s["layers"][0] for s in swarm["plan"]
-            )
-        )
-        good = good + 1 if ok else 0
-        if good >= 2:
-            return
-        time.sleep(1.0)
-    raise RuntimeError("the swarm did not settle")
 
 
 async def _read(spare: Child, lines: list[tuple[float, str]]) -> None:
@@ -115,7 +95,7 @@ async def one_run(model: Path, root: Path, warm: bool, max_download: str) -> tup
         reading = asyncio.ensure_future(_read(spare, said))
         if warm:
             await _until_standby(said)
-        await loop.run_in_executor(None, _settled, coord)
+        await loop.run_in_executor(None, wait_settled, coord, 3, 1, 300.0)
         me = await loop.run_in_executor(
             None, join_swarm, coord.admin.create_invite("client")["code"], root / "me"
         )

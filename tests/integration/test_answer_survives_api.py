@@ -22,7 +22,7 @@ from keyring.backends import fail
 from app.client.route import fetch_route
 from app.identity import join_swarm
 from app.lab.processes import Child, spawn_sangama
-from tests.support.coordinator_proc import CoordinatorProcess, free_port
+from tests.support.coordinator_proc import CoordinatorProcess, free_port, wait_settled
 
 pytestmark = pytest.mark.e2e  # heavy: SmolLM2 on four workers and the API, ~4-5 min here
 
@@ -59,28 +59,6 @@ def _stream(url: str, on_piece: object = None) -> list[str]:
                 if callable(on_piece):
                     on_piece(len(pieces))
     return pieces
-
-
-def settled(coord: CoordinatorProcess, n_stages: int, n_spares: int, timeout: float = 240) -> None:
-    """Until the plan has its stages and spares and every stage serves its layers (twice
-    in a row, a heartbeat apart): a spare joining late may re-order the chain first."""
-    deadline = time.monotonic() + timeout
-    good = 0
-    while time.monotonic() < deadline:
-        swarm = coord.admin.swarm()
-        serving = {n["node_id"]: n["n_layers"] for n in swarm["nodes"]}
-        ok = (
-            len(swarm["plan"]) == n_stages
-            and len(swarm["spares"]) == n_spares
-            and all(
-                serving.get(s["node_id"]) == s["layers"][1] - s["layers"][0] for s in swarm["plan"]
-            )
-        )
-        good = good + 1 if ok else 0
-        if good >= 2:
-            return
-        time.sleep(1.0)
-    raise AssertionError(f"the swarm did not settle: {coord.admin.swarm()}")
 
 
 def _join_with_files(code: str, directory: Path) -> None:
@@ -123,7 +101,7 @@ def test_middle_stage_killed_mid_answer_the_api_answer_completes_unchanged(
         children = [*chain_workers, spare]
         try:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, settled, coord, 3, 1)
+            await loop.run_in_executor(None, wait_settled, coord, 3, 1)
             code = coord.admin.create_invite("client", uses=2)["code"]
             me = await loop.run_in_executor(None, join_swarm, code, tmp_path / "me")
             route, _ = await loop.run_in_executor(None, fetch_route, me)

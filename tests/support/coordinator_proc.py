@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -193,6 +194,30 @@ class CoordinatorProcess:
         self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def wait_settled(
+    coord: CoordinatorProcess, n_stages: int, n_spares: int, timeout: float = 240.0
+) -> None:
+    """Until the plan has its stages and spares and every stage serves its layers (twice
+    in a row, a heartbeat apart): a spare joining late may re-order the chain first."""
+    deadline = time.monotonic() + timeout
+    good = 0
+    while time.monotonic() < deadline:
+        swarm = coord.admin.swarm()
+        serving = {n["node_id"]: n["n_layers"] for n in swarm["nodes"]}
+        ok = (
+            len(swarm["plan"]) == n_stages
+            and len(swarm["spares"]) == n_spares
+            and all(
+                serving.get(s["node_id"]) == s["layers"][1] - s["layers"][0] for s in swarm["plan"]
+            )
+        )
+        good = good + 1 if ok else 0
+        if good >= 2:
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"the swarm did not settle: {coord.admin.swarm()}")
 
 
 def _stop(proc: subprocess.Popen[str], timeout: float = 15.0) -> int:
