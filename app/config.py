@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,34 @@ def format_address(addr: tuple[str, int]) -> str:
 class Hop:
     node_id: str
     address: tuple[str, int]
+
+
+_STRUCTURED = frozenset({"node_id", "listen", "model", "layers", "credentials", "next_hop"})
+"""WorkerConfig fields that from_dict builds itself (addresses, paths, ranges)."""
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string is a JSON string for these values
+    return repr(value)
+
+
+def _typed(name: str, default: object, value: object) -> Any:
+    """`value` as the type of the field's default: TOML and JSON give ints for floats and
+    strings for everything a hand-edited file gets wrong; a bool must be a real bool."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, not {value!r}")
+        return value
+    if isinstance(default, int):
+        return int(value)  # type: ignore[call-overload]
+    if isinstance(default, float):
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(default, str):
+        return str(value)
+    raise ConfigError(f"{name}: no reader for settings of type {type(default).__name__}")
 
 
 @dataclass(frozen=True)
@@ -108,6 +136,17 @@ class WorkerConfig:
             start, stop = doc["layers"]
             hop = doc.get("next_hop")
             creds = Path(doc["credentials"])
+            # Every plain setting is read by its field's name and default type, so a new
+            # setting cannot be forgotten here (upload_bytes_per_s, use_gpu and the VRAM
+            # cap once were). An unknown key is an error, not silently ignored.
+            unknown = set(doc) - {f.name for f in fields(WorkerConfig)}
+            if unknown:
+                raise ConfigError(f"unknown worker setting(s): {', '.join(sorted(unknown))}")
+            plain = {
+                f.name: _typed(f.name, f.default, doc[f.name])
+                for f in fields(WorkerConfig)
+                if f.name not in _STRUCTURED and f.name in doc
+            }
             return WorkerConfig(
                 node_id=str(doc["node_id"]),
                 listen=parse_address(str(doc["listen"])),
@@ -117,22 +156,7 @@ class WorkerConfig:
                 next_hop=Hop(str(hop["node_id"]), parse_address(str(hop["address"])))
                 if hop
                 else None,
-                threads=int(doc.get("threads", 1)),
-                max_sessions=int(doc.get("max_sessions", 8)),
-                n_ctx=int(doc.get("n_ctx", 2048)),
-                row_budget=int(doc.get("row_budget", 256)),
-                calibrate_budget=bool(doc.get("calibrate_budget", True)),
-                reproducible=bool(doc.get("reproducible", False)),
-                exact_guesses=bool(doc.get("exact_guesses", True)),
-                max_datagram_size=int(doc.get("max_datagram_size", 1200)),
-                return_logits=bool(doc.get("return_logits", False)),
-                quic_library=str(doc.get("quic_library", DEFAULT_LIBRARY)),
-                idle_timeout=float(doc.get("idle_timeout", 5.0)),
-                relink_timeout=float(doc.get("relink_timeout", 20.0)),
-                resume_grace=float(doc.get("resume_grace", 30.0)),
-                mtp_guesses=int(doc.get("mtp_guesses", 6)),
-                mtp_p_min=float(doc.get("mtp_p_min", 0.3)),
-                inline_step_ms=float(doc.get("inline_step_ms", 0.0)),
+                **plain,
             )
         except ConfigError:
             raise
@@ -150,22 +174,11 @@ class WorkerConfig:
             f'model = "{self.model}"',
             f"layers = [{self.layers.start}, {self.layers.stop}]",
             f'credentials = "{self.credentials}"',
-            f"threads = {self.threads}",
-            f"max_sessions = {self.max_sessions}",
-            f"n_ctx = {self.n_ctx}",
-            f"row_budget = {self.row_budget}",
-            f"calibrate_budget = {'true' if self.calibrate_budget else 'false'}",
-            f"reproducible = {'true' if self.reproducible else 'false'}",
-            f"exact_guesses = {'true' if self.exact_guesses else 'false'}",
-            f"max_datagram_size = {self.max_datagram_size}",
-            f"return_logits = {'true' if self.return_logits else 'false'}",
-            f'quic_library = "{self.quic_library}"',
-            f"idle_timeout = {self.idle_timeout!r}",
-            f"relink_timeout = {self.relink_timeout!r}",
-            f"resume_grace = {self.resume_grace!r}",
-            f"mtp_guesses = {self.mtp_guesses}",
-            f"mtp_p_min = {self.mtp_p_min!r}",
-            f"inline_step_ms = {self.inline_step_ms!r}",
+        ]
+        lines += [
+            f"{f.name} = {_toml_value(getattr(self, f.name))}"
+            for f in fields(self)
+            if f.name not in _STRUCTURED
         ]
         if self.next_hop is not None:
             lines += [
