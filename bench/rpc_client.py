@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,19 +92,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row = np.ctypeslib.as_array(LL.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
         return int(np.argmax(row))
 
-    best, tokens = 0.0, []
+    watched = [int(p) for p in args.watch_pids.split(",") if p]
+    best, tokens, cpu = 0.0, [], {}
     for _ in range(2):  # the first run warms caches and the servers' graphs
         LL.llama_memory_clear(LL.llama_get_memory(ctx), True)
         tok = step(prompt)
         tokens = [tok]
+        c0, s0 = time.process_time(), [cpu_ms(p) for p in watched]
         t0 = time.perf_counter()
         for _ in range(args.tokens):
             tok = step([tok])
             tokens.append(tok)
-        best = max(best, args.tokens / (time.perf_counter() - t0))
+        tps = args.tokens / (time.perf_counter() - t0)
+        if tps > best:
+            best = tps
+            cpu = {
+                "client": (time.process_time() - c0) * 1e3 / args.tokens,
+                "servers": [
+                    (cpu_ms(p) - s) / args.tokens for p, s in zip(watched, s0, strict=True)
+                ],
+            }
     LL.llama_free(ctx)
     LL.llama_model_free(model)
-    return {"tokens_per_s": best, "tokens": tokens}
+    return {"tokens_per_s": best, "tokens": tokens, "cpu_ms_per_token": cpu}
+
+
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, in ms (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -115,6 +132,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repack", type=int, choices=[0, 1], default=0)
+    ap.add_argument("--watch-pids", default="", help="servers whose CPU time per token to report")
     print(json.dumps(run(ap.parse_args())))
     return 0
 

@@ -90,7 +90,10 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 3
 
 
 @contextlib.contextmanager
-def rpc_servers(binary: Path, n: int, threads: int) -> Iterator[list[tuple[str, int]]]:
+def rpc_servers(
+    binary: Path, n: int, threads: int, pids: list[int] | None = None
+) -> Iterator[list[tuple[str, int]]]:
+    """`n` rpc-servers on loopback; yields their addresses (their pids go into `pids`)."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         addresses = []
@@ -102,6 +105,8 @@ def rpc_servers(binary: Path, n: int, threads: int) -> Iterator[list[tuple[str, 
                 stderr=subprocess.DEVNULL,
             )
             procs.append(proc)
+            if pids is not None:
+                pids.append(proc.pid)
             _wait_listening(port, proc)
             addresses.append(("127.0.0.1", port))
         yield addresses
@@ -124,19 +129,38 @@ def rpc_tps(
     threads: int,
     repack: int,
 ) -> tuple[float, list[int]]:
+    result = rpc_run(module, server, model, delay_ms, tokens, threads, repack)
+    return float(result["tokens_per_s"]), [int(t) for t in result["tokens"]]
+
+
+def rpc_run(
+    module: Path,
+    server: Path,
+    model: Path,
+    delay_ms: float,
+    tokens: int,
+    threads: int,
+    repack: int,
+) -> dict[str, Any]:
+    """bench/rpc_client.py's JSON: tokens/s, the tokens, CPU ms per token of each process."""
     from bench.tcp_delay import delayed_links
 
+    pids: list[int] = []
     # Fresh servers per delay: each holds only what the last client sent it.
-    with rpc_servers(server, 3, threads) as targets, delayed_links(targets, delay_ms) as links:
+    with (
+        rpc_servers(server, 3, threads, pids) as targets,
+        delayed_links(targets, delay_ms) as links,
+    ):
         cmd = [
             sys.executable, str(Path(__file__).with_name("rpc_client.py")),
             "--module", str(module), "--rpc", ",".join(f"{h}:{p}" for h, p in links),
             "--model", str(model), "--prompt", PROMPT, "--tokens", str(tokens),
             "--threads", str(threads), "--repack", str(repack),
+            "--watch-pids", ",".join(str(p) for p in pids),
         ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    return float(result["tokens_per_s"]), [int(t) for t in result["tokens"]]
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 # ---------------------------------------------------------------- Sangama
