@@ -6,6 +6,9 @@ delay lanes. Per token (the median of the best of two generations):
 
 - `whole model`: this process, `llama_decode` of all 18 blocks and the head plus the
   argmax, the same kernels and threads: the compute either system cannot avoid;
+- CPU time per token of every process (and, for the whole model, of this one): on a
+  shared machine wall time grows with the load, CPU time much less, so these are the
+  figures to compare across runs;
 - Sangama: each stage's compute as its worker times it (`compute_ms`: the hand-off to
   the engine thread, `Stage.step`, back), its queue, its hold (arrival to send, which
   adds the frame encode and, on the last stage, sampling), and the rest of the trip
@@ -71,6 +74,7 @@ def whole_model_ms(model: Path, tokens: int, threads: int) -> dict[str, float]:
             )  # fmt: skip
             nxt = engine.argmax_rows()[0]
             decode, total = [], []
+            c0 = time.process_time()
             for pos in range(n, n + tokens):
                 t0 = time.perf_counter()
                 engine.decode(
@@ -80,7 +84,11 @@ def whole_model_ms(model: Path, tokens: int, threads: int) -> dict[str, float]:
                 nxt = engine.argmax_rows()[0]
                 total.append((time.perf_counter() - t0) * 1e3)
                 decode.append(engine.last_decode_s * 1e3)
-            run = {"decode_ms": statistics.median(decode), "token_ms": statistics.median(total)}
+            run = {
+                "decode_ms": statistics.median(decode),
+                "token_ms": statistics.median(total),
+                "cpu_ms": (time.process_time() - c0) * 1e3 / tokens,
+            }
             if not best or run["token_ms"] < best["token_ms"]:
                 best = run
         return best
@@ -196,8 +204,8 @@ def main() -> int:
         f"One token at {args.delay:g} ms one way, {model.name}, {args.threads} thread(s), "
         f"repack 0, {args.tokens} tokens; load {load[0]:.1f} -> {load[1]:.1f}"
     )
-    print(f"whole model here: llama_decode {whole['decode_ms']:.2f} ms, "
-          f"with argmax {whole['token_ms']:.2f} ms")  # fmt: skip
+    print(f"whole model here: llama_decode {whole['decode_ms']:.2f} ms, with argmax "
+          f"{whole['token_ms']:.2f} ms, CPU {whole['cpu_ms']:.1f} ms a token")  # fmt: skip
     print(f"Sangama: {out['sangama_ms_per_token']:.2f} ms a token (trip median "
           f"{s['trip_ms']:.2f})")  # fmt: skip
     for i, (c, q, h) in enumerate(zip(s["compute_ms"], s["queue_ms"], s["hold_ms"], strict=True)):
