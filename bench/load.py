@@ -136,6 +136,8 @@ def _limit(level: dict[str, Any], n_cores: int, floor_ms: float) -> str:
         )
     if busy["client"] >= 0.85:
         return f"the client process (one event loop, {busy['client']:.0%} of a core)"
+    if busy.get("proxies", 0.0) >= 0.85 * max(1, level.get("proxy_processes", 1)):
+        return f"the delay proxies' process ({busy['proxies']:.0%} of a core)"
     ours, machine = level["machine_cpu_share"], level["machine_busy"]
     stage = (
         f"stage {worst} holds a step longest ({split['compute_ms'][worst]:.0f} ms computing +"
@@ -170,6 +172,8 @@ async def _level(
 ) -> dict[str, Any]:
     pids = [w.process.pid for w in swarm.workers]
     cpu0 = [_cpu_s(p) for p in pids]
+    proxy_pids = swarm.proxy_pids
+    proxy0 = sum(_cpu_s(p) for p in proxy_pids)
     client0 = time.process_time()
     machine0 = _machine_busy()
     t0 = time.perf_counter()
@@ -181,6 +185,7 @@ async def _level(
     errors = sorted({r["error"] for r in runs if "error" in r})
     cpu = [(_cpu_s(p) - c) / wall for p, c in zip(pids, cpu0, strict=True)]
     client_busy = (time.process_time() - client0) / wall
+    proxies_busy = (sum(_cpu_s(p) for p in proxy_pids) - proxy0) / wall
     machine1 = _machine_busy()
     n_cores = os.cpu_count() or 1
     same = sum(
@@ -196,10 +201,12 @@ async def _level(
         "ttft_ms": statistics.median(r["ttft_ms"] for r in ok) if ok else 0,
         "same_as_alone": same,
         "stages": _stage_split([e for r in ok for e in r["events"]]),
-        "cpu_busy": {"workers": cpu, "client": client_busy},
-        "machine_cpu_share": (sum(cpu) + client_busy) / n_cores,
+        # The client's figure includes the delay proxies when they run in its process.
+        "cpu_busy": {"workers": cpu, "client": client_busy, "proxies": proxies_busy},
+        "machine_cpu_share": (sum(cpu) + client_busy + proxies_busy) / n_cores,
         "machine_busy": (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1]),
         "peak_rss_mib": [_peak_rss_mib(p) for p in pids],
+        "proxy_processes": swarm.proxy_processes,
         "load_average": Path("/proc/loadavg").read_text().split()[:3],
     }
     floor = sum(swarm.link_delays_ms or ())
@@ -258,7 +265,9 @@ def _print_row(name: str, r: dict[str, Any], live: bool = False) -> None:
         f"trip {s.get('trip_ms', 0):7.1f} = compute {comp}{more} + max wait {wait:.1f} + net "
         f"{s.get('network_and_handling_ms', 0):.1f} ms | peak "
         f"{max(r['peak_rss_mib'], default=0):.0f} MiB | load {r['load_average'][0]}, machine"
-        f" {r['machine_busy']:.0%} busy (chain {r['machine_cpu_share']:.0%}) | {r['limit']}",
+        f" {r['machine_busy']:.0%} busy (chain {r['machine_cpu_share']:.0%}; client"
+        f" {r['cpu_busy']['client']:.0%}, proxies {r['cpu_busy'].get('proxies', 0):.0%},"
+        f" busiest stage {max(r['cpu_busy']['workers'], default=0):.0%}) | {r['limit']}",
         file=sys.stderr if live else sys.stdout,
         flush=True,
     )
@@ -286,7 +295,12 @@ def loopback(levels: list[int], tokens: int, reproducible: bool = False) -> Loca
 
 
 def wan20(
-    levels: list[int], tokens: int, model: Path, seed: int = 7, reproducible: bool = False
+    levels: list[int],
+    tokens: int,
+    model: Path,
+    seed: int = 7,
+    reproducible: bool = False,
+    proxy_processes: int = 1,
 ) -> LocalSwarm:
     rng = random.Random(seed)
     delays = [float(rng.randint(1, 56)) for _ in range(21)]
@@ -297,6 +311,7 @@ def wan20(
         n_ctx=max(levels) * (8 + tokens + 16),
         link_delays_ms=delays,
         reproducible=reproducible,
+        proxy_processes=proxy_processes,
     )
 
 
@@ -404,6 +419,12 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--settings", default="loopback,wan20")
     ap.add_argument(
+        "--proxy-processes",
+        type=int,
+        default=1,
+        help="processes the WAN chain's delay proxies run in (0: this one, with the client)",
+    )
+    ap.add_argument(
         "--reproducible", action="store_true", help="add 32 requests in reproducible mode"
     )
     ap.add_argument(
@@ -413,6 +434,8 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",") if x]
     if args.quick:
         levels, args.tokens = [1, 4, 16], 8
+    if args.proxy_processes < 0:
+        ap.error("--proxy-processes must be >= 0")
     if any(not 1 <= n <= 256 for n in levels):
         ap.error("levels must lie in 1..256 (a stage holds 256 sessions)")
     if args.kv_cost:
@@ -459,7 +482,13 @@ def main() -> int:
             tiny_prompts = [[1 + (k * 31 + j * 7) % 500 for j in range(8)] for k in range(8)]
             for name in ("wan20", "wan20r"):  # wan20r: the same chain in reproducible mode
                 if name in settings:
-                    swarm = wan20(levels, args.tokens, model, reproducible=name == "wan20r")
+                    swarm = wan20(
+                        levels,
+                        args.tokens,
+                        model,
+                        reproducible=name == "wan20r",
+                        proxy_processes=args.proxy_processes,
+                    )
                     out["settings"].append(
                         asyncio.run(_setting(name, swarm, tiny_prompts, levels, args.tokens))
                     )

@@ -97,7 +97,12 @@ async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:
             Path(tmp) / "tiny20.gguf", n_layer=20, n_embd=256, n_head=4, n_ff=512
         )
         swarm = LocalSwarm(
-            model=str(model), cuts=list(range(21)), threads=1, link_delays_ms=delays, n_ctx=512
+            model=str(model),
+            cuts=list(range(21)),
+            threads=1,
+            link_delays_ms=delays,
+            n_ctx=512,
+            proxy_processes=1,  # the links' emulation is not the client's event loop
         )
         await swarm.start()
         try:
@@ -108,7 +113,7 @@ async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:
                 events = [ev async for ev in client.generate([1, 2, 3, 4, 5, 6, 7, 8], tokens)][1:]
             # The proxies' own error along a token's path: each link's forward direction
             # (client -> stage 0 -> ... -> last stage), then the last stage's TOKENS back.
-            proxies = swarm.proxies
+            proxies = await swarm.proxy_reports()
             proxy_late = sum(p.late_up.mean_ms for p in proxies[:-1])
             proxy_late += proxies[-1].late_down.mean_ms
             proxy_late_max = max(max(p.late_up.max_ms, p.late_down.max_ms) for p in proxies)

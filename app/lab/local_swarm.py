@@ -20,6 +20,7 @@ from core.models import resolve_model, stage_files
 from core.types import LayerRange
 from net.channel import NodeCredentials
 from net.delay_proxy import DelayProxy
+from net.delay_proxy_process import ProxyPool, ProxyReport, reports_of
 from net.quic import DEFAULT_LIBRARY, QuicTuning
 
 CLIENT_ID = "client"
@@ -68,9 +69,19 @@ class LocalSwarm:
     client_credentials: NodeCredentials | None = None
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     proxies: list[DelayProxy] = field(default_factory=list)
+    proxy_processes: int = 0
+    """0: the delay proxies run in this process (`proxies`, which tests may reach into);
+    N: in N processes of their own (`proxy_pool`), so a benchmark's clients and the
+    emulated links do not share one event loop."""
+    proxy_pool: ProxyPool | None = None
 
     async def _delayed(self, target: tuple[str, int], delay_ms: float) -> tuple[str, int]:
         """An address that reaches `target` after `delay_ms` each way."""
+        if self.proxy_processes:
+            if self.proxy_pool is None:
+                self.proxy_pool = ProxyPool(self.proxy_processes)
+                await self.proxy_pool.start()
+            return await self.proxy_pool.add(target, delay_ms)
         proxy = DelayProxy(("127.0.0.1", 0), target, delay_ms)
         await proxy.start()
         self.proxies.append(proxy)
@@ -157,7 +168,21 @@ class LocalSwarm:
         for proxy in self.proxies:
             await proxy.close()
         self.proxies.clear()
+        if self.proxy_pool is not None:
+            await self.proxy_pool.close()
+            self.proxy_pool = None
         return codes
+
+    async def proxy_reports(self) -> list[ProxyReport]:
+        """Every link's proxy counters and lateness, in link order, wherever they run."""
+        if self.proxy_pool is not None:
+            return await self.proxy_pool.reports()
+        return reports_of(self.proxies)
+
+    @property
+    def proxy_pids(self) -> list[int]:
+        """The processes the proxies run in besides this one (none when they run here)."""
+        return self.proxy_pool.pids if self.proxy_pool is not None else []
 
     @property
     def tuning(self) -> QuicTuning:
