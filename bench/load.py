@@ -14,9 +14,12 @@ stops rising, the busiest resource is named. `--reproducible` adds a 32-request 
 (a) with the workers in reproducible mode, against the same run in the default mode.
 
     .venv/bin/python bench/load.py [--json] [--quick] [--levels 1,4,16] [--tokens 16]
-        [--settings loopback,wan20,wan20r] [--reproducible] [--kv-cost]
+        [--settings loopback,wan20,wan20r,wan5] [--proxy-processes 1] [--reproducible]
+        [--kv-cost]
 
-wan20r is the latency-bound chain with its workers in reproducible mode.
+wan20r is the latency-bound chain with its workers in reproducible mode; wan5 the same
+model and the same 407 ms of link delay over 5 stages (6 links) instead of 20. The WAN
+chains' delay proxies run in a process of their own (`--proxy-processes`, 0: in this one).
 """
 
 from __future__ import annotations
@@ -301,18 +304,35 @@ def wan20(
     seed: int = 7,
     reproducible: bool = False,
     proxy_processes: int = 1,
+    stages: int = 20,
 ) -> LocalSwarm:
+    """The 20-layer tiny model over `stages` stages. With fewer than 20, the same 21 link
+    delays are summed in consecutive groups, one group a link: the same 407 ms a token
+    waits on links, over fewer hops (each hop costs CPU; on a 2-core machine that CPU,
+    not the delays, is what runs out first)."""
     rng = random.Random(seed)
     delays = [float(rng.randint(1, 56)) for _ in range(21)]
+    if stages != 20:
+        groups = [len(g) for g in _split(list(range(21)), stages + 1)]
+        at = list(itertools.accumulate([0, *groups]))
+        delays = [sum(delays[a:b]) for a, b in itertools.pairwise(at)]
     return LocalSwarm(
         model=str(model),
-        cuts=list(range(21)),
+        cuts=[round(k * 20 / stages) for k in range(stages + 1)],
         max_sessions=max(levels),
         n_ctx=max(levels) * (8 + tokens + 16),
         link_delays_ms=delays,
         reproducible=reproducible,
         proxy_processes=proxy_processes,
     )
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    """`items` in `parts` consecutive groups whose sizes differ by at most one."""
+    q, r = divmod(len(items), parts)
+    sizes = [q + (1 if k < r else 0) for k in range(parts)]
+    at = list(itertools.accumulate([0, *sizes]))
+    return [items[a:b] for a, b in itertools.pairwise(at)]
 
 
 def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[str, Any]:
@@ -472,7 +492,7 @@ def main() -> int:
         out["settings"].append(
             asyncio.run(_setting("loopback", swarm, gemma_prompts, levels, args.tokens))
         )
-    if "wan20" in settings or "wan20r" in settings:
+    if any(s in settings for s in ("wan20", "wan20r", "wan5")):
         from tests.support.tiny_models import write_tiny_model
 
         with tempfile.TemporaryDirectory(prefix="sangama-load-") as tmp:
@@ -480,7 +500,8 @@ def main() -> int:
                 Path(tmp) / "tiny20.gguf", n_layer=20, n_embd=256, n_head=4, n_ff=512
             )
             tiny_prompts = [[1 + (k * 31 + j * 7) % 500 for j in range(8)] for k in range(8)]
-            for name in ("wan20", "wan20r"):  # wan20r: the same chain in reproducible mode
+            # wan20r: the same chain in reproducible mode; wan5: 5 stages, same 407 ms.
+            for name in ("wan20", "wan20r", "wan5"):
                 if name in settings:
                     swarm = wan20(
                         levels,
@@ -488,6 +509,7 @@ def main() -> int:
                         model,
                         reproducible=name == "wan20r",
                         proxy_processes=args.proxy_processes,
+                        stages=5 if name == "wan5" else 20,
                     )
                     out["settings"].append(
                         asyncio.run(_setting(name, swarm, tiny_prompts, levels, args.tokens))
