@@ -179,6 +179,7 @@ async def _level(
     proxy0 = sum(_cpu_s(p) for p in proxy_pids)
     client0 = time.process_time()
     machine0 = _machine_busy()
+    links0 = await swarm.proxy_reports()
     t0 = time.perf_counter()
     runs = await asyncio.gather(
         *(_one(client, prompts[k % len(prompts)], tokens, t0) for k in range(n))
@@ -190,6 +191,7 @@ async def _level(
     client_busy = (time.process_time() - client0) / wall
     proxies_busy = (sum(_cpu_s(p) for p in proxy_pids) - proxy0) / wall
     machine1 = _machine_busy()
+    links1 = await swarm.proxy_reports()
     n_cores = os.cpu_count() or 1
     same = sum(
         r["tokens"] == solo[k % len(prompts)] for k, r in enumerate(runs) if "error" not in r
@@ -210,6 +212,17 @@ async def _level(
         "machine_busy": (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1]),
         "peak_rss_mib": [_peak_rss_mib(p) for p in pids],
         "proxy_processes": swarm.proxy_processes,
+        # Datagrams the emulated links carried (both ways, all links) per token: QUIC's
+        # packets, ACKs and any retransmissions, counted by the delay proxies.
+        "datagrams_per_token": (
+            sum(b.stats.up_packets + b.stats.down_packets for b in links1)
+            - sum(a.stats.up_packets + a.stats.down_packets for a in links0)
+        )
+        / max(1, sum(len(r["tokens"]) for r in ok)),
+        # Tokens per CPU second the chain (workers, client, proxies) spent: on a machine
+        # shared with other work, the figure that does not depend on the share it got.
+        "tokens_per_chain_cpu_s": sum(len(r["tokens"]) for r in ok)
+        / max(1e-9, (sum(cpu) + client_busy + proxies_busy) * wall),
         "load_average": Path("/proc/loadavg").read_text().split()[:3],
     }
     floor = sum(swarm.link_delays_ms or ())
@@ -270,7 +283,8 @@ def _print_row(name: str, r: dict[str, Any], live: bool = False) -> None:
         f"{max(r['peak_rss_mib'], default=0):.0f} MiB | load {r['load_average'][0]}, machine"
         f" {r['machine_busy']:.0%} busy (chain {r['machine_cpu_share']:.0%}; client"
         f" {r['cpu_busy']['client']:.0%}, proxies {r['cpu_busy'].get('proxies', 0):.0%},"
-        f" busiest stage {max(r['cpu_busy']['workers'], default=0):.0%}) | {r['limit']}",
+        f" busiest stage {max(r['cpu_busy']['workers'], default=0):.0%};"
+        f" {r.get('tokens_per_chain_cpu_s', 0):.0f} tokens a chain CPU s) | {r['limit']}",
         file=sys.stderr if live else sys.stdout,
         flush=True,
     )
