@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from itertools import starmap
 from typing import Any
 
 from net.errors import ErrorCode, FrameError
@@ -98,7 +99,7 @@ class _Reader:
         self._need(size)
         block = self.body[self.offset : self.offset + size]
         self.offset += size
-        return tuple(StageTiming(*values) for values in _TIMING.iter_unpack(block))
+        return tuple(starmap(StageTiming, _TIMING.iter_unpack(block)))
 
     def finish(self) -> None:
         if self.offset != len(self.body):

@@ -42,9 +42,9 @@ class _Writer:
         self.parts += (struct.pack(">I", len(value)), value)
 
     def timings(self, values: tuple[StageTiming, ...]) -> None:
-        self.pack(">I", len(values))
-        for t in values:
-            self.pack(">Iddd", t.stage, t.compute_ms, t.queue_ms, t.recv_to_send_ms)
+        # One pack for the whole block: a STEP at stage k carries k timings, on every hop.
+        flat = [v for t in values for v in (t.stage, t.compute_ms, t.queue_ms, t.recv_to_send_ms)]
+        self.pack(f">I{'Iddd' * len(values)}", len(values), *flat)
 
 
 def encode(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> bytes:
