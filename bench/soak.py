@@ -1,18 +1,18 @@
 """Soak: several clients generate greedy answers on a real loopback swarm while a seeded
-chaos policy (bench/soak_chaos.py) kills -9 and restarts random workers and the
-coordinator. Every answer must complete and equal its reference (the whole model,
-uninterrupted); the memory of every process kind is sampled and must stay bounded.
+chaos policy (bench/soak_chaos.py) kills -9 and restarts random workers, the coordinator
+and the relay (a real coturn; every other worker is `--relay-only`, so part of the
+chain's links run through it). Every answer must complete and equal its reference (the
+whole model, uninterrupted); the memory of every process kind is sampled and must stay
+bounded.
 
-    .venv/bin/python bench/soak.py [--minutes 30] [--quick] [--clients 3] [--seed 1] [--json]
+    .venv/bin/python bench/soak.py [--minutes 30] [--quick] [--clients 3] [--seed 1]
+                                   [--no-relay] [--json]
 
 The report: answers completed, tokens lost (must be 0), stalls (each recovery: failure
-noticed -> next token; max and median), the longest gap between two tokens, restarts
-survived per kind, RSS start/peak/end per process kind and the load average. The exit
-code is 0 only when nothing was lost and memory stayed bounded.
-
-The relay is not killed yet: the policy has a RELAY target, but a relayed loopback swarm
-costs coturn plus `--relay-only` workers on every run; coturn's kill -9 mid-answer is
-tests/integration/test_relay_restart.py's. See bench/README.md.
+noticed -> next token; max and median), the stall each kind of fault caused (the longest
+gap between two tokens of any client from the kill to the next fault), the longest gap
+between two tokens, restarts survived per kind, RSS start/peak/end per process kind and
+the load average. The exit code is 0 only when nothing was lost and memory stayed bounded.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ from tests.support.tiny_models import write_tiny_model
 
 N_LAYER = 8
 NO_CHAOS = ChaosPolicy(chain_weight=0, spare_weight=0, coordinator_weight=0, relay_weight=0)
+QUICK_POLICY = ChaosPolicy(coordinator_every=4, relay_every=3)
+"""A short soak surely kills the coordinator and the relay too (rounds 3 and 4, 6, ...)."""
 ANSWER_TIMEOUT_S = 300.0
 """An answer still running after this long is a hang: counted lost, not waited for."""
 
@@ -59,6 +61,8 @@ class SoakConfig:
     seed: int = 1
     stale_after_s: float = STALE_AFTER_S
     policy: ChaosPolicy = field(default_factory=ChaosPolicy)
+    relay: bool = True
+    """Run coturn (and relay-only workers) and let the policy kill it."""
 
 
 @dataclass
@@ -79,7 +83,9 @@ class Event:
     at_s: float
     fault: Fault
     back_s: float = 0.0
-    """Kill -> the restarted process started (the coordinator: READY)."""
+    """Kill -> the restarted process started (the coordinator: READY; coturn: answers STUN)."""
+    at: float = 0.0
+    """The kill, on the event loop's clock (the clock of `SoakRun.tokens`)."""
 
 
 @dataclass
@@ -91,6 +97,11 @@ class SoakRun:
     """Why a client had to connect afresh between answers (by error type)."""
     reconnect_errors: dict[str, str] = field(default_factory=dict)
     """The first message of each type."""
+    relayed: set[str] = field(default_factory=set)
+    """Workers seen with their link onward through the relay (at any chaos round)."""
+    tokens: list[tuple[float, float]] = field(default_factory=list)
+    """Every token any client received: (arrival on the loop's clock, gap since that
+    client's previous token or its request)."""
     started: float = field(default_factory=time.monotonic)
 
 
@@ -167,7 +178,9 @@ async def client_loop(
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
                 async for event in client.generate(asks[p], run.config.tokens):
                     out.extend(event.tokens)
-                    gap, last = max(gap, loop.time() - last), loop.time()
+                    now = loop.time()
+                    run.tokens.append((now, now - last))
+                    gap, last = max(gap, now - last), now
         except Exception as exc:  # a lost answer is the soak's finding, not its end
             error = f"{type(exc).__name__}: {exc}"
         run.answers.append(
@@ -197,14 +210,14 @@ async def client_loop(
 async def situation(swarm: SoakSwarm, observer: Identity, last: Situation) -> Situation:
     by_node = {w.node_id: w.name for w in swarm.running_workers()}
     if not swarm.coordinator_up:
-        return Situation(last.chain, last.spares, False)
+        return Situation(last.chain, last.spares, False, swarm.relay_up)
     try:
         route = await asyncio.get_running_loop().run_in_executor(None, route_avoiding, observer, ())
     except Exception:  # no route right now (a re-plan): keep the last view
         return last
     chain = tuple(by_node[s.node_id] for s in route.stages if s.node_id in by_node)
     spares = tuple(n for n in by_node.values() if n not in chain)
-    return Situation(chain, spares, True)
+    return Situation(chain, spares, True, swarm.relay_up)
 
 
 async def chaos_loop(swarm: SoakSwarm, observer: Identity, run: SoakRun, stop_at: float) -> None:
@@ -215,17 +228,22 @@ async def chaos_loop(swarm: SoakSwarm, observer: Identity, run: SoakRun, stop_at
     await asyncio.sleep(cfg.policy.gap_s[0])  # the clients connect on a whole swarm first
     while loop.time() < stop_at:
         now = await situation(swarm, observer, now)
+        run.relayed |= swarm.relayed_nodes()
         fault = next_fault(cfg.seed, round_no, now, cfg.policy)
         round_no += 1
         if fault is None:
             await asyncio.sleep(1.0)
             continue
-        event = Event(time.monotonic() - run.started, fault)
         t0 = loop.time()
+        event = Event(time.monotonic() - run.started, fault, at=t0)
         if fault.kind is Target.COORDINATOR:
             await swarm.kill_coordinator()
             await asyncio.sleep(fault.down_s)
             await swarm.restart_coordinator()
+        elif fault.kind is Target.RELAY:
+            swarm.kill_relay()
+            await asyncio.sleep(fault.down_s)
+            await swarm.restart_relay()
         else:
             swarm.kill_worker(fault.name)
             await asyncio.sleep(fault.down_s)
@@ -243,7 +261,7 @@ async def soak(cfg: SoakConfig, workdir: Path) -> dict[str, Any]:
     asks = prompts(cfg.prompts, cfg.seed)
     refs = references(model, asks, cfg.tokens)
     load_before = Path("/proc/loadavg").read_text().split()[:3]
-    swarm = SoakSwarm(workdir, model, cfg.workers, cfg.stages, cfg.stale_after_s)
+    swarm = SoakSwarm(workdir, model, cfg.workers, cfg.stages, cfg.stale_after_s, cfg.relay)
     run = SoakRun(cfg)
     await swarm.start()
     try:
@@ -264,6 +282,26 @@ async def soak(cfg: SoakConfig, workdir: Path) -> dict[str, Any]:
     return report(run, swarm, load_before)
 
 
+def fault_stalls(events: list[Event], tokens: list[tuple[float, float]]) -> list[float]:
+    """Per fault: the longest gap between two tokens of any client among the tokens that
+    arrived after its kill and before the next fault's (0.0: no token came in between)."""
+    out = []
+    for i, e in enumerate(events):
+        end = events[i + 1].at if i + 1 < len(events) else float("inf")
+        out.append(max((g for t, g in tokens if e.at < t <= end), default=0.0))
+    return out
+
+
+def _by_kind(events: list[Event], stalls: list[float]) -> dict[str, dict[str, float]]:
+    kinds: dict[str, list[float]] = {}
+    for e, s in zip(events, stalls, strict=True):
+        kinds.setdefault(e.fault.kind.value, []).append(s)
+    return {
+        k: {"max_s": round(max(v), 2), "median_s": round(statistics.median(v), 2)}
+        for k, v in kinds.items()
+    }
+
+
 def report(run: SoakRun, swarm: SoakSwarm, load_before: list[str]) -> dict[str, Any]:
     answers = run.answers
     stalls = [r.stall_s for a in answers for r in a.recoveries]
@@ -274,6 +312,7 @@ def report(run: SoakRun, swarm: SoakSwarm, load_before: list[str]) -> dict[str, 
     memory = {k: s.summary() for k, s in swarm.rss.items()}
     bounded = all(rss_bounded(m) for m in memory.values())
     failed = [a for a in answers if a.error or a.correct != a.expected]
+    per_fault = fault_stalls(run.events, run.tokens)
     return {
         "config": {**asdict(run.config), "policy": asdict(run.config.policy)},
         "duration_s": round(time.monotonic() - run.started, 1),
@@ -295,14 +334,18 @@ def report(run: SoakRun, swarm: SoakSwarm, load_before: list[str]) -> dict[str, 
         "longest_token_gap_s": round(max((a.max_gap_s for a in answers), default=0.0), 2),
         "restarts_survived": sum(restarts.values()) if not failed else 0,
         "restarts": restarts,
+        "stall_by_fault": _by_kind(run.events, per_fault),
+        "relayed_links": len(run.relayed),
+        "relay_restarts_survived": restarts.get(Target.RELAY.value, 0) if not failed else 0,
         "faults": [
             {
                 "at_s": round(e.at_s, 1),
                 "kill": e.fault.name,
                 "down_s": round(e.fault.down_s, 1),
                 "back_s": round(e.back_s, 1),
+                "stall_s": round(stall, 2),
             }
-            for e in run.events
+            for e, stall in zip(run.events, per_fault, strict=True)
         ],
         "reconnects": run.reconnects,
         "reconnect_errors": run.reconnect_errors,
@@ -332,9 +375,13 @@ def print_table(r: dict[str, Any]) -> None:
         ("longest token gap", f"{r['longest_token_gap_s']:.2f} s"),
         ("restarts survived", f"{r['restarts_survived']} {r['restarts']}"),
         ("client reconnects", str(r["reconnects"])),
+        ("relayed links", f"{r['relayed_links']} workers' links onward ran through coturn"),
     ]
     for name, value in rows:
         print(f"  {name:<20} {value}")
+    print(f"  {'stall after a kill':<20} {'max':>8} {'median':>8}  (longest token gap, any client)")
+    for kind, st in r["stall_by_fault"].items():
+        print(f"    {kind:<18} {st['max_s']:>7.2f}s {st['median_s']:>7.2f}s")
     print(f"  {'memory (RSS MiB)':<20} {'start':>8} {'peak':>8} {'end':>8}")
     for kind, m in r["memory"].items():
         print(f"    {kind:<18} {m['start_mib']:>8.1f} {m['peak_mib']:>8.1f} {m['end_mib']:>8.1f}")
@@ -364,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-chaos", action="store_true", help="kill nothing: the control run, same load"
     )
+    ap.add_argument(
+        "--no-relay", action="store_true", help="no coturn: every link direct, the relay spared"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--workdir", type=Path, default=None, help="keep logs here (default: a temp dir)"
@@ -377,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         tokens=args.tokens,
         seed=args.seed,
         stale_after_s=args.stale_after,
-        policy=NO_CHAOS if args.no_chaos else ChaosPolicy(),
+        policy=NO_CHAOS if args.no_chaos else QUICK_POLICY if args.quick else ChaosPolicy(),
+        relay=not args.no_relay,
     )
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)

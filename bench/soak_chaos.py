@@ -8,10 +8,10 @@ noticed, with no KV; a long one is a machine switched off, replaced by a spare),
 long to wait after it is back before the next round. The same seed and the same
 situation always give the same fault, so a soak that found a bug can be replayed.
 
-Chain workers are the interesting victims (an answer is running through them); spares and
-the coordinator are killed too, less often. A worker is only killed while enough others
-run to form a chain without it (`min_workers`): the soak tests recovery, not an outage
-nobody could survive.
+Chain workers are the interesting victims (an answer is running through them); spares,
+the coordinator and the relay (coturn, when the soak runs one) are killed too, less
+often. A worker is only killed while enough others run to form a chain without it
+(`min_workers`): the soak tests recovery, not an outage nobody could survive.
 """
 
 from __future__ import annotations
@@ -39,12 +39,17 @@ class ChaosPolicy:
     coordinator_every: int = 0
     """Every this many rounds the coordinator, if up (0: only by weight): a short soak
     then surely kills it too."""
+    relay_every: int = 0
+    """The same for the relay (the coordinator wins a round both claim)."""
     min_workers: int = 3
     """Workers that must stay up besides the victim (the chain length)."""
     down_s: tuple[float, float] = (0.5, 8.0)
     """How long a killed process stays dead, uniformly in this range."""
     gap_s: tuple[float, float] = (2.0, 6.0)
     """Wait after the restarted process is back, before the next fault."""
+    relay_down_s: tuple[float, float] = (0.5, 3.0)
+    """coturn's outage: a crashed relay under a supervisor (systemd's Restart=) is back
+    within seconds; links re-allocate once it is."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,11 @@ def next_fault(seed: int, round_no: int, now: Situation, policy: ChaosPolicy) ->
             rng.uniform(*policy.down_s),
             rng.uniform(*policy.gap_s),
         )
+    every = policy.relay_every
+    if every and now.relay_up and (round_no + 1) % every == 0:
+        return Fault(
+            Target.RELAY, "relay", rng.uniform(*policy.relay_down_s), rng.uniform(*policy.gap_s)
+        )
     candidates: list[tuple[Target, str, float]] = []
     workers = len(now.chain) + len(now.spares)
     if workers - 1 >= policy.min_workers:
@@ -91,7 +101,8 @@ def next_fault(seed: int, round_no: int, now: Situation, policy: ChaosPolicy) ->
     if not candidates:
         return None
     kind, name, _ = rng.choices(candidates, weights=[c[2] for c in candidates])[0]
-    return Fault(kind, name, rng.uniform(*policy.down_s), rng.uniform(*policy.gap_s))
+    down = policy.relay_down_s if kind is Target.RELAY else policy.down_s
+    return Fault(kind, name, rng.uniform(*down), rng.uniform(*policy.gap_s))
 
 
 def plan(seed: int, rounds: int, now: Situation, policy: ChaosPolicy) -> Sequence[Fault | None]:

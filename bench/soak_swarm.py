@@ -3,7 +3,10 @@ bench/soak.py kills with SIGKILL and starts again, and the memory (RSS) of every
 sampled.
 
 The coordinator is `tests.support.coordinator_proc.CoordinatorProcess` (restarted on the
-same port and data directory, as a rebooted server would be); workers are
+same port and data directory, as a rebooted server would be); the relay (optional) is
+`tests.support.relay_proc.LoopbackRelay`, a real coturn restarted on the same port, and
+every other worker then runs `--relay-only`, so part of the chain's links go through it
+(as tests/integration/test_relay_restart.py arranges it); workers are
 `app.lab.processes.spawn_sangama` children, as in tests/integration/test_answer_survives.py:
 joined once with an invite, started again from their identity directory (the same node
 id; a fresh port and no KV, like a rebooted PC).
@@ -15,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sqlite3
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from app.identity import Identity, join_swarm
 from app.lab.processes import Child, spawn_sangama
 from app.ports import free_udp_port
 from tests.support.coordinator_proc import CoordinatorProcess
+from tests.support.relay_proc import LoopbackRelay
 
 STALE_AFTER_S = 5.0
 """Silence that makes a worker stale (replaced at once when a client reports it; twice
@@ -44,6 +49,8 @@ class Worker:
     """Its QUIC port, kept across restarts (a PC with a configured port)."""
     node_id: str = ""
     starts: int = 1
+    relay_only: bool = False
+    """Reaches its peers only through the relay (its links onward and to it are relayed)."""
 
 
 @dataclass
@@ -87,8 +94,11 @@ class SoakSwarm:
         n_workers: int,
         stages: int,
         stale_after_s: float = STALE_AFTER_S,
+        relay: bool = False,
     ) -> None:
         self.workdir = workdir
+        self.with_relay = relay
+        self.relay: LoopbackRelay | None = None
         self.stale_after_s = stale_after_s
         self.model = model
         self.n_workers = n_workers
@@ -104,7 +114,9 @@ class SoakSwarm:
     # ---------------------------------------------------------------- coordinator
 
     def _start_coordinator(self) -> CoordinatorProcess:
+        turn = self.relay.coordinator_args(self.workdir) if self.relay is not None else []
         args = [
+            *turn,
             *("--spares", str(self.n_workers - self.stages)),
             *(
                 "--stale-after",
@@ -124,25 +136,36 @@ class SoakSwarm:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.with_relay:  # on this thread: see relay_proc on coturn's parent-death signal
+            self.relay = LoopbackRelay.start(self.workdir / "relay")
+            self.extra_pids["relay"] = self.relay.current.pid
         self.coordinator = await loop.run_in_executor(None, self._start_coordinator)
         self.port = int(self.coordinator.url.rsplit(":", 1)[1].split("/")[0])
         names = [f"w{i}" for i in range(self.n_workers)]
         # The chain first (each prints READY once it serves), then the spares.
-        chain = await asyncio.gather(*(self._join(n, True) for n in names[: self.stages]))
-        spares = [await self._join(n, False) for n in names[self.stages :]]
+        # With a relay, w0, w2, ... reach peers only through it: every chain of three has
+        # a relayed link, whichever workers it is made of.
+        relayed = {n: self.relay is not None and i % 2 == 0 for i, n in enumerate(names)}
+        chain = await asyncio.gather(
+            *(self._join(n, True, relayed[n]) for n in names[: self.stages])
+        )
+        spares = [await self._join(n, False, relayed[n]) for n in names[self.stages :]]
         for w in [*chain, *spares]:
             self.workers[w.name] = w
         self._sampler = loop.create_task(self._sample_forever())
 
-    async def _join(self, name: str, wait: bool) -> Worker:
+    async def _join(self, name: str, wait: bool, relay_only: bool) -> Worker:
         assert self.coordinator is not None
         code = self.coordinator.admin.create_invite("worker")["code"]
         directory = self.workdir / name
         port = free_udp_port()
-        args = ["worker", "--join", code, "--identity-dir", str(directory), *_worker_args(port)]
+        args = [
+            *("worker", "--join", code, "--identity-dir", str(directory)),
+            *_worker_args(port, relay_only),
+        ]
         child = await spawn_sangama(name, args, self._log(name), READY_TIMEOUT_S, wait)
         self._keep_reading(child)
-        worker = Worker(name, directory, child, port)
+        worker = Worker(name, directory, child, port, relay_only=relay_only)
         if wait:
             worker.node_id = child.ready_line.split()[1]
         else:
@@ -208,11 +231,41 @@ class SoakSwarm:
         if w.child.stderr_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(w.child.stderr_task, 2)
-        args = ["worker", "--identity", str(w.directory), *_worker_args(w.port)]
+        args = ["worker", "--identity", str(w.directory), *_worker_args(w.port, w.relay_only)]
         # Not waiting for READY: a restarted worker may come back as a spare (no stage).
         w.child = await spawn_sangama(name, args, self._log(name), READY_TIMEOUT_S, False)
         self._keep_reading(w.child)
         w.starts += 1
+
+    def relayed_nodes(self) -> set[str]:
+        """The workers whose last heartbeat said their link onward runs through the relay
+        (read from the coordinator's database, as tests/integration/test_relay_restart.py
+        does; empty while the coordinator is down or the database busy)."""
+        db = self.workdir / "coordinator" / "coordinator.db"
+        with (
+            contextlib.suppress(sqlite3.Error),
+            contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c,
+        ):
+            rows = c.execute("SELECT node_id FROM nodes WHERE path = 'relayed'").fetchall()
+            return {r[0] for r in rows}
+        return set()
+
+    # ---------------------------------------------------------------- relay
+
+    @property
+    def relay_up(self) -> bool | None:
+        """None: this swarm runs no relay."""
+        return None if self.relay is None else self.relay.up
+
+    def kill_relay(self) -> None:
+        assert self.relay is not None
+        self.relay.kill()
+        self.extra_pids.pop("relay", None)
+
+    async def restart_relay(self) -> None:
+        assert self.relay is not None
+        await self.relay.restart_async()
+        self.extra_pids["relay"] = self.relay.current.pid
 
     def running_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.child.alive]
@@ -225,6 +278,8 @@ class SoakSwarm:
         await asyncio.gather(*(w.child.stop() for w in self.workers.values()))
         if self.coordinator is not None:
             self.coordinator.stop()
+        if self.relay is not None:
+            self.relay.stop()
 
     # ---------------------------------------------------------------- memory
 
@@ -252,9 +307,10 @@ class SoakSwarm:
             await asyncio.sleep(every_s)
 
 
-def _worker_args(port: int) -> list[str]:
+def _worker_args(port: int, relay_only: bool = False) -> list[str]:
     # Reproducible: sessions batched together on a stage change each other's float
     # rounding, and a near-tie between two tokens then flips a greedy answer (the soak
     # saw 3 of 99 answers differ at one position with no fault at all). One decode per
     # session makes an answer depend on its tokens only, so a difference is a loss.
-    return ["--listen", f"127.0.0.1:{port}", "--reproducible"]
+    relay = ["--relay-only"] if relay_only else []
+    return ["--listen", f"127.0.0.1:{port}", "--reproducible", *relay]

@@ -170,7 +170,10 @@ async def _wait_for_assignment(
             if beat.standby is not None and beat.standby != ready and prepare is not None:
                 # A warm spare: the stage most at risk gets its pieces now, beside the
                 # heartbeats (a long download must not look like a dead node), so
-                # taking that stage over costs a load, not a download.
+                # taking that stage over costs a load, not a download. The last pre-load
+                # (another stage: the risk moved) is stopped or freed first: a spare the
+                # soak re-targeted eight times held every stage it had built (428 MB).
+                standby_stage.free(await standby_stage.take(fetching, False))
                 ready = beat.standby
                 fetching = asyncio.ensure_future(_standby(prepare, ready))
         except CoordinatorError as exc:

@@ -66,3 +66,48 @@ def test_a_pre_load_fits_the_same_stage_whatever_its_next_hop() -> None:
     assert loaded.fits(replace(loaded.config, next_hop=Hop("x", ("127.0.0.1", 2))))
     assert not loaded.fits(replace(loaded.config, layers=LayerRange(4, 8)))
     assert not loaded.fits(replace(loaded.config, max_sessions=loaded.config.max_sessions + 1))
+
+
+def test_a_spare_re_targeted_frees_the_stage_it_had_pre_loaded(monkeypatch: Any) -> None:
+    # The soak's finding: the coordinator moved a spare's standby stage eight times (the
+    # riskiest stage changes as workers restart) and the spare kept every stage it had
+    # built. Standby A, then B, then the assignment B: A is freed, B is served as built.
+    from types import SimpleNamespace
+
+    from app.node_status import NodeStatus
+    from app.serving import coordinated
+
+    a = SimpleNamespace(layers=(0, 4))
+    b = SimpleNamespace(layers=(4, 8))
+    beats = iter(
+        [
+            SimpleNamespace(assignment=None, standby=a),
+            SimpleNamespace(assignment=None, standby=b),
+            SimpleNamespace(assignment=b, standby=None),
+        ]
+    )
+    monkeypatch.setattr(coordinated, "_beat", lambda _c, _r: next(beats))
+    monkeypatch.setattr(coordinated, "HEARTBEAT_S", 0.01)
+    built: dict[tuple[int, int], _Stage] = {}
+
+    async def prepare(ready: Any) -> LoadedStage:
+        loaded, stage = _loaded(LayerRange(*ready.layers))
+        built[ready.layers] = stage
+        return loaded
+
+    async def run() -> tuple[Any, Any]:
+        return await coordinated._wait_for_assignment(
+            cast(Any, None),
+            cast(Any, None),
+            asyncio.Event(),
+            lambda _s: None,
+            cast(Any, NodeStatus),
+            prepare,
+        )
+
+    monkeypatch.setattr(coordinated, "replace", lambda base, **_kw: base)
+    assignment, loaded = asyncio.run(run())
+    assert assignment is b
+    assert built[(0, 4)].shutdowns == 1  # the first pre-load, freed when the target moved
+    assert built[(4, 8)].shutdowns == 0 and loaded is not None
+    assert loaded.spec.layers == LayerRange(4, 8)
