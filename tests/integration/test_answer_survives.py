@@ -1,14 +1,14 @@
 """An answer survives a stage dying: real coordinator and worker processes, a three-stage
-chain and a warm spare; the stage the spare stands by for (pre-loaded, not serving) is
-killed with SIGKILL after the 5th of 40 greedy tokens, and the client still receives all
-40, equal to the whole model's; the spare serves the stage it had loaded, loading nothing
-again."""
+chain and a warm spare. The middle worker declares the earliest end of availability
+(`--available-until`), so the coordinator's spare policy has the spare pre-load the
+middle stage; that worker is killed with SIGKILL after the 5th of 40 greedy tokens, and
+the client still receives all 40, equal to the whole model's; the spare serves the stage
+it had loaded, loading nothing again. ~40 s each."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -20,9 +20,9 @@ from app.client.route import fetch_route, route_avoiding
 from app.config import Route
 from app.identity import join_swarm
 from app.lab.local_run import build_pipeline
-from app.lab.processes import Child, spawn_sangama
 from core.types import LayerRange
 from tests.support.coordinator_proc import CoordinatorProcess
+from tests.support.spare_swarm import SpareSwarm, generate_killing, node_id, spawn_worker
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -32,28 +32,17 @@ N_TOKENS = 40
 KILL_AFTER = 5
 
 
-async def _lines(child: Child, into: list[str]) -> None:
-    """A worker's stdout lines (READY, STANDBY, PRELOADED, LOADING), as they come."""
-    assert child.process.stdout is not None
-    while line := await child.process.stdout.readline():
-        into.append(line.decode().strip())
-
-
-async def _until(lines: list[str], prefix: str, timeout: float = 180.0) -> str:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        found = next((x for x in lines if x.startswith(prefix)), None)
-        if found is not None:
-            return found
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no {prefix} line within {timeout} s: {lines}")
-
-
-async def _worker(coord: CoordinatorProcess, wd: Path, name: str, wait: bool) -> Child:
-    code = coord.admin.create_invite("worker")["code"]
-    args = ["worker", "--join", code, "--identity-dir", str(wd / name)]
-    return await spawn_sangama(name, args, wd / f"{name}.log", 180, wait_ready=wait)
+def middle_leaves_first(minutes: int = 20) -> list[list[str]]:
+    """Worker arguments for a chain of three whose middle stage is the one most at risk.
+    The caps order the chain (the planner puts the biggest node last and the next
+    biggest first when nothing is measured yet: 2G, 1G, 3G); the middle worker's
+    volunteer leaves in `minutes`, within the spare policy's horizon."""
+    until = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=minutes)).isoformat("T", "seconds")
+    return [
+        ["--vram-cap", "3G"],
+        ["--vram-cap", "1G", "--available-until", until],
+        ["--vram-cap", "2G"],
+    ]
 
 
 def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> None:
@@ -61,37 +50,19 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
     whole = build_pipeline([model], [LayerRange(0, 8)], 8, 512, 64, 1, True)
     expected = list(whole.generate(PROMPT, N_TOKENS).tokens)
     whole.shutdown()
-    coord = CoordinatorProcess.start(
-        tmp_path / "coordinator",
-        model,
-        min_stages=3,
-        extra_args=["--spares", "1", "--stale-after", "2", "--dead-after", "4"],
-    )
+    spare_said: list[str] = []
 
-    spare_lines: list[str] = []
-
-    async def scenario() -> tuple[list[int], RecoveringClient, float, str]:
-        chain_workers = list(
-            await asyncio.gather(*(_worker(coord, tmp_path, f"w{i}", True) for i in range(3)))
-        )
-        spare = await _worker(coord, tmp_path, "spare", False)
-        workers = [*chain_workers, spare]
-        reading = asyncio.ensure_future(_lines(spare, spare_lines))
+    async def scenario() -> tuple[list[int], RecoveringClient, float, str, list[str], str]:
+        swarm = await SpareSwarm.start(tmp_path, model, chain_args=middle_leaves_first())
         try:
-            preloaded = await _until(spare_lines, "PRELOADED")
-            loop = asyncio.get_running_loop()
-            me = await loop.run_in_executor(
-                None, join_swarm, coord.admin.create_invite("client")["code"], tmp_path / "me"
-            )
-            route, _ = await loop.run_in_executor(None, fetch_route, me)
+            preloaded = await swarm.until_spare_says("PRELOADED")
+            me = await swarm.join_client()
+            route = await swarm.route(me)
             chain = [s.node_id for s in route.stages]
             assert len(chain) == 3
-            # The stage the spare pre-loaded (the one most at risk) dies.
-            warm = preloaded.split()[-1]
-            doomed = next(
-                s.node_id for s in route.stages if f"{s.layers.start}-{s.layers.stop}" == warm
-            )
-            victim = next(w for w in chain_workers if w.ready_line.split()[1] == doomed)
+            leaving = node_id(swarm.chain[1])  # the worker that declared its departure
+            middle = route.stages[1]
+            loop = asyncio.get_running_loop()
 
             async def avoiding(avoid: tuple[str, ...]) -> Route:
                 return await loop.run_in_executor(None, route_avoiding, me, avoid)
@@ -99,25 +70,22 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
             client = RecoveringClient(
                 me.credentials(), route, avoiding, RecoveryPolicy(step_timeout_s=10.0)
             )
-            out: list[int] = []
-            killed_at, gap = 0.0, 0.0
+            victim = swarm.worker(middle.node_id)
             async with client:
-                async for event in client.generate(PROMPT, N_TOKENS):
-                    out.extend(event.tokens)
-                    if len(out) == KILL_AFTER:
-                        os.kill(victim.process.pid, signal.SIGKILL)
-                        killed_at = loop.time()
-                    elif len(out) == KILL_AFTER + 1:
-                        gap = loop.time() - killed_at
-            return out, client, gap, victim.ready_line.split()[1]
+                out, _, gap = await generate_killing(
+                    client, PROMPT, N_TOKENS, KILL_AFTER, lambda: swarm.kill(victim)
+                )
+            warm = f"{middle.layers.start}-{middle.layers.stop}"
+            return out, client, gap, middle.node_id, [leaving, warm, preloaded], chain[1]
         finally:
-            await asyncio.gather(*(w.stop() for w in workers))
-            reading.cancel()
+            await swarm.stop()
+            spare_said.extend(swarm.spare_lines())
 
-    try:
-        out, client, gap, victim = asyncio.run(scenario())
-    finally:
-        coord.stop()
+    out, client, gap, victim, (leaving, warm, preloaded), middle = asyncio.run(scenario())
+    # The victim is the middle stage (index 1 of 3), and the spare policy chose it: the
+    # spare pre-loaded exactly its layers because its volunteer leaves first.
+    assert victim == middle == leaving
+    assert preloaded == f"PRELOADED layers {warm}"
     assert out == expected  # every token, equal to the uninterrupted whole model
     assert len(client.recoveries) >= 1
     first = client.recoveries[0]
@@ -125,12 +93,12 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
     assert victim in first.dead  # the probe found the killed stage
     assert victim not in {s.node_id for s in client.route.stages}
     # The spare took over the stage it had pre-loaded: one load in all, none at promotion.
-    spare_id = next(x.split()[1] for x in spare_lines if x.startswith("READY"))
-    assert spare_id in {s.node_id for s in client.route.stages}
-    assert sum(x.startswith("PRELOADED") for x in spare_lines) == 1
-    assert sum(x.startswith("LOADING") for x in spare_lines) == 0, spare_lines
+    spare_id = next(x.split()[1] for x in spare_said if x.startswith("READY"))
+    assert client.route.stages[1].node_id == spare_id
+    assert sum(x.startswith("PRELOADED") for x in spare_said) == 1
+    assert sum(x.startswith("LOADING") for x in spare_said) == 0, spare_said
     print(
-        f"\nkill -9 of the warm stage ({victim}): "
+        f"\nkill -9 of the middle stage ({victim}, warm spare): "
         f"token {KILL_AFTER} -> {KILL_AFTER + 1} took {gap:.2f} s"
     )
     for r in client.recoveries:
@@ -170,7 +138,7 @@ def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
         list[int], list[int], list[str], list[str], float, float, list[str], tuple[int, int]
     ]:
         workers = list(
-            await asyncio.gather(*(_worker(coords[0], tmp_path, f"w{i}", True) for i in range(3)))
+            await asyncio.gather(*(spawn_worker(coords[0], tmp_path, f"w{i}") for i in range(3)))
         )
         try:
             loop = asyncio.get_running_loop()
