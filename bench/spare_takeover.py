@@ -18,26 +18,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
-import os
-import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from app.client.connect import avoiding_source
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
-from app.client.route import fetch_route
-from app.identity import join_swarm
-from app.lab.processes import Child, spawn_sangama
-from tests.support.coordinator_proc import CoordinatorProcess, wait_settled
+from app.config import Route
+from tests.support.spare_swarm import TAKEOVER_ARGS, SpareSwarm, generate_killing
 
 PROMPT = [1, 5, 17, 42, 99, 7]
 N_TOKENS = 40
 KILL_AFTER = 5
+
+PHASE_LINES = {
+    "spare_assigned_s": ("spare", "assigned layers"),
+    "spare_serving_s": ("spare", "serving layers"),
+    "upstream_retargeted_s": ("w", "next stage is now"),
+}
+"""Phase -> (whose log, the line's text); `sangama -v` timestamps each line."""
 
 
 @dataclass(frozen=True)
@@ -53,98 +57,112 @@ class Run:
     recoveries: int
     tokens: int
     load_avg: str
+    phases: dict[str, float] = field(default_factory=dict)
+    """Kill -> each step of the takeover (seconds; absent: not seen)."""
 
 
-async def _read(spare: Child, lines: list[tuple[float, str]]) -> None:
-    """The spare's stdout lines with the time each came (READY, STANDBY, LOADING)."""
-    assert spare.process.stdout is not None
-    while line := await spare.process.stdout.readline():
-        lines.append((time.monotonic(), line.decode().strip()))
+def _log_times(path: Path, text: str) -> list[float]:
+    """Wall-clock times of the log lines containing `text` (logging's asctime, local)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if text in line and line[:4].isdigit():
+            with_ms = line[:23].replace(",", ".")
+            out.append(dt.datetime.strptime(with_ms, "%Y-%m-%d %H:%M:%S.%f").timestamp())
+    return out
 
 
-async def _until_standby(lines: list[tuple[float, str]], timeout: float = 300.0) -> None:
-    end = time.monotonic() + timeout
-    while not any(x.startswith("STANDBY") for _, x in lines):
-        if time.monotonic() > end:
-            raise RuntimeError("the spare never stood by")
-        await asyncio.sleep(0.2)
+def phases(root: Path, killed_wall: float, routes: list[tuple[float, bool]]) -> dict[str, float]:
+    """Kill -> each step: the client's first route request after the kill, the first one
+    the coordinator answered with a route (a re-plan without the dead stage), the spare
+    assigned (its heartbeat), the spare serving, the upstream stage forwarding to it."""
+    after = [(t - killed_wall, ok) for t, ok in routes if t >= killed_wall]
+    out: dict[str, float] = {}
+    if after:
+        out["client_asked_route_s"] = after[0][0]
+        got = [t for t, ok in after if ok]
+        if got:
+            out["coordinator_rerouted_s"] = got[0]
+        out["route_requests"] = float(len(after))
+    for name, (who, text) in PHASE_LINES.items():
+        logs = [root / "spare.log"] if who == "spare" else sorted(root.glob("w*.log"))
+        times = [t - killed_wall for p in logs for t in _log_times(p, text) if t >= killed_wall]
+        if times:
+            out[name] = min(times)
+    return {k: round(v, 2) for k, v in out.items()}
 
 
 async def one_run(model: Path, root: Path, warm: bool, max_download: str) -> tuple[Run, list[int]]:
-    args = ["--spares", "1", "--stale-after", "2", "--dead-after", "4"]
-    coord = CoordinatorProcess.start(
-        root / "coordinator",
+    swarm = await SpareSwarm.start(
+        root,
         model,
-        min_stages=3,
-        extra_args=[*args, *([] if warm else ["--cold-spares"])],
+        spare_args=["--max-download", max_download],
+        coordinator_args=[*TAKEOVER_ARGS, *([] if warm else ["--cold-spares"])],
+        verbose=True,
     )
-    children: list[Child] = []
-
-    async def worker(name: str, wait: bool, extra: list[str]) -> Child:
-        code = coord.admin.create_invite("worker")["code"]
-        cmd = ["worker", "--join", code, "--identity-dir", str(root / name), *extra]
-        child = await spawn_sangama(name, cmd, root / f"{name}.log", 300, wait_ready=wait)
-        children.append(child)
-        return child
-
     try:
-        chain = list(await asyncio.gather(*(worker(f"w{i}", True, []) for i in range(3))))
-        spare = await worker("spare", False, ["--max-download", max_download])
-        loop = asyncio.get_running_loop()
-        said: list[tuple[float, str]] = []
-        reading = asyncio.ensure_future(_read(spare, said))
         if warm:
-            await _until_standby(said)
-        await loop.run_in_executor(None, wait_settled, coord, 3, 1, 300.0)
-        me = await loop.run_in_executor(
-            None, join_swarm, coord.admin.create_invite("client")["code"], root / "me"
-        )
-        route, _ = await loop.run_in_executor(None, fetch_route, me)
+            await swarm.until_spare_says("STANDBY")
+        await swarm.settled()
+        me = await swarm.join_client()
+        route = await swarm.route(me)
         # The stage the spare stands by for (the one most at risk) dies; a cold run
         # kills the same position of the chain, the middle one.
-        standby = coord.admin.swarm().get("standby", {})
-        ready = next(iter(standby.values()), None)
+        ready = swarm.standby_layers()
         doomed = next(
-            (
-                s.node_id
-                for s in route.stages
-                if [s.layers.start, s.layers.stop] == list(ready or ())
-            ),
+            (s.node_id for s in route.stages if (s.layers.start, s.layers.stop) == ready),
             route.stages[1].node_id,
         )
-        victim = next(w for w in chain if w.ready_line.split()[1] == doomed)
+        victim = swarm.worker(doomed)
+        source = avoiding_source(me)
+        routes: list[tuple[float, bool]] = []
+
+        async def timed_source(avoid: tuple[str, ...]) -> Route:
+            try:
+                got = await source(avoid)
+            except Exception:
+                routes.append((time.time(), False))
+                raise
+            routes.append((time.time(), True))
+            return got
+
         client = RecoveringClient(
-            me.credentials(), route, avoiding_source(me), RecoveryPolicy(route_wait_s=300)
+            me.credentials(), route, timed_source, RecoveryPolicy(route_wait_s=300)
         )
-        out: list[int] = []
-        killed_at = gap = 0.0
+        walls: list[float] = []
+
+        def kill() -> None:
+            swarm.kill(victim)
+            walls.append(time.time())
+
         async with client:
-            async for event in client.generate(PROMPT, N_TOKENS):
-                out.extend(event.tokens)
-                if len(out) == KILL_AFTER:
-                    os.kill(victim.process.pid, signal.SIGKILL)
-                    killed_at = time.monotonic()
-                elif len(out) == KILL_AFTER + 1:
-                    gap = time.monotonic() - killed_at
+            out, killed_at, gap = await generate_killing(
+                client,
+                PROMPT,
+                N_TOKENS,
+                KILL_AFTER,
+                kill,
+            )
         load = Path("/proc/loadavg").read_text().split()[0] if sys.platform == "linux" else "?"
-        reading.cancel()
         stall = client.recoveries[0].stall_s if client.recoveries else 0.0
-        ready = next((t for t, x in said if x.startswith("READY")), killed_at)
+        said = swarm.said
+        up = next((t for t, x in said if x.startswith("READY")), killed_at)
         loads = sum(1 for t, x in said if x.startswith("LOADING") and t >= killed_at)
+        steps = phases(root, walls[0], routes) if walls else {}
+        steps["kill_to_next_token_s"] = round(gap, 2)
         run = Run(
             "warm" if warm else "cold",
             gap,
             gap - stall,
-            ready - killed_at,
+            up - killed_at,
             loads,
             len(client.recoveries),
             len(out),
             load,
+            steps,
         )
         return run, out
     finally:
-        await asyncio.gather(*(c.stop() for c in children))
-        coord.stop()
+        await swarm.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,18 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2 135M)")
     ap.add_argument("--max-download", default="4M", help="the spare's download cap per second")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--warm-only", action="store_true", help="skip the cold run")
     a = ap.parse_args(argv)
     model = a.model or default_model_path()
     runs: list[Run] = []
     answers: list[list[int]] = []
     with TemporaryDirectory(prefix="sangama-spares-") as tmp:
-        for warm in (False, True):
+        for warm in (True,) if a.warm_only else (False, True):
             run, out = asyncio.run(
                 one_run(model, Path(tmp) / ("warm" if warm else "cold"), warm, a.max_download)
             )
             runs.append(run)
             answers.append(out)
-    same = answers[0] == answers[1] and len(answers[0]) == N_TOKENS
+    same = all(x == answers[0] for x in answers) and len(answers[0]) == N_TOKENS
     if a.json:
         print(json.dumps({"runs": [asdict(r) for r in runs], "answers_equal": same}))
     else:
@@ -180,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r.recoveries:10} {r.tokens:6} {r.load_avg:>5}"
             )
         print(f"spare download cap {a.max_download}/s; answers equal: {same}")
+        print("kill -> each step of the takeover (s):")
+        names = sorted(
+            {k for r in runs for k in r.phases}, key=lambda k: runs[-1].phases.get(k, 1e9)
+        )
+        print(f"  {'step':<26}" + "".join(f"{r.spare:>8}" for r in runs))
+        for k in names:
+            print(f"  {k:<26}" + "".join(f"{r.phases.get(k, float('nan')):8.2f}" for r in runs))
     return 0 if same else 1
 
 

@@ -275,6 +275,8 @@ async def serve_coordinated(
         if assignment is None:
             return
         layers = LayerRange(*assignment.layers)
+        # Timestamped with -v: bench/spare_takeover.py splits a takeover at these lines.
+        log.info("assigned layers %s (%s)", layers, "pre-loaded" if loaded else "to load")
         status = replace(
             base,
             state=ServeState.DOWNLOADING,

@@ -40,11 +40,14 @@ async def spawn_worker(
     wait: bool = True,
     extra: Sequence[str] = (),
     timeout: float = 300.0,
+    verbose: bool = False,
 ) -> Child:
     """`sangama worker --join` with a fresh invite, its identity in root/name and its
-    output in root/name.log; `wait`: until it prints READY (serves a stage)."""
+    output in root/name.log; `wait`: until it prints READY (serves a stage); `verbose`:
+    `sangama -v` (debug lines, each timestamped, in its log)."""
     code = coord.admin.create_invite("worker")["code"]
-    args = ["worker", "--join", code, "--identity-dir", str(root / name), *extra]
+    args = [*(["-v"] if verbose else []), "worker", "--join", code]
+    args += ["--identity-dir", str(root / name), *extra]
     return await spawn_sangama(name, args, root / f"{name}.log", timeout, wait_ready=wait)
 
 
@@ -73,6 +76,7 @@ class SpareSwarm:
         spare_args: Sequence[str] = (),
         coordinator_args: Sequence[str] = TAKEOVER_ARGS,
         timeout: float = 300.0,
+        verbose: bool = False,
     ) -> SpareSwarm:
         """The coordinator, then the chain (one worker per `chain_args` entry, together,
         each serving), then the spare (joined after the chain: the plan is formed)."""
@@ -92,12 +96,12 @@ class SpareSwarm:
             chain = list(
                 await asyncio.gather(
                     *(
-                        spawn_worker(coord, root, f"w{i}", True, extra, timeout)
+                        spawn_worker(coord, root, f"w{i}", True, extra, timeout, verbose)
                         for i, extra in enumerate(chain_args)
                     )
                 )
             )
-            spare = await spawn_worker(coord, root, "spare", False, spare_args, timeout)
+            spare = await spawn_worker(coord, root, "spare", False, spare_args, timeout, verbose)
         except BaseException:
             await asyncio.gather(*(c.stop() for c in chain))
             coord.stop()
