@@ -38,6 +38,7 @@ from coordinator.server.invite_book import (
     list_invites,
     revoke_invite,
 )
+from coordinator.server.liveness import confirmed_gone, nothing_listens
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
 from coordinator.server.routes import StageLoad, pick_chain, plan_chains
@@ -160,6 +161,8 @@ class Coordinator:
         in every heartbeat, so a restarted coordinator learns it again within seconds."""
         self.started_at = utcnow()
         self._suspects: set[str] = set()
+        self._gone: set[str] = set()
+        """Reported, and their port refused our probe (liveness.py): out until they beat."""
         self._up_since: dict[str, float] = {}
         """Node id -> when its current run of heartbeats began (time.time())."""
         self._last_beat: dict[str, float] = {}
@@ -289,6 +292,7 @@ class Coordinator:
         now = utcnow()
         with self._lock:
             self._suspects.discard(node_id)  # it speaks: whoever could not reach it, it lives
+            self._gone.discard(node_id)
             self._note_uptime(node_id, beat.available_until)
         if beat.paused:
             self._paused_beat(node_id, beat, now)
@@ -401,12 +405,14 @@ class Coordinator:
         with self._lock:
             paused = set(self._paused)
             suspects = set(self._suspects)
+            gone = set(self._gone)
         workers = [
             n
             for n in self.nodes()
             if n.role == "worker"
             and n.address
             and n.node_id not in paused
+            and n.node_id not in gone
             and (
                 self.health(n, now) == "healthy"
                 or (self.health(n, now) == "stale" and n.node_id not in suspects)
@@ -503,8 +509,14 @@ class Coordinator:
         if model not in (self.model.name, "default"):
             raise NotFound(f"this swarm serves {self.model.name!r}, not {model!r}")
         if avoid:
+            # Outside the lock: a refusal at the node's own address drops it now, not
+            # once silent past stale_after_s (the spare then waits for nothing more).
+            staged = {st.node_id for c in self._chains for st in c.stages} - self._gone
+            addresses = {n.node_id: n.address for n in self.nodes() if n.node_id in staged}
+            gone = confirmed_gone(avoid, addresses.get, nothing_listens)
             with self._lock:
                 self._suspects.update(avoid)
+                self._gone.update(gone)
         current = self.replan()
         if current is None:
             raise NotFound(f"no route yet: {self._plan_error or 'no plan'}")

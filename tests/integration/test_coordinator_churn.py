@@ -1,11 +1,14 @@
 """The coordinator under churn, over its real HTTP API and SQLite: a client's report of a
-dead stage gets a route around it as soon as that stage is silent past stale_after_s (a
-stage that still heartbeats cannot be pushed out), and a restarted coordinator keeps
-every assignment where it was (no re-plan storm)."""
+dead stage gets a route around it as soon as that stage is silent past stale_after_s, or
+at once when its address refuses the coordinator's own probe (nothing listens: the
+process is gone); a stage that still listens and heartbeats cannot be pushed out, and a
+restarted coordinator keeps every assignment where it was (no re-plan storm). The
+workers' addresses are real bound UDP sockets on loopback."""
 
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,24 @@ def db(tmp_path: Path) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     migrate(url)
     yield url
+
+
+@pytest.fixture
+def ports() -> Iterator[list[socket.socket]]:
+    """Four UDP sockets bound on loopback: where the workers 'listen' (a bound socket
+    sends no ICMP refusal, as a live QUIC server does not)."""
+    socks = []
+    for _ in range(4):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    yield socks
+    for s in socks:
+        s.close()
+
+
+def _port(s: socket.socket) -> int:
+    return int(s.getsockname()[1])
 
 
 def _join(http: TestClient, role: str) -> dict[str, str]:
@@ -100,16 +121,16 @@ def _silence(url: str, node_id: str, seconds: float) -> None:
 
 
 def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
-    db: str, pieces: tuple[Path, object]
+    db: str, pieces: tuple[Path, object], ports: list[socket.socket]
 ) -> None:
     ca = auth.create_ca("churn-swarm")
     coord = _coordinator(db, ca, pieces)
     http = TestClient(create_app(coord), base_url="https://testserver")
     workers = [_join(http, "worker") for _ in range(3)]
     for i, w in enumerate(workers):
-        _beat(http, w, 7100 + i)
+        _beat(http, w, _port(ports[i]))
     spare = _join(http, "worker")
-    assert _beat(http, spare, 7199) is None  # the chain exists: the newcomer is the spare
+    assert _beat(http, spare, _port(ports[3])) is None  # the chain exists: the spare
     client = _join(http, "client")
     status, chain = _chain(http, client)
     assert status == 200 and isinstance(chain, list) and len(chain) == 3
@@ -128,7 +149,7 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
     assert status == 200 and isinstance(rerouted, list)
     assert rerouted == [chain[0], spare["node_id"], chain[2]]
     before = {
-        w["node_id"]: _beat(http, w, 7100 + i)
+        w["node_id"]: _beat(http, w, _port(ports[i]))
         for i, w in enumerate(workers)
         if w["node_id"] != middle
     }
@@ -138,13 +159,48 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
     again = _coordinator(db, ca, pieces)
     http2 = TestClient(create_app(again), base_url="https://testserver")
     after = {
-        w["node_id"]: _beat(http2, w, 7100 + i)
+        w["node_id"]: _beat(http2, w, _port(ports[i]))
         for i, w in enumerate(workers)
         if w["node_id"] != middle
     }
     assert after == before
     assert _chain(http2, client)[1] == rerouted
     again.store.close()
+
+
+def test_a_reported_stage_whose_port_refuses_leaves_at_once(
+    db: str, pieces: tuple[Path, object], ports: list[socket.socket]
+) -> None:
+    coord = _coordinator(db, auth.create_ca("gone-swarm"), pieces)
+    coord.started_at -= dt.timedelta(minutes=5)
+    http = TestClient(create_app(coord), base_url="https://testserver")
+    workers = [_join(http, "worker") for _ in range(3)]
+    for i, w in enumerate(workers):
+        _beat(http, w, _port(ports[i]))
+    spare = _join(http, "worker")
+    _beat(http, spare, _port(ports[3]))
+    client = _join(http, "client")
+    chain = _chain(http, client)[1]
+    assert isinstance(chain, list) and len(chain) == 3
+    at = {w["node_id"]: i for i, w in enumerate(workers)}
+    # A healthy stage reported dead: it still listens and heartbeats, so it stays.
+    first = chain[0]
+    status, answer = _chain(http, client, [first])
+    assert status == 404 and "avoiding" in str(answer)
+    # The middle one's process is gone (its port closed) a moment after its last
+    # heartbeat: far from stale, yet the coordinator's probe is refused and the spare
+    # takes exactly its place at once.
+    middle = chain[1]
+    ports[at[middle]].close()
+    status, rerouted = _chain(http, client, [middle])
+    assert status == 200 and rerouted == [chain[0], spare["node_id"], chain[2]]
+    # Back (a reboot: it heartbeats again), it is no longer held out.
+    again = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ports[at[middle]] = again
+    again.bind(("127.0.0.1", 0))
+    _beat(http, next(w for w in workers if w["node_id"] == middle), _port(again))
+    assert middle not in coord._gone
+    coord.store.close()
 
 
 def test_hostile_callers_are_limited_and_metrics_are_private(

@@ -28,6 +28,8 @@ from typing import Any
 
 import requests
 
+from app.parent_watch import PARENT_WATCH_ENV
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_PREFIX = "READY "
 
@@ -144,12 +146,16 @@ class CoordinatorProcess:
             str(min_stages),
             *extra_args,
         ]
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # Its stdin is a pipe nobody writes to: when this process ends, however it ends
+        # (a bench stopped with SIGTERM runs no finally), the coordinator reads EOF and
+        # stops itself (app/parent_watch.py) instead of running on, orphaned.
+        watch = {PARENT_WATCH_ENV: "1"}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **watch, **(env or {})}
         proc = subprocess.Popen(
             cmd,
             cwd=REPO_ROOT,
             env=full_env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
