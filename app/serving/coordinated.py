@@ -55,6 +55,9 @@ from net.rate import Throttle, upload_throttle
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
+STANDBY_BEAT_S = 0.5
+"""A spare standing by asks this often: its promotion reaches it on its next heartbeat,
+and a takeover should not wait most of a heartbeat period for it (spares are few)."""
 MEMORY_EVERY_S = 30.0
 """How often a serving stage re-reads its memory for the heartbeat and the status window:
 each read opens and closes NVML, which costs far more than the heartbeat itself on a PC
@@ -180,7 +183,7 @@ async def _wait_for_assignment(
             log.warning("coordinator: %s", exc)
             report(replace(base, state=ServeState.WAITING, error=plain_reason(exc)))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
+            await asyncio.wait_for(stop.wait(), HEARTBEAT_S if ready is None else STANDBY_BEAT_S)
     standby_stage.free(await standby_stage.take(fetching, False))
     return None, None
 
