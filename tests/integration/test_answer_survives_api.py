@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -19,10 +17,10 @@ import pytest
 import requests
 from keyring.backends import fail
 
-from app.client.route import fetch_route
 from app.identity import join_swarm
 from app.lab.processes import Child, spawn_sangama
-from tests.support.coordinator_proc import CoordinatorProcess, free_port, wait_settled
+from tests.support.coordinator_proc import free_port
+from tests.support.spare_swarm import SpareSwarm
 
 pytestmark = pytest.mark.e2e  # heavy: SmolLM2 on four workers and the API, ~4-5 min here
 
@@ -35,12 +33,6 @@ BODY = {
     "temperature": 0,
     "stream": True,
 }
-
-
-async def _worker(coord: CoordinatorProcess, wd: Path, name: str, wait: bool) -> Child:
-    code = coord.admin.create_invite("worker")["code"]
-    args = ["worker", "--join", code, "--identity-dir", str(wd / name)]
-    return await spawn_sangama(name, args, wd / f"{name}.log", 300, wait_ready=wait)
 
 
 def _stream(url: str, on_piece: object = None) -> list[str]:
@@ -86,28 +78,18 @@ def _wait_for_api(url: str, api: Child, timeout: float = 120.0) -> None:
 def test_middle_stage_killed_mid_answer_the_api_answer_completes_unchanged(
     tmp_path: Path, smollm2_path: Path
 ) -> None:
-    coord = CoordinatorProcess.start(
-        tmp_path / "coordinator",
-        smollm2_path,
-        min_stages=3,
-        extra_args=["--spares", "1", "--stale-after", "2", "--dead-after", "4"],
-    )
-
     async def scenario() -> tuple[list[str], list[str], float, str]:
-        chain_workers = list(
-            await asyncio.gather(*(_worker(coord, tmp_path, f"w{i}", True) for i in range(3)))
-        )
-        spare = await _worker(coord, tmp_path, "spare", False)
-        children = [*chain_workers, spare]
+        swarm = await SpareSwarm.start(tmp_path, smollm2_path)
+        children: list[Child] = []
         try:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, wait_settled, coord, 3, 1)
-            code = coord.admin.create_invite("client", uses=2)["code"]
+            await swarm.settled()
+            code = swarm.coord.admin.create_invite("client", uses=2)["code"]
             me = await loop.run_in_executor(None, join_swarm, code, tmp_path / "me")
-            route, _ = await loop.run_in_executor(None, fetch_route, me)
+            route = await swarm.route(me)
             chain = [s.node_id for s in route.stages]
             assert len(chain) == 3
-            victim = next(w for w in chain_workers if w.ready_line.split()[1] == chain[1])
+            victim = swarm.worker(chain[1])
             # The API process must find the identity's secrets: in 0600 files, whatever
             # keyring backend this test process happens to have (CI found it missing).
             await loop.run_in_executor(None, _join_with_files, code, tmp_path / "api")
@@ -123,7 +105,7 @@ def test_middle_stage_killed_mid_answer_the_api_answer_completes_unchanged(
 
             def on_piece(n: int) -> None:
                 if n == KILL_AFTER:
-                    os.kill(victim.process.pid, signal.SIGKILL)
+                    swarm.kill(victim)
                     killed_at.append(time.monotonic())
                 elif n == KILL_AFTER + 1:
                     resumed_at.append(time.monotonic())
@@ -133,11 +115,9 @@ def test_middle_stage_killed_mid_answer_the_api_answer_completes_unchanged(
             return expected, got, gap, victim.ready_line.split()[1]
         finally:
             await asyncio.gather(*(c.stop() for c in children))
+            await swarm.stop()
 
-    try:
-        expected, got, gap, victim = asyncio.run(scenario())
-    finally:
-        coord.stop()
+    expected, got, gap, victim = asyncio.run(scenario())
     api_log = (tmp_path / "api.log").read_text()
     assert len(expected) >= KILL_AFTER + 10  # the answer is long enough to kill mid-way
     assert "".join(got) == "".join(expected)  # every piece, no error, unchanged

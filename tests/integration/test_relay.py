@@ -39,6 +39,7 @@ from app.cli.relay import (
     start_relay,
 )
 from net.turn import RelayConfig, make_credentials
+from tests.support.relay_proc import free_udp_tcp_port, loopback_config, relay_port_range
 
 pytestmark = pytest.mark.integration
 
@@ -63,26 +64,6 @@ def _coturn() -> Path:
         pytest.skip(f"coturn cannot be used here: {exc}")
 
 
-def _free_port() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1 (coturn listens on both)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
-            port = int(u.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                try:
-                    t.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port")
-
-
-def _relay_range(port: int) -> tuple[int, int]:
-    low = 42000 if not 42000 <= port <= 42999 else 43000
-    return low, low + 999
-
-
 def _fake_turnserver(tmp_path: Path, body: str) -> Path:
     exe = tmp_path / "fake-turnserver"
     exe.write_text(f"#!/bin/sh\n{body}\n")
@@ -91,26 +72,15 @@ def _fake_turnserver(tmp_path: Path, body: str) -> Path:
 
 
 def _loopback_config(run_dir: Path) -> RelayConfig:
-    port = _free_port()
-    low, high = _relay_range(port)
-    return relay_config(
-        run_dir,
-        listening_ip="127.0.0.1",
-        relay_ip="127.0.0.1",
-        port=port,
-        min_port=low,
-        max_port=high,
-        shared_secret=SECRET,
-        allow_loopback_peers=True,
-    )
+    return loopback_config(run_dir, SECRET)
 
 
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     binary = _coturn()
     run_dir = tmp_path_factory.mktemp("relay")
-    port = _free_port()
-    low, high = _relay_range(port)
+    port = free_udp_tcp_port()
+    low, high = relay_port_range(port)
     cfg = relay_config(
         run_dir,
         listening_ip="127.0.0.1",
@@ -398,8 +368,8 @@ def test_cli_prints_ready_and_stops_on_sigterm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _coturn()
-    port = _free_port()
-    low, high = _relay_range(port)
+    port = free_udp_tcp_port()
+    low, high = relay_port_range(port)
     parser = argparse.ArgumentParser()
     add_relay_arguments(parser)
     args = parser.parse_args(

@@ -8,23 +8,22 @@ whole model's. The stall is printed. ~40 s (tiny model, two stages)."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from app.cli.relay import RelayError, find_turnserver, relay_config, start_relay
+from app.cli.relay import RelayError
 from app.client.connect import avoiding_source
 from app.client.recovering import RecoveringClient
 from app.client.route import fetch_route
 from app.identity import join_swarm
 from app.lab.local_run import build_pipeline
-from app.lab.processes import Child, spawn_sangama
 from coordinator.server.store import Node, Store
 from core.types import LayerRange
-from tests.integration.test_relay import _free_port, _relay_range
 from tests.support.coordinator_proc import CoordinatorProcess
+from tests.support.relay_proc import LoopbackRelay
+from tests.support.spare_swarm import generate_killing, spawn_worker
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -37,58 +36,23 @@ SECRET = "relay-restart-secret"
 
 def test_coturn_killed_and_restarted_mid_answer_the_answer_completes(tmp_path: Path) -> None:
     try:
-        binary = find_turnserver()
+        relay = LoopbackRelay.start(tmp_path / "relay", SECRET)
     except RelayError as exc:
         pytest.skip(f"coturn cannot be used here: {exc}")
     model = write_tiny_model(tmp_path / "tiny8.gguf", n_layer=8)
     whole = build_pipeline([model], [LayerRange(0, 8)], 8, 512, 64, 1, True)
     expected = list(whole.generate(PROMPT, N_TOKENS).tokens)
     whole.shutdown()
-
-    port = _free_port()
-    low, high = _relay_range(port)
-    run_dir = tmp_path / "relay"
-    run_dir.mkdir()
-    cfg = relay_config(
-        run_dir,
-        listening_ip="127.0.0.1",
-        relay_ip="127.0.0.1",
-        port=port,
-        min_port=low,
-        max_port=high,
-        shared_secret=SECRET,
-        allow_loopback_peers=True,  # the nodes are on loopback
-    )
-    relays = [start_relay(cfg, run_dir, binary=binary)]
-    secret_file = tmp_path / "turn-secret"
-    secret_file.write_text(SECRET + "\n")
     coord = CoordinatorProcess.start(
-        tmp_path / "coordinator",
-        model,
-        min_stages=2,
-        extra_args=["--turn", f"127.0.0.1:{port}", "--turn-secret-file", str(secret_file)],
+        tmp_path / "coordinator", model, min_stages=2, extra_args=relay.coordinator_args(tmp_path)
     )
-
-    async def worker(name: str) -> Child:
-        code = coord.admin.create_invite("worker")["code"]
-        args = ["worker", "--join", code, "--identity-dir", str(tmp_path / name), "--relay-only"]
-        return await spawn_sangama(name, args, tmp_path / f"{name}.log", 180)
-
-    restart_errors: list[str] = []
-
-    def start_again() -> None:
-        # On this (the main) thread: coturn's parent-death signal (app/parent_watch.py)
-        # follows the thread that started it, so a helper thread's exit would end it.
-        for _ in range(40):  # its TCP listening port may linger a moment after the kill
-            try:
-                relays.append(start_relay(cfg, run_dir, binary=binary))
-                return
-            except RelayError as exc:
-                restart_errors.append(str(exc))
-                time.sleep(0.25)
 
     async def scenario() -> tuple[list[int], float, RecoveringClient, str]:
-        workers = list(await asyncio.gather(worker("w0"), worker("w1")))
+        workers = list(
+            await asyncio.gather(
+                *(spawn_worker(coord, tmp_path, n, extra=["--relay-only"]) for n in ("w0", "w1"))
+            )
+        )
         try:
             loop = asyncio.get_running_loop()
             code = coord.admin.create_invite("client")["code"]
@@ -107,20 +71,17 @@ def test_coturn_killed_and_restarted_mid_answer_the_answer_completes(tmp_path: P
                     node = s.get(Node, route.stages[0].node_id)
                     path = "" if node is None else node.path
             store.close()
+
+            def kill() -> None:
+                relay.kill()
+                # Down for a second, as a crashed relay under a supervisor is. On this
+                # (the main) thread: see tests/support/relay_proc on coturn's parent-death
+                # signal.
+                loop.call_later(1.0, relay.restart)
+
             client = RecoveringClient(me.credentials(), route, avoiding_source(me))
-            out: list[int] = []
-            killed_at = gap = 0.0
             async with client:
-                async for event in client.generate(PROMPT, N_TOKENS):
-                    out.extend(event.tokens)
-                    if len(out) == KILL_AFTER:
-                        killed_at = time.monotonic()
-                        relays[0].proc.send_signal(signal.SIGKILL)
-                        relays[0].proc.wait()
-                        # Down for a second, as a crashed relay under a supervisor is.
-                        loop.call_later(1.0, start_again)
-                    elif len(out) == KILL_AFTER + 1:
-                        gap = time.monotonic() - killed_at
+                out, _, gap = await generate_killing(client, PROMPT, N_TOKENS, KILL_AFTER, kill)
             return out, gap, client, path
         finally:
             await asyncio.gather(*(w.stop() for w in workers))
@@ -129,10 +90,10 @@ def test_coturn_killed_and_restarted_mid_answer_the_answer_completes(tmp_path: P
         out, gap, client, path = asyncio.run(scenario())
     finally:
         coord.stop()
-        for r in relays:
-            r.stop()
+        relay.stop()
     assert path == "relayed"  # the link that was cut ran through coturn
-    assert len(relays) == 2, restart_errors  # coturn was killed and started again mid-answer
+    # coturn was killed and started again mid-answer
+    assert len(relay.processes) == 2, relay.restart_errors
     assert out == expected  # every token, no error, equal to the whole model
     w0 = (tmp_path / "w0.log").read_text()
     how = "the link re-allocated" if not client.recoveries else "a replay on a new session"
