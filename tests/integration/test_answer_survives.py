@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from app.client.connect import avoiding_source
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
-from app.client.route import fetch_route, route_avoiding
-from app.config import Route
+from app.client.route import fetch_route
 from app.identity import join_swarm
 from app.lab.local_run import build_pipeline
 from core.types import LayerRange
@@ -62,13 +62,9 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
             assert len(chain) == 3
             leaving = node_id(swarm.chain[1])  # the worker that declared its departure
             middle = route.stages[1]
-            loop = asyncio.get_running_loop()
-
-            async def avoiding(avoid: tuple[str, ...]) -> Route:
-                return await loop.run_in_executor(None, route_avoiding, me, avoid)
 
             client = RecoveringClient(
-                me.credentials(), route, avoiding, RecoveryPolicy(step_timeout_s=10.0)
+                me.credentials(), route, avoiding_source(me), RecoveryPolicy(step_timeout_s=10.0)
             )
             victim = swarm.worker(middle.node_id)
             async with client:
@@ -147,15 +143,12 @@ def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
             )
             route, _ = await loop.run_in_executor(None, fetch_route, me)
 
-            async def avoiding(avoid: tuple[str, ...]) -> Route:
-                return await loop.run_in_executor(None, route_avoiding, me, avoid)
-
             out: list[int] = []
             restarted: asyncio.Future[CoordinatorProcess] | None = None
             down_at = 0.0
             gaps: list[float] = []
             last_t = loop.time()
-            async with RecoveringClient(me.credentials(), route, avoiding) as client:
+            async with RecoveringClient(me.credentials(), route, avoiding_source(me)) as client:
                 async for event in client.generate(PROMPT, N_TOKENS):
                     out.extend(event.tokens)
                     gaps.append(loop.time() - last_t)

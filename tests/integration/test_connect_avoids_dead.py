@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from app.client.connect import avoiding_source
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
-from app.client.route import route_avoiding
-from app.config import Route
 from app.lab.local_run import build_pipeline
 from core.types import LayerRange
 from tests.integration.test_answer_survives import PROMPT
@@ -33,7 +32,6 @@ def test_connecting_with_a_dead_stage_on_the_route_goes_around_it(tmp_path: Path
     async def scenario() -> tuple[list[int], RecoveringClient, str]:
         swarm = await SpareSwarm.start(tmp_path, model)
         try:
-            loop = asyncio.get_running_loop()
             me = await swarm.join_client()
             route = await swarm.route(me)
             chain = [s.node_id for s in route.stages]
@@ -42,11 +40,8 @@ def test_connecting_with_a_dead_stage_on_the_route_goes_around_it(tmp_path: Path
             swarm.kill(first)
             await first.process.wait()
 
-            async def avoiding(avoid: tuple[str, ...]) -> Route:
-                return await loop.run_in_executor(None, route_avoiding, me, avoid)
-
             client = RecoveringClient(
-                me.credentials(), route, avoiding, RecoveryPolicy(step_timeout_s=10.0)
+                me.credentials(), route, avoiding_source(me), RecoveryPolicy(step_timeout_s=10.0)
             )
             out: list[int] = []
             async with client:  # connects: the stale route's first stage is gone
