@@ -53,3 +53,14 @@ def test_coordinator_every_n_rounds_kills_it_then_and_only_when_up() -> None:
     down = Situation(FULL.chain, FULL.spares, coordinator_up=False)
     fault = next_fault(5, 3, down, policy)
     assert fault is not None and fault.kind is not Target.COORDINATOR
+
+
+def test_relay_every_kills_the_relay_on_its_rounds_and_only_while_it_is_up() -> None:
+    policy = ChaosPolicy(relay_every=3, relay_down_s=(0.5, 1.0))
+    faults = plan(1, 9, FULL, policy)
+    for r in (2, 5, 8):
+        fault = faults[r]
+        assert fault is not None and fault.kind is Target.RELAY
+        assert 0.5 <= fault.down_s <= 1.0  # a supervisor's quick restart, not down_s
+    down = Situation(chain=FULL.chain, spares=FULL.spares, relay_up=False)
+    assert all(f is None or f.kind is not Target.RELAY for f in plan(1, 30, down, policy))
