@@ -173,11 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-download", default="4M", help="the spare's download cap per second")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--warm-only", action="store_true", help="skip the cold run")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the runs' logs here")
     a = ap.parse_args(argv)
     model = a.model or default_model_path()
     runs: list[Run] = []
     answers: list[list[int]] = []
-    with TemporaryDirectory(prefix="sangama-spares-") as tmp:
+    with TemporaryDirectory(prefix="sangama-spares-") as scratch:
+        tmp = a.keep or scratch
         for warm in (True,) if a.warm_only else (False, True):
             run, out = asyncio.run(
                 one_run(model, Path(tmp) / ("warm" if warm else "cold"), warm, a.max_download)
