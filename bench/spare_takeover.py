@@ -38,6 +38,10 @@ KILL_AFTER = 5
 
 PHASE_LINES = {
     "spare_assigned_s": ("spare", "assigned layers"),
+    "spare_starting_s": ("spare", "starting the stage"),
+    "spare_worker_built_s": ("spare", "worker built"),
+    "spare_started_s": ("spare", "stage started"),
+    "spare_within_cap_s": ("spare", "within the cap"),
     "spare_serving_s": ("spare", "serving layers"),
     "upstream_retargeted_s": ("w", "next stage is now"),
 }

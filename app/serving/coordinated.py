@@ -326,7 +326,9 @@ async def serve_coordinated(
             send_throttle=upload_throttle(options.upload_bytes_per_s),
         )
         link_dialer = LinkDialer(creds, router, ice, tuning, direct=not options.relay_only)
+        log.info("starting the stage (%s)", "pre-loaded" if loaded else "loaded now")
         worker = await start_worker(config, creds, link_dialer.dial_with_path, loaded)
+        log.info("stage started")
         try:
             serve_ice_offers(router, worker.server, ice)
             router.start()
@@ -336,6 +338,7 @@ async def serve_coordinated(
             check_within_cap(
                 compute, options.vram_cap_bytes, await loop.run_in_executor(None, memory_in_use)
             )
+            log.info("within the cap")
             serving = replace(
                 status,
                 state=ServeState.SERVING,

@@ -110,6 +110,7 @@ async def start_worker(
     )
     if measured is not None:
         worker.row_budget, worker.step_samples = measured[0], list(measured[1])
+    log.info("worker built (row budget %s)", "measured" if measured else "to measure")
     await worker.start()
     return worker
 
