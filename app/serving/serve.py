@@ -58,6 +58,9 @@ class LoadedStage:
     calibration: tuple[int, list[tuple[int, float]]] | None = None
     """The row budget and the step timings it came from, measured while standing by (the
     calibration takes longer than the promotion otherwise would on a busy PC)."""
+    admission: AdmissionPolicy | None = None
+    """What a session costs here, read while standing by: the first stage's file carries
+    the tokenizer, and parsing it took 13.9 s of a 14.5 s warm takeover (SmolLM2, load 7)."""
 
     def fits(self, config: WorkerConfig) -> bool:
         """Whether `config` would build this very stage (its next hop may differ)."""
@@ -105,9 +108,10 @@ async def start_worker(
     measured = loaded.calibration if config.calibrate_budget else None
     if measured is not None:
         config = replace(config, calibrate_budget=False)
-    worker = StageWorker(
-        config, loaded.stage, creds, dialer, admission_policy(loaded.path, loaded.spec)
-    )
+    admission = loaded.admission or await asyncio.get_running_loop().run_in_executor(
+        None, admission_policy, loaded.path, loaded.spec
+    )  # in a thread: GGUF parsing in Python, seconds for a file holding the tokenizer
+    worker = StageWorker(config, loaded.stage, creds, dialer, admission)
     if measured is not None:
         worker.row_budget, worker.step_samples = measured[0], list(measured[1])
     log.info("worker built (row budget %s)", "measured" if measured else "to measure")

@@ -19,7 +19,7 @@ from typing import Any
 from app.compute import stage_compute
 from app.config import WorkerConfig
 from app.errors import AppError
-from app.serving.serve import LoadedStage, load_stage
+from app.serving.serve import LoadedStage, admission_policy, load_stage
 from app.serving.vram_check import check_within_cap
 from core.hardware import memory_in_use
 
@@ -55,6 +55,9 @@ async def preload(config: WorkerConfig) -> LoadedStage | None:
 
         budget = await loop.run_in_executor(None, calibrated_row_budget, loaded.stage)
         loaded = replace(loaded, calibration=budget)
+    # Read now, not at promotion (see LoadedStage.admission).
+    admission = await loop.run_in_executor(None, admission_policy, loaded.path, loaded.spec)
+    loaded = replace(loaded, admission=admission)
     print(f"PRELOADED layers {config.layers.start}-{config.layers.stop}", flush=True)
     return loaded
 
