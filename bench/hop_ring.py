@@ -6,7 +6,9 @@ frame at a time and measures the round trip; per-hop cost = round trip / links. 
 compute, so what remains is transport plus handling.
 
 QUIC links are the real authenticated channels (net.channel); TCP links carry the
-same frames on plain asyncio streams, without TLS or authentication.
+same frames on plain asyncio streams, without TLS or authentication. `mtu` is the QUIC
+links' path-MTU probing ceiling (net.path_mtu): 1200 turns probing off, every datagram
+1200 bytes, as before path MTU discovery; `measure` runs both side by side.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from app.credentials import init_ca, issue_node, load_credentials
 from app.ports import free_tcp_port, free_udp_port
 from net import event_loop, wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
+from net.path_mtu import PROBE_CEILING
 from net.quic import DEFAULT_LIBRARY, QUIC_LIBRARIES, QuicTuning
 from net.tensors import WireDtype, decode_rows, encode_rows
 
@@ -98,7 +101,7 @@ async def _quic_server(
     def ready(ch: Channel) -> None:
         ch.on_frame = lambda _c, f: on_frame(f)
 
-    server = ChannelServer(creds, ready, QuicTuning(max_datagram_size=mtu, library=lib))
+    server = ChannelServer(creds, ready, QuicTuning(probe_max_datagram_size=mtu, library=lib))
     await server.listen("127.0.0.1", port)
     return server
 
@@ -110,7 +113,7 @@ async def _quic_sender(creds: NodeCredentials, port: int, node_id: str, mtu: int
                 ("127.0.0.1", port),
                 creds,
                 node_id,
-                QuicTuning(max_datagram_size=mtu, library=lib),
+                QuicTuning(probe_max_datagram_size=mtu, library=lib),
                 timeout=2,
             )
             return ch.send
@@ -200,6 +203,7 @@ async def measure(
             if transport != "tcp"
             else _tcp_sender(ports[1])
         )
+        await asyncio.sleep(1.0)  # path MTU probes settle (net.path_mtu)
         rows = np.random.default_rng(0).standard_normal((1, width)).astype(np.float32)
         payload = encode_rows(rows, dtype)
         frame = wire.Step("bench", 0, 0, (), payload, 1, width, dtype)
@@ -239,7 +243,7 @@ async def measure(
 # ---------------------------------------------------------------- profile (one process)
 
 
-async def profile(library: str, n: int, top: int) -> None:
+async def profile(library: str, n: int, top: int, mtu: int = PROBE_CEILING) -> None:
     """Two authenticated QUIC links in this process, A -> B -> A, one frame at a time,
     under cProfile: where a hop's CPU goes, and how many transmits, datagrams and loop
     wake-ups one frame costs (the counts are what bench/README.md compares)."""
@@ -255,14 +259,15 @@ async def profile(library: str, n: int, top: int) -> None:
     pa, pb = free_udp_port(), free_udp_port()
     arrived: asyncio.Queue[float] = asyncio.Queue()
     back: list[Send] = []
-    server_a = await _quic_server(ca, pa, lambda _f: arrived.put_nowait(0.0), 1200, library)
-    server_b = await _quic_server(cb, pb, lambda f: back[0](_reencode(f)), 1200, library)
-    back.append(await _quic_sender(cb, pa, "a", 1200, library))
-    send = await _quic_sender(ca, pb, "b", 1200, library)
+    server_a = await _quic_server(ca, pa, lambda _f: arrived.put_nowait(0.0), mtu, library)
+    server_b = await _quic_server(cb, pb, lambda f: back[0](_reencode(f)), mtu, library)
+    back.append(await _quic_sender(cb, pa, "a", mtu, library))
+    send = await _quic_sender(ca, pb, "b", mtu, library)
     rows = np.random.default_rng(0).standard_normal((1, 640)).astype(np.float32)
     frame = wire.Step("bench", 0, 0, (), encode_rows(rows, WireDtype.F32), 1, 640, WireDtype.F32)
     send(wire.Open("bench", "ring", WireDtype.F32, wire.SamplingSpec(), "a", 1, 1))
     await asyncio.wait_for(arrived.get(), 10)
+    await asyncio.sleep(1.0)  # path MTU probes settle (net.path_mtu)
     for _ in range(100):  # warm-up
         send(frame)
         await asyncio.wait_for(arrived.get(), 10)
@@ -316,27 +321,41 @@ def main() -> None:
     f.add_argument("--id", default="")
     f.add_argument("--next-id", default="")
     f.add_argument("--creds", default="")
-    f.add_argument("--mtu", type=int, default=1200)
+    f.add_argument("--mtu", type=int, default=PROBE_CEILING)
     m = sub.add_parser("measure")
     m.add_argument("--hops", type=int, default=3)
     m.add_argument("--n", type=int, default=200)
     m.add_argument("--width", type=int, default=640)
+    m.add_argument("--json", action="store_true")
     pr = sub.add_parser("profile", help="two links in one process under cProfile")
     pr.add_argument("--library", choices=QUIC_LIBRARIES, default=DEFAULT_LIBRARY)
     pr.add_argument("--n", type=int, default=2000)
     pr.add_argument("--top", type=int, default=25)
+    pr.add_argument("--mtu", type=int, default=PROBE_CEILING, help="1200: no MTU probing")
     args = ap.parse_args()
     if args.cmd == "forward":
         event_loop.run(forward(args))
         return
     if args.cmd == "profile":
-        event_loop.run(profile(args.library, args.n, args.top))
+        event_loop.run(profile(args.library, args.n, args.top, args.mtu))
         return
-    print(f"loop {event_loop.loop_name()}, load {os.getloadavg()[0]:.2f}")
-    for transport in TRANSPORTS:
+    load = os.getloadavg()[0]
+    if not args.json:
+        print(f"loop {event_loop.loop_name()}, load {load:.2f}")
+    # quic@1200: the default library with probing off (every datagram 1200 bytes).
+    runs = [(t, PROBE_CEILING, t) for t in TRANSPORTS] + [("quic", 1200, "quic@1200")]
+    results: dict[str, Any] = {"load_average": load, "loop": event_loop.loop_name()}
+    for transport, mtu, label in runs:
         for dtype in (WireDtype.F32, WireDtype.BF16):
-            r = event_loop.run(measure(transport, args.hops, dtype, args.width, args.n, 1200))
-            print(f"{transport:7} {dtype.name:5} {r}")
+            r = event_loop.run(measure(transport, args.hops, dtype, args.width, args.n, mtu))
+            results[f"{label}_{dtype.name.lower()}"] = r
+            if not args.json:
+                print(f"{label:9} {dtype.name:5} {r}")
+    results["load_average_end"] = os.getloadavg()[0]
+    if args.json:
+        import json
+
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":

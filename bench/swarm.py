@@ -31,6 +31,7 @@ from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from core.types import LayerRange
 from net import event_loop
+from net.path_mtu import PROBE_CEILING
 from net.quic import DEFAULT_LIBRARY
 from net.tensors import WireDtype
 
@@ -200,7 +201,7 @@ def main() -> int:
     for transport in ("quic", other, "tcp"):  # quic = the default library
         for dtype in (WireDtype.F32, WireDtype.BF16):
             hops[f"{transport}_{dtype.name.lower()}"] = event_loop.run(
-                measure_hops(transport, 3, dtype, 640, args.hop_frames, 1200)
+                measure_hops(transport, 3, dtype, 640, args.hop_frames, PROBE_CEILING)
             )
     out["hops"] = hops
     out["hop_ms_quic"] = hops["quic_f32"]["hop_ms"]

@@ -14,8 +14,9 @@ packet core) is the default library; transmissions are coalesced to once per eve
 turn, both for frames sent and for datagrams received (a burst read in one wake-up,
 net.quic_udp, is answered by one transmit after the whole burst, not an ACK per datagram);
 the loss/ACK timer is re-armed only when it must fire earlier; the packet pacer is bypassed
-for the small bursts a token's hidden state makes; the datagram size is configurable for
-paths that allow more than 1200 bytes (loopback, LAN).
+for the small bursts a token's hidden state makes; on plain UDP paths (Linux) qh3 links
+discover the path MTU (net.path_mtu: padded probes from 1200 up, adopted once
+acknowledged), so a hidden state takes one or two datagrams instead of three.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from net.errors import NetError
+from net.path_mtu import PROBE_CEILING, may_probe, probe_ceiling
 from net.quic_udp import Receiver, UdpPath
 from net.rate import AsyncThrottle
 
@@ -82,6 +84,10 @@ DEFAULT_LIBRARY = "qh3"
 @dataclass(frozen=True)
 class QuicTuning:
     max_datagram_size: int = 1200
+    """The size every datagram has without path MTU discovery (aioquic, ICE and TURN
+    paths, server ends, platforms without Don't Fragment) and where discovery starts."""
+    probe_max_datagram_size: int = PROBE_CEILING
+    """qh3 client ends on plain UDP paths probe up to this (net.path_mtu); <= 1200: off."""
     idle_timeout: float = 5.0
     """A path silent this long is dead: the link closes and is re-established (worker
     links resume their sessions), so this bounds how long a generation stalls."""
@@ -122,13 +128,23 @@ class _Backend:
         self._initial = packet.QuicPacketType.INITIAL
 
     def configuration(
-        self, identity: TlsIdentity, is_client: bool, tuning: QuicTuning, server_name: str | None
+        self,
+        identity: TlsIdentity,
+        is_client: bool,
+        tuning: QuicTuning,
+        server_name: str | None,
+        probe: bool = False,
     ) -> Any:
+        """`probe`: the path sends datagrams whole or not at all (net.path_mtu), so a
+        qh3 client may discover its MTU; qh3 then treats `max_datagram_size` as the
+        ceiling and starts every path at 1200."""
+        ceiling = probe_ceiling(tuning.probe_max_datagram_size) if probe and is_client else 0
+        probing = self.name == "qh3" and ceiling > tuning.max_datagram_size
         cfg = self._configuration(
             is_client=is_client,
             alpn_protocols=ALPN,
             idle_timeout=tuning.idle_timeout,
-            max_datagram_size=tuning.max_datagram_size,
+            max_datagram_size=ceiling if probing else tuning.max_datagram_size,
             max_data=256 << 20,
             max_stream_data=128 << 20,
         )
@@ -141,7 +157,7 @@ class _Backend:
             )
         else:
             cfg.load_cert_chain(identity.certificate_pem, identity.private_key_pem)
-            cfg.probe_datagram_size = False  # the datagram size is ours to choose
+            cfg.probe_datagram_size = probing
             if is_client:  # qh3 does not offer Ed25519 unless asked; swarm keys are Ed25519
                 sa = importlib.import_module("qh3.tls").SignatureAlgorithm
                 cfg.signature_algorithms = [
@@ -436,9 +452,6 @@ async def connect(
 ) -> QuicLink:
     """Open a link to `address`; TLS checks the server is `expected_node_id` in our swarm."""
     backend = _backend(tuning.library)
-    quic = backend.new_connection(
-        backend.configuration(identity, True, tuning, expected_node_id), tuning
-    )
     holder: list[QuicLink] = []
 
     def receive(data: bytes, addr: Addr) -> None:
@@ -453,6 +466,12 @@ async def connect(
         path = await path_factory(receive, error)
     else:
         path = await UdpPath.connect(address, receive, error)
+    # Only a plain socket with Don't Fragment set may probe (an ICE or TURN path's sockets
+    # are aioice's: a fragmented probe would pass for a larger MTU), and only to a peer
+    # whose path MTU cannot shrink under the link (net.path_mtu: no black-hole fallback).
+    probe = isinstance(path, UdpPath) and path.dont_fragment and may_probe(path.remote_host)
+    config = backend.configuration(identity, True, tuning, expected_node_id, probe=probe)
+    quic = backend.new_connection(config, tuning)
     link = QuicLink(quic, path, address, tuning)
     link.owns_path = True
     if isinstance(path, UdpPath) and path.reads_bursts:

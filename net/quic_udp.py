@@ -18,6 +18,8 @@ import socket
 from collections.abc import Callable
 from typing import Any, cast
 
+from net.path_mtu import set_dont_fragment
+
 Addr = tuple[str, int]
 Receiver = Callable[[bytes, Addr], None]
 
@@ -75,6 +77,8 @@ class UdpPath(asyncio.DatagramProtocol):
         self.wakeups = 0
         """Loop wake-ups that read datagrams (tests count them against datagrams)."""
         self.datagrams = 0
+        self.dont_fragment = False
+        """Datagrams leave whole or not at all (net.path_mtu): links may probe the MTU."""
 
     @classmethod
     async def bind(cls, host: str, port: int, receiver: Receiver) -> UdpPath:
@@ -102,6 +106,7 @@ class UdpPath(asyncio.DatagramProtocol):
         try:
             sock.setblocking(False)
             _enlarge_buffers(sock)
+            self.dont_fragment = set_dont_fragment(sock)
             if local is not None:
                 sock.bind(sockaddr)
             else:
@@ -127,6 +132,7 @@ class UdpPath(asyncio.DatagramProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             _enlarge_buffers(sock)
+            self.dont_fragment = set_dont_fragment(sock)
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         self.wakeups += 1
@@ -159,6 +165,16 @@ class UdpPath(asyncio.DatagramProtocol):
     def _deliver(self, data: bytes, addr: Any) -> None:
         self.datagrams += 1
         self._receiver(data, (str(addr[0]), int(addr[1])))
+
+    @property
+    def remote_host(self) -> str:
+        """The numeric address a connected socket sends to ("" when not connected)."""
+        if self._sock is None or not self.connected:
+            return ""
+        try:
+            return str(self._sock.getpeername()[0])
+        except OSError:
+            return ""
 
     @property
     def local_address(self) -> Addr:
