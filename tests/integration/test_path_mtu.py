@@ -5,7 +5,7 @@ size it does carry, never losing a frame. About 2 s each."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -65,7 +65,7 @@ async def _carry(library: str, limit: int, frames: int) -> dict[str, Any]:
     paths: list[_ShrunkPath] = []
 
     async def shrunk(receive: Any, error: Any) -> _ShrunkPath:
-        path = await _ShrunkPath.connect(addr, receive, error)
+        path = cast(_ShrunkPath, await _ShrunkPath.connect(addr, receive, error))
         path.limit, path.sent, path.dropped = limit, [], []
         paths.append(path)
         return path
