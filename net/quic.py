@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 Addr = tuple[str, int]
 ALPN = ["sangama/1"]
 STREAM_ID = 0  # the client's first bidirectional stream carries everything
+ACK_SOON = 0.002
+"""A pending ACK due this soon (seconds) leaves with the transmit at hand, not by timer."""
 
 
 class LinkError(NetError):
@@ -179,6 +181,12 @@ class _Backend:
             quic._loss._pacer.next_send_time = _never_wait
         return quic
 
+    def ack_due(self, quic: Any) -> float | None:
+        """When the connection's next timer is a pending 1-RTT ACK: its deadline (qh3)."""
+        core = getattr(quic, "_core", None) if self.name == "qh3" else None
+        timer = None if core is None else core.get_timer()
+        return timer[1] if timer is not None and timer[0] == "ack_application" else None
+
     def initial_dcid(self, data: bytes) -> bytes | None:
         """The destination connection id of a client's Initial packet, else None."""
         try:
@@ -235,6 +243,7 @@ class QuicLink:
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._clock_floor = 0.0
         """When `_timer` fires (wall clock, as the QUIC library's deadlines)."""
         self._keepalive: asyncio.TimerHandle | None = None
         self._transmit_scheduled = False
@@ -266,7 +275,7 @@ class QuicLink:
     def datagram_received(self, data: bytes, addr: Addr) -> None:
         self._last_activity = time.monotonic()
         try:
-            self._quic.receive_datagram(data, addr, now=time.time())
+            self._quic.receive_datagram(data, addr, now=self._now())
         except Exception as exc:  # a bug or hostile input in one link must not hang it
             self._internal_error(exc)
             return
@@ -301,7 +310,7 @@ class QuicLink:
 
     def _on_timer(self) -> None:
         self._timer = None
-        self._quic.handle_timer(now=time.time())
+        self._quic.handle_timer(now=self._now())
         self._process_events()
         self._transmit()
 
@@ -354,7 +363,16 @@ class QuicLink:
                 self._transmit_scheduled = True
                 self._deferred = self._loop.call_later(wait, self._deferred_transmit)
                 return
-        now = time.time()
+        now = self._now()
+        due = self._backend.ack_due(self._quic)
+        if due is not None and due - now <= ACK_SOON:
+            # The ACK of a one-packet frame is due within a millisecond or two: send it in
+            # this transmit (the one that ends the burst) rather than from a timer of its
+            # own, a wake-up and a lone datagram later. The library's clock is moved to
+            # just past the deadline (it fires only once a deadline has passed), and
+            # `_now` never lets it run back.
+            now = self._clock_floor = max(now, due + 1e-4)
+            self._quic.handle_timer(now=now)
         sent = 0
         for data, addr in self._quic.datagrams_to_send(now=now):
             self._path.send(data, addr)
@@ -363,6 +381,10 @@ class QuicLink:
             throttle.sent(sent)
         if not self.closed.done():
             self._reschedule_timer(now)
+
+    def _now(self) -> float:
+        """The QUIC library's clock: wall time, never before a time it was already given."""
+        return max(time.time(), self._clock_floor)
 
     def _deferred_transmit(self) -> None:
         self._deferred = None
