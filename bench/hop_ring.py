@@ -311,6 +311,25 @@ def _cpu_s(process: psutil.Process) -> float:
     return float(t.user + t.system)
 
 
+def _pairs(args: argparse.Namespace, load: float) -> None:
+    """Path MTU probing on and off, alternated so both see the same machine load."""
+    import json
+
+    got: dict[str, list[dict[str, float]]] = {"quic": [], "quic@1200": []}
+    for _ in range(args.pairs):
+        for label, mtu in (("quic", PROBE_CEILING), ("quic@1200", 1200)):
+            got[label].append(
+                event_loop.run(measure("quic", args.hops, WireDtype.F32, args.width, args.n, mtu))
+            )
+    out: dict[str, Any] = {"load_average": load, "pairs": args.pairs}
+    for label, runs in got.items():
+        for key in ("hop_ms", "cpu_ms_per_hop"):
+            out[f"{label}_{key}"] = statistics.median(r[key] for r in runs)
+    out["cpu_ratio"] = out["quic_cpu_ms_per_hop"] / out["quic@1200_cpu_ms_per_hop"]
+    out["load_average_end"] = os.getloadavg()[0]
+    print(json.dumps(out) if args.json else "\n".join(f"{k:26} {v}" for k, v in out.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -327,6 +346,12 @@ def main() -> None:
     m.add_argument("--n", type=int, default=200)
     m.add_argument("--width", type=int, default=640)
     m.add_argument("--json", action="store_true")
+    m.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="instead: N alternations of quic (MTU probing) and quic@1200, f32, and medians",
+    )
     pr = sub.add_parser("profile", help="two links in one process under cProfile")
     pr.add_argument("--library", choices=QUIC_LIBRARIES, default=DEFAULT_LIBRARY)
     pr.add_argument("--n", type=int, default=2000)
@@ -342,6 +367,9 @@ def main() -> None:
     load = os.getloadavg()[0]
     if not args.json:
         print(f"loop {event_loop.loop_name()}, load {load:.2f}")
+    if args.pairs:
+        _pairs(args, load)
+        return
     # quic@1200: the default library with probing off (every datagram 1200 bytes).
     runs = [(t, PROBE_CEILING, t) for t in TRANSPORTS] + [("quic", 1200, "quic@1200")]
     results: dict[str, Any] = {"load_average": load, "loop": event_loop.loop_name()}
