@@ -187,6 +187,17 @@ class Stage:
                 raise PositionError(session, f"this stage cannot cut its cache at {keep_until}")
             s.n_past = keep_until
 
+    def adopt(self, old: str, new: str, keep_until: int) -> None:
+        """Rename session `old` to `new`, keeping its first `keep_until` positions (a
+        replay after a reroute continues it: app.serving.resume_rules). Raises, leaving
+        `old` as it was, when `new` is open or the cache cannot be cut there."""
+        if new in self._sessions:
+            raise DuplicateSessionError(new, "already open on this stage")
+        if self.mtp is not None:  # the head's own cache is keyed by the session too
+            raise PositionError(old, "a stage with an MTP head does not hand its cache over")
+        self.rollback(old, keep_until)
+        self._sessions[new] = self._sessions.pop(old)
+
     def _get(self, session: str) -> _Session:
         try:
             return self._sessions[session]

@@ -47,6 +47,17 @@ class Open:
     """Where the last stage sends `Tokens` (the client's node id or address)."""
     max_tokens: int
     prompt_len: int
+    resumes: str = ""
+    """A replay after a reroute: the session it continues (empty: a plain new session).
+    A last stage that still holds that session's first `resume_held` positions for the
+    same client, with token ids matching `resume_digest`, keeps their KV and computes
+    only the rest (app.serving.resume_rules); any other stage treats the OPEN as new.
+    Encoded as an optional tail of the OPEN body, absent when empty: plain OPENs are
+    byte-for-byte what peers of the same VERSION without this field send and read."""
+    resume_held: int = 0
+    """Positions [0, resume_held) the replay expects the resumed session to hold."""
+    resume_digest: bytes = b""
+    """SHA-256 of those positions' token ids, bound to `resumes` (app.replay_resume)."""
 
 
 @dataclass(frozen=True)

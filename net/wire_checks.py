@@ -92,6 +92,30 @@ def _check_open(frame: Open, limits: Limits) -> None:
     _check_string("reply_to", frame.reply_to, limits)
     _check_int("max_tokens", frame.max_tokens, U32_MAX)
     _check_int("prompt_len", frame.prompt_len, U32_MAX)
+    _check_resume(frame, limits)
+
+
+RESUME_DIGEST_BYTES = 32
+"""A SHA-256 (app.serving.resume_rules)."""
+
+
+def _check_resume(frame: Open, limits: Limits) -> None:
+    if not frame.resumes:
+        if frame.resume_held or frame.resume_digest:
+            raise FrameError(ErrorCode.BAD_VALUE, "resume_held or resume_digest without resumes")
+        return
+    _check_string("resumes", frame.resumes, limits)
+    if frame.resumes == frame.session:
+        raise FrameError(ErrorCode.BAD_VALUE, "a session cannot resume itself")
+    _check_int("resume_held", frame.resume_held, U32_MAX)
+    if not 0 < frame.resume_held < frame.prompt_len:
+        # The last stage computes at least the final row (its logits are the answer).
+        raise FrameError(
+            ErrorCode.BAD_POSITIONS,
+            f"resume_held {frame.resume_held} outside 1..{frame.prompt_len - 1}",
+        )
+    if len(frame.resume_digest) != RESUME_DIGEST_BYTES:
+        raise FrameError(ErrorCode.BAD_VALUE, f"resume_digest must be {RESUME_DIGEST_BYTES} bytes")
 
 
 def _check_sampling(s: SamplingSpec) -> None:

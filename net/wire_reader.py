@@ -128,7 +128,12 @@ def _read_open(r: _Reader) -> Open:
     temperature, top_k, top_p, min_p = r.f64(), r.u(_U32), r.f64(), r.f64()
     penalty, window, seed = r.f64(), r.u(_U32), r.u(_U64)
     sampling = SamplingSpec(temperature, top_k, top_p, min_p, penalty, window, seed)
-    return Open(session, model, dtype, sampling, r.string(), r.u(_U32), r.u(_U32))
+    reply_to, max_tokens, prompt_len = r.string(), r.u(_U32), r.u(_U32)
+    if r.offset == len(r.body):  # no resume tail: a plain new session
+        return Open(session, model, dtype, sampling, reply_to, max_tokens, prompt_len)
+    resumes, held, digest = r.string(), r.u(_U32), r.blob()
+    return Open(session, model, dtype, sampling, reply_to, max_tokens, prompt_len,
+                resumes, held, digest)  # fmt: skip
 
 
 def _read_step(r: _Reader) -> Step:

@@ -77,6 +77,10 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
                    s.repetition_penalty, s.repetition_window, s.seed)  # fmt: skip
             w.string(frame.reply_to)
             w.pack(">II", frame.max_tokens, frame.prompt_len)
+            if frame.resumes:  # the optional tail: absent, the OPEN is as before
+                w.string(frame.resumes)
+                w.pack(">I", frame.resume_held)
+                w.blob(frame.resume_digest)
             return FrameType.OPEN
         case Step():
             w.string(frame.session)

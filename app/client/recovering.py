@@ -5,7 +5,8 @@ It wraps one `SwarmClient` at a time. When a generation fails, it probes every s
 the route (a short dial each: a killed worker's port answers nothing), asks the
 policy what to do, asks the route source for a route avoiding the dead stages (the
 coordinator offers one once it re-planned around them), connects a fresh client on it
-and replays the tokens so far (prompt + generated) as a new session. The caller's
+and replays the tokens so far (prompt + generated) as a new session that names the one
+it continues (a last stage that kept it keeps its KV: app.serving.resume_rules). The caller's
 stream goes on with the next token: a pause, never an error, while a replacement exists.
 Each recovery's stall (failure noticed -> next token) is kept in `stalls`.
 """
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +39,7 @@ from app.client.swarm_client import (
 )
 from app.config import Route
 from app.errors import AppError, ClientError, RouteUnavailable, StageFailed
+from app.replay_resume import resume_ref
 from coordinator.errors import CoordinatorError
 from core.drafting import GuessPolicy
 from core.types import SamplingParams
@@ -162,9 +165,14 @@ class RecoveringClient:
         produced: list[int] = []
         recoveries = 0
         pending: tuple[Decision, float, str, tuple[str, ...]] | None = None
+        previous: str | None = None
         while True:
             history = [*prompt, *produced]
             client = self._client
+            # A replay names the session it continues: a last stage that kept it keeps
+            # its KV and computes only what it lacks (app.serving.resume_rules).
+            name = uuid.uuid4().hex
+            resume = None if previous is None else resume_ref(previous, history)
             try:
                 async for event in self._watched(
                     client.generate(
@@ -175,6 +183,8 @@ class RecoveringClient:
                         chunk,
                         is_end,
                         guesses,
+                        session=name,
+                        resume=resume,
                     )
                 ):
                     if pending is not None:
@@ -201,6 +211,7 @@ class RecoveringClient:
                 return
             except (ClientError, NetError) as exc:
                 noticed = time.monotonic()
+                previous = name
                 code = exc.error_code if isinstance(exc, StageFailed) else None
                 if isinstance(exc, StageDead):
                     dead = exc.dead

@@ -26,6 +26,7 @@ from app.client.ngram_drafts import DraftTracker
 from app.config import Route
 from app.errors import RouteUnavailable, StageTimeout, stage_error
 from app.redial import dial_until
+from app.replay_resume import ResumeRef
 from app.wire_convert import sampling_to_wire
 from core.drafting import GuessPolicy
 from core.types import SamplingParams
@@ -244,8 +245,14 @@ class SwarmClient:
         chunk: int = DEFAULT_CHUNK,
         is_end: Callable[[int], bool] = lambda _t: False,
         guesses: GuessPolicy | None = None,
+        session: str | None = None,
+        resume: ResumeRef | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Yield tokens as the last stage sends them; stop at max_tokens or an end token.
+
+        `session` names the new session (default: a random id); `resume`, for a replay
+        after a reroute, names the session it continues, whose KV a last stage that kept
+        it hands over (app.replay_resume).
 
         Each step may also carry n-gram guesses that one trip verifies
         (app.client.ngram_drafts; `guesses`, default the client's own `self.guesses`); an
@@ -261,7 +268,7 @@ class SwarmClient:
             await self._open_missing(self._dial_patiently)
         if not prompt:
             raise ValueError("empty prompt")
-        name = uuid.uuid4().hex
+        name = session or uuid.uuid4().hex
         queue: asyncio.Queue[wire.Frame | _Failure] = asyncio.Queue()
         self._queues[name] = queue
         try:
@@ -274,6 +281,9 @@ class SwarmClient:
                     reply_to=self.creds.node_id,
                     max_tokens=max_tokens,
                     prompt_len=len(prompt),
+                    resumes="" if resume is None else resume.session,
+                    resume_held=0 if resume is None else resume.held,
+                    resume_digest=b"" if resume is None else resume.digest,
                 )
             )
             step_id = 0

@@ -458,6 +458,9 @@ async def _heartbeats(
                 "memory_bytes": memory.bytes,
                 "memory_kind": memory.kind,
                 "resumed": stats.sessions_resumed,
+                "rows": stats.rows,
+                "rows_reused": stats.rows_reused,
+                "adopted": stats.sessions_adopted,
             },
         )
         serving = replace(

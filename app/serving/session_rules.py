@@ -19,6 +19,9 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
                                last stage, client has no link here    refuse BAD_VALUE
                                admission refuses (slots, KV memory)   refuse OVERLOADED
                                                                       (with retry hint)
+                               last stage, it resumes a session held  [Release old] Begin
+                                 here for the same client with a        adopting the old
+                                 matching history (resume_rules)        one's KV
                                otherwise                              Begin
     OPEN, session exists       same upstream node and same OPEN       [Release old] Resumed
                                                                       (WAITING->LINKED:
@@ -50,13 +53,14 @@ link owns the session: then the session fails (everyone involved hears the error
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from app.serving.node_limits import NodeLimits
 from app.serving.reply_links import reply_link
+from app.serving.resume_rules import HeldSession, positions_kept
 from core.admission import AdmissionLedger
 from net import wire
 from net.errors import ErrorCode
@@ -179,6 +183,10 @@ class Begin:
     """A new session: open it on the stage and pass the OPEN down the chain."""
 
     open: wire.Open
+    adopt: str = ""
+    """Last stage: the session whose KV this one takes over (gone from the table now)."""
+    kept: int = 0
+    """Positions of `adopt` kept; the replay's rows below this are not computed."""
 
 
 @dataclass(frozen=True)
@@ -260,8 +268,12 @@ class SessionRules(Generic[L]):
         admission: AdmissionLedger | None = None,
         node_limits: NodeLimits | None = None,
         upstream_is_stage: bool = False,
+        history_of: Callable[[str], Sequence[int] | None] | None = None,
     ) -> None:
         self.is_last = is_last
+        self.history_of = history_of
+        """Last stage: the token ids a session's KV holds (None: not known); None here:
+        this stage never takes a session's KV over (resume_rules)."""
         self.upstream_is_stage = upstream_is_stage
         """Not the first stage: sessions come from a stage, never from their client
         (the two may share a node id: app.serving.reply_links)."""
@@ -342,14 +354,38 @@ class SessionRules(Generic[L]):
                     ErrorCode.BAD_VALUE,
                     f"client {frame.reply_to!r} has no link to the last stage",
                 )
+        old, kept = self._adoptable(frame)
         if self.admission is not None:
+            if old is not None:  # its reservation passes to the new session
+                self.admission.release(old.open.session)
             refusal = self.admission.admit(frame.session, frame.prompt_len, frame.max_tokens)
             if refusal is not None:
+                if old is not None:  # it fitted before: it fits again
+                    self.admission.admit(old.open.session, old.open.prompt_len,
+                                         old.open.max_tokens)  # fmt: skip
                 hint = OverloadHint(refusal.retry_after_ms, refusal.try_another_route)
                 error = overloaded(frame.session, refusal.reason, hint)
                 return self._refuse(link, frame.session, ErrorCode.OVERLOADED, error.message)
         self._sessions[frame.session] = session
-        return [Begin(frame)]
+        if old is None:
+            return [Begin(frame)]
+        del self._sessions[old.open.session]
+        gone: list[Action[L]] = []
+        if old.owner is not None:
+            gone.append(Release(old.owner, old.open.session))
+        return [*gone, Begin(frame, adopt=old.open.session, kept=kept)]
+
+    def _adoptable(self, frame: wire.Open) -> tuple[_Session[L] | None, int]:
+        """The session a replay's OPEN resumes, if this stage may hand its KV over, and
+        the positions kept (resume_rules.positions_kept)."""
+        if not self.is_last or self.history_of is None or not frame.resumes:
+            return None, 0
+        old = self._sessions.get(frame.resumes)
+        history = None if old is None else self.history_of(frame.resumes)
+        if old is None or history is None:
+            return None, 0
+        kept = positions_kept(frame, HeldSession(old.open, history))
+        return (old, kept) if kept else (None, 0)
 
     def _resume(
         self, link: L, peer: str, session: _Session[L], frame: wire.Open

@@ -36,6 +36,7 @@ from app.serving.mtp_guesses import (
     observe_results,
 )
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
+from app.serving.resume_rules import rows_to_skip, trimmed
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
     Begin,
@@ -92,6 +93,9 @@ class _Session:
     """While a link of the session is lost: drops it unless the link comes back in time."""
     guess_gate: GuessGate = field(default_factory=GuessGate)
     """Last stage with an MTP head: does this session's client use the guesses."""
+    kept: int = 0
+    """Last stage, a replay that took a session's KV over: positions below this are
+    held already and the replay's rows there are not computed (resume_rules)."""
 
 
 @dataclass
@@ -116,6 +120,10 @@ class WorkerStats:
     """Steps received twice after a resume (already handled, dropped)."""
     tokens: int = 0
     """Tokens sampled here (last stage only)."""
+    sessions_adopted: int = 0
+    """Replays that took over the KV of the session they continue (last stage only)."""
+    rows_reused: int = 0
+    """Replayed rows not computed because an adopted session held them."""
     last_compute_ms: float = 0.0
     last_queue_ms: float = 0.0
     """How long the rows of the last batch waited for the engine (the longest)."""
@@ -186,6 +194,13 @@ class StageWorker:
             self.admission,
             NodeLimits(limits, time.monotonic) if self.is_first else None,
             upstream_is_stage=not self.is_first,
+            # Hand a session's KV to its replay only where the cache can be cut back and
+            # nothing else is keyed by the session (resume_rules).
+            history_of=(
+                self._history_of
+                if self.is_last and stage.mtp is None and not self._recurrent
+                else None
+            ),
         )
         """Ownership, resume, de-duplication, admission: decided there, carried out here."""
         self._sessions: dict[str, _Session] = {}
@@ -320,8 +335,8 @@ class StageWorker:
                     self._send(link, frame)
                 case Release(link, session):
                     link.release(session)
-                case Begin(frame):
-                    self._begin(frame)
+                case Begin(frame, adopt, kept):
+                    self._begin(frame, adopt, kept)
                 case Take(step, opened):
                     self._take(step, opened)
                 case Replayed():
@@ -348,11 +363,18 @@ class StageWorker:
 
     # ------------------------------------------------------------ frames
 
-    def _begin(self, frame: wire.Open) -> None:
+    def _history_of(self, name: str) -> list[int] | None:
+        session = self._sessions.get(name)
+        return None if session is None else session.history
+
+    def _begin(self, frame: wire.Open, adopt: str = "", kept: int = 0) -> None:
         session = _Session(frame)
         if self.is_last:
             session.params = sampling_from_wire(frame.sampling)
             session.rng = make_rng(session.params)
+        if adopt:
+            self._adopt(session, adopt, kept)
+            return
         self._sessions[frame.session] = session
         self._idle.clear()
         future = asyncio.wrap_future(self._engine_calls.submit(self.stage.open, frame.session))
@@ -360,6 +382,35 @@ class StageWorker:
         if self._downstream is not None:
             self._downstream.send(frame)
         self.stats.sessions_opened += 1
+
+    def _adopt(self, session: _Session, old_name: str, kept: int) -> None:
+        """Last stage: a replay continues `old_name`, whose first `kept` positions it
+        holds (the rules checked owner and history): the KV moves to the new session."""
+        name = session.open.session
+        old = self._sessions.pop(old_name, None)
+        if old is not None and old.expiry is not None:
+            old.expiry.cancel()
+        self._pending = [p for p in self._pending if p.step.session != old_name]
+        session.history = [] if old is None else old.history[:kept]
+        session.kept = kept
+        self._sessions[name] = session
+        self._idle.clear()
+        self.stats.sessions_opened += 1
+        self.stats.sessions_adopted += 1
+        future = asyncio.wrap_future(
+            self._engine_calls.submit(self.stage.adopt, old_name, name, kept)
+        )
+        future.add_done_callback(lambda f: self._adopted(old_name, name, kept, f))
+
+    def _adopted(self, old_name: str, name: str, kept: int, future: asyncio.Future[None]) -> None:
+        exc = future.exception()
+        if exc is None:
+            log.info("session %s continues %s here: %d positions kept", name, old_name, kept)
+            return
+        # The cache could not be handed over: the old session goes, and the replay's
+        # typed error makes the client replay everything (nothing held is used).
+        self._engine_calls.submit(self._close_on_stage, old_name)
+        self._fail(name, ErrorCode.MISSING_POSITIONS, f"cannot continue {old_name}: {exc}")
 
     def _arm_grace(self, name: str) -> None:
         """A link of the session died (its path, or the peer): keep the session for
@@ -385,6 +436,13 @@ class StageWorker:
         """A step the rules let through: check its rows against this stage, queue it."""
         if frame.wire_dtype != opened.wire_dtype and frame.hidden is not None:
             raise FrameError(ErrorCode.BAD_DTYPE, "rows in a dtype the session did not open with")
+        held = self._sessions.get(frame.session)
+        skip = 0 if held is None else rows_to_skip(held.kept, frame.start, frame.n_rows)
+        if skip:  # a replay's rows this stage kept from the session it continues
+            self.stats.rows_reused += skip
+            if skip == frame.n_rows:
+                return
+            frame = trimmed(frame, skip)
         if self.is_first:
             if frame.hidden is not None:
                 raise FrameError(ErrorCode.BAD_SHAPE, "the first stage takes tokens")
