@@ -1,0 +1,123 @@
+"""A replay after a reroute keeps the KV of the stage that survived: real coordinator and
+worker processes, a three-stage chain and a spare; the middle stage is killed with
+SIGKILL after the 5th of 40 greedy tokens. The answer equals the whole model's token for
+token, and the last stage (which the new route keeps) took the old session's KV over:
+over the whole answer it computed every position exactly once, the replay's rows it held
+were not computed again (counts from its heartbeat), while the spare computed them all."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.client.recovering import RecoveringClient
+from app.client.recovery import RecoveryPolicy
+from app.client.route import fetch_route, route_avoiding
+from app.config import Route
+from app.identity import join_swarm
+from app.lab.local_run import build_pipeline
+from app.lab.processes import Child, spawn_sangama
+from core.types import LayerRange
+from tests.support.coordinator_proc import CoordinatorProcess
+from tests.support.tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.integration
+
+PROMPT = [1, 5, 17, 42, 99, 7, 3, 11, 64, 2, 8, 31]
+N_TOKENS = 40
+KILL_AFTER = 5
+
+
+async def _worker(coord: CoordinatorProcess, wd: Path, name: str, wait: bool) -> Child:
+    code = coord.admin.create_invite("worker")["code"]
+    args = ["worker", "--join", code, "--identity-dir", str(wd / name)]
+    return await spawn_sangama(name, args, wd / f"{name}.log", 180, wait_ready=wait)
+
+
+def _stats_when(
+    coord: CoordinatorProcess, node: str, ready: Any, timeout: float = 30.0
+) -> dict[str, Any]:
+    """The node's heartbeat stats once `ready(stats)` holds (the next beats bring them)."""
+    end = time.monotonic() + timeout
+    stats: dict[str, Any] = {}
+    while time.monotonic() < end:
+        nodes = {n["node_id"]: n for n in coord.admin.swarm()["nodes"]}
+        stats = nodes.get(node, {}).get("stats") or {}
+        if ready(stats):
+            return stats
+        time.sleep(0.5)
+    raise AssertionError(f"{node}'s stats never got there: {stats}")
+
+
+def test_middle_stage_killed_the_last_stage_keeps_its_kv(tmp_path: Path) -> None:
+    model = write_tiny_model(tmp_path / "tiny8.gguf", n_layer=8)
+    whole = build_pipeline([model], [LayerRange(0, 8)], 8, 512, 64, 1, True)
+    expected = list(whole.generate(PROMPT, N_TOKENS).tokens)
+    whole.shutdown()
+    coord = CoordinatorProcess.start(
+        tmp_path / "coordinator",
+        model,
+        min_stages=3,
+        extra_args=["--spares", "1", "--stale-after", "2", "--dead-after", "4"],
+    )
+
+    async def scenario() -> tuple[list[int], RecoveringClient, list[str]]:
+        chain_workers = list(
+            await asyncio.gather(*(_worker(coord, tmp_path, f"w{i}", True) for i in range(3)))
+        )
+        spare = await _worker(coord, tmp_path, "spare", False)
+        try:
+            loop = asyncio.get_running_loop()
+            me = await loop.run_in_executor(
+                None, join_swarm, coord.admin.create_invite("client")["code"], tmp_path / "me"
+            )
+            route, _ = await loop.run_in_executor(None, fetch_route, me)
+            chain = [s.node_id for s in route.stages]
+            assert len(chain) == 3
+            victim = next(w for w in chain_workers if w.ready_line.split()[1] == chain[1])
+
+            async def avoiding(avoid: tuple[str, ...]) -> Route:
+                return await loop.run_in_executor(None, route_avoiding, me, avoid)
+
+            client = RecoveringClient(
+                me.credentials(), route, avoiding, RecoveryPolicy(step_timeout_s=10.0)
+            )
+            out: list[int] = []
+            async with client:
+                async for event in client.generate(PROMPT, N_TOKENS):
+                    out.extend(event.tokens)
+                    if len(out) == KILL_AFTER:
+                        os.kill(victim.process.pid, signal.SIGKILL)
+            return out, client, chain
+        finally:
+            await asyncio.gather(*(w.stop() for w in [*chain_workers, spare]))
+
+    try:
+        out, client, chain = asyncio.run(scenario())
+        last = chain[-1]
+        assert out == expected  # every token, equal to the uninterrupted whole model
+        assert client.recoveries, "the kill went unnoticed"
+        first = client.recoveries[0]
+        assert chain[1] in first.dead
+        new_chain = [s.node_id for s in client.route.stages]
+        assert new_chain[-1] == last and new_chain[1] != chain[1]
+        stats = _stats_when(coord, last, lambda s: s.get("adopted", 0) >= 1)
+        print(f"\nlast stage {last}: {stats}")
+        # The last stage held every replayed position but the newest: it computed only
+        # that one, so over the whole answer each position was computed once (a replay
+        # that broke again before its first token may add a row per extra recovery).
+        positions = len(PROMPT) + N_TOKENS - 1
+        assert positions <= stats["rows"] <= positions + len(client.recoveries) - 1
+        assert stats["rows_reused"] >= first.replayed - 1 >= len(PROMPT) + KILL_AFTER - 1
+        # The stage that replaced the middle one held nothing: it computed the replay.
+        spare_stats = _stats_when(coord, new_chain[1], lambda s: s.get("rows", 0) > 0)
+        assert spare_stats["rows"] >= first.replayed
+        assert spare_stats["rows_reused"] == 0
+    finally:
+        coord.stop()
