@@ -8,7 +8,7 @@ import struct
 from typing import Any, cast
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from net.errors import ErrorCode, FrameError
@@ -92,8 +92,21 @@ def steps(draw: st.DrawFn) -> Step:
                 keep_until, draw(timings), draw(u64s))  # fmt: skip
 
 
+@st.composite
+def resume_opens(draw: st.DrawFn) -> Open:
+    """An OPEN with the optional resume tail (a replay after a reroute)."""
+    session, resumes = draw(names), draw(names)
+    assume(session != resumes)
+    prompt_len = draw(st.integers(2, 0xFFFF_FFFF))
+    held = draw(st.integers(1, prompt_len - 1))
+    return Open(session, draw(names), draw(st.sampled_from(WireDtype)), draw(samplings),
+                draw(texts), draw(u32s), prompt_len, resumes, held,
+                draw(st.binary(min_size=32, max_size=32)))  # fmt: skip
+
+
 frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Open, names, names, st.sampled_from(WireDtype), samplings, texts, u32s, u32s),
+    resume_opens(),
     steps(),
     st.builds(
         Tokens,
@@ -263,6 +276,7 @@ def with_body(data: bytes, body: bytes) -> bytes:
 
 SAMPLES: list[Frame] = [
     Open("s", "m", WireDtype.BF16, SamplingSpec(), "client", 16, 4),
+    Open("s", "m", WireDtype.BF16, SamplingSpec(), "client", 16, 4, "old", 3, bytes(32)),
     Step("s", 1, 0, (5,), None, 1, 0, WireDtype.F32),
     Tokens("s", 1, (5,), (), 0, False, ()),
     Close("s", "bye"),
