@@ -89,8 +89,12 @@ class RecoveringClient:
         step_timeout: float | None = None,
         first_token_timeout: float = 60.0,
         guesses: GuessPolicy = NO_GUESSES,
+        keep_kv: bool = True,
     ) -> None:
         self.creds = creds
+        self.keep_kv = keep_kv
+        """Replays name the session they continue (a surviving last stage keeps its KV);
+        False: every replay starts from nothing on every stage (benchmarks compare)."""
         self.route = route
         self.policy = policy
         self.guesses = guesses
@@ -172,7 +176,7 @@ class RecoveringClient:
             # A replay names the session it continues: a last stage that kept it keeps
             # its KV and computes only what it lacks (app.serving.resume_rules).
             name = uuid.uuid4().hex
-            resume = None if previous is None else resume_ref(previous, history)
+            resume = None if previous is None or not self.keep_kv else resume_ref(previous, history)
             try:
                 async for event in self._watched(
                     client.generate(

@@ -23,6 +23,7 @@ from app.config import Route
 from app.identity import join_swarm
 from app.lab.local_run import build_pipeline
 from app.lab.processes import Child, spawn_sangama
+from app.serving.coordinated import HEARTBEAT_S
 from core.types import LayerRange
 from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.tiny_models import write_tiny_model
@@ -107,7 +108,11 @@ def test_middle_stage_killed_the_last_stage_keeps_its_kv(tmp_path: Path) -> None
         assert chain[1] in first.dead
         new_chain = [s.node_id for s in client.route.stages]
         assert new_chain[-1] == last and new_chain[1] != chain[1]
-        stats = _stats_when(coord, last, lambda s: s.get("adopted", 0) >= 1)
+        # Every token's step was counted (a beat taken mid-answer counts less), then one
+        # more beat: the counters are the whole answer's.
+        _stats_when(coord, last, lambda s: s.get("adopted", 0) >= 1 and s["steps"] >= N_TOKENS)
+        time.sleep(1.5 * HEARTBEAT_S)
+        stats = _stats_when(coord, last, lambda s: True)
         print(f"\nlast stage {last}: {stats}")
         # The last stage held every replayed position but the newest: it computed only
         # that one, so over the whole answer each position was computed once (a replay
