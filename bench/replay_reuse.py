@@ -87,7 +87,7 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
     async def worker(name: str, wait: bool) -> Child:
         code = coord.admin.create_invite("worker")["code"]
         cmd = ["worker", "--join", code, "--identity-dir", str(root / name)]
-        child = await spawn_sangama(name, cmd, root / f"{name}.log", 300, wait_ready=wait)
+        child = await spawn_sangama(name, cmd, root / f"{name}.log", 900, wait_ready=wait)
         children.append(child)
         return child
 
@@ -95,7 +95,7 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
         chain = list(await asyncio.gather(*(worker(f"w{i}", True) for i in range(3))))
         await worker("spare", False)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, wait_settled, coord, 3, 1, 300.0)
+        await loop.run_in_executor(None, wait_settled, coord, 3, 1, 900.0)
         me = await loop.run_in_executor(
             None, join_swarm, coord.admin.create_invite("client")["code"], root / "me"
         )

@@ -19,11 +19,20 @@ what `decide` says:
       OVERLOADED, link lost)                                 probe found dead), replay
     any                                      no              GIVE_UP
 
-Replaying as a fresh session (not resuming the old one) keeps every stage's rules simple
-and its KV consistent: a stage never mixes positions computed along two chains. Stages
-drop the old session by its CLOSE or, where the link is gone, by their resume grace.
-Greedy answers equal the uninterrupted run; a seeded sampler starts its stream again at
-the replay (documented, not hidden: `exact_for` says which answers are exact).
+The replay is a new session on every stage, but its OPEN names the session it continues
+and carries a digest of the token ids the last stage should hold of it (all positions
+but the newest; app.replay_resume). A last stage the new route keeps (the one that died
+was upstream of it) still holds that session: it checks the client and the digest, takes
+the old session's KV over and computes only the final row (app.serving.resume_rules);
+the stages before it, the replacement included, hold nothing usable and compute the
+whole replay, as their hidden states for every position are needed downstream. A last
+stage that restarted, whose grace ran out, or whose history differs holds nothing that
+matches and computes everything, as before (`RecoveringClient(keep_kv=False)` always
+does). Positions are never mixed inconsistently: the kept prefix and the new rows are
+the same layers on the same tokens. Stages drop the old session by its CLOSE, by the
+takeover or, where the link is gone, by their resume grace. Greedy answers equal the
+uninterrupted run; a seeded sampler starts its stream again at the replay (documented,
+not hidden: `exact_for` says which answers are exact).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ confused peers send OPEN, STEP and CLOSE for their own sessions and others', rep
 steps, drop links and come back, while the worker fails sessions and grace timers fire.
 Whatever the order, the table never raises, only the owner's link ever gets a step
 through, a step id is taken at most once, refusals are typed ERRORs, and the sessions
-it keeps are exactly those begun and not ended. Bounded: 60 programs of 40 events."""
+it keeps are exactly those begun and not ended. Replays that name a session to take over
+(resume OPENs, honest or with a forged digest or another client) take it only with the
+true history and the same client. Bounded: 60 programs of 40 events."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from app.replay_resume import history_digest
 from app.serving.session_rules import (
     Begin,
     Drain,
@@ -37,6 +40,8 @@ LINK_PEER = {"l1": "client", "l2": "up-a", "l3": "up-b", "l4": "up-a"}
 """Each link name belongs to one node (l4 is up-a's second link, as after a redial)."""
 LINKS = tuple(LINK_PEER)
 SESSIONS = ("s1", "s2", "s3")
+HELD = (7, 7)
+"""The token ids every session's KV holds here (what the worker's history would say)."""
 
 
 def _open(session: str, reply_to: str, max_tokens: int) -> wire.Open:
@@ -46,7 +51,11 @@ def _open(session: str, reply_to: str, max_tokens: int) -> wire.Open:
 class SessionTable(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.table: SessionRules[str] = SessionRules(is_last=True)
+        self.table: SessionRules[str] = SessionRules(
+            is_last=True, history_of=lambda s: HELD if s in self.table else None
+        )
+        self.reply_of: dict[str, str] = {}
+        self.adoptions = 0
         self.peer_of: dict[str, str] = {}
         """Link -> the node it authenticated (a link belongs to one node for its life)."""
         self.live: set[str] = set()
@@ -54,7 +63,9 @@ class SessionTable(RuleBasedStateMachine):
         self.owner_peer: dict[str, str] = {}
 
     def _feed(self, event: object) -> None:
-        actions = self.table.handle(event)  # type: ignore[arg-type]
+        self._check(self.table.handle(event))  # type: ignore[arg-type]
+
+    def _check(self, actions: Sequence[object]) -> None:
         for action in actions:
             if isinstance(action, Send):
                 assert isinstance(action.frame, wire.Error | wire.Tokens)
@@ -64,6 +75,13 @@ class SessionTable(RuleBasedStateMachine):
                 assert action.open.session not in self.live
                 self.live.add(action.open.session)
                 self.taken[action.open.session] = set()
+                self.reply_of[action.open.session] = action.open.reply_to
+                if action.adopt:
+                    assert action.adopt in self.live, "took over a session not held"
+                    assert self.reply_of[action.adopt] == action.open.reply_to
+                    assert action.open.resume_digest == history_digest(action.adopt, HELD)
+                    assert action.kept == len(HELD)
+                    self.live.discard(action.adopt)
             elif isinstance(action, Take):
                 ids = self.taken[action.step.session]
                 assert action.step.step_id not in ids, "a step id taken twice"
@@ -96,6 +114,36 @@ class SessionTable(RuleBasedStateMachine):
             return  # no frame arrives before a link's WELCOME
         before = session in self.table
         self._feed(FrameReceived(link, self.peer_of[link], _open(session, reply_to, max_tokens)))
+        if not before and session in self.table:
+            self.owner_peer[session] = self.peer_of[link]
+
+    @rule(
+        link=st.sampled_from(LINKS),
+        pick=st.integers(0, 5),
+        same_client=st.booleans(),
+        forged=st.booleans(),
+    )
+    def resume_open(self, link: str, pick: int, same_client: bool, forged: bool) -> None:
+        # Mostly a replay of a session held here under a name not in use, as a client's
+        # replay is; otherwise any names (a replay of something gone, or of itself).
+        held = sorted(self.table.sessions)
+        free = [x for x in SESSIONS if x not in self.table]
+        resumes = held[pick % len(held)] if held and pick < 4 else SESSIONS[pick % 3]
+        session = free[0] if free and pick < 4 else SESSIONS[(pick + 1) % 3]
+        if link not in self.peer_of or session == resumes:
+            return
+        reply_to = self.reply_of.get(resumes, "client") if same_client else "up-b"
+        digest = bytes(32) if forged else history_digest(resumes, HELD)
+        frame = wire.Open(session, "m", WireDtype.F32, wire.SamplingSpec(), reply_to, 4,
+                          len(HELD) + 1, resumes, len(HELD), digest)  # fmt: skip
+        before, was_held = session in self.table, resumes in self.table
+        actions = self.table.handle(FrameReceived(link, self.peer_of[link], frame))
+        adopted = any(isinstance(a, Begin) and a.adopt for a in actions)
+        if adopted:
+            self.adoptions += 1
+        else:  # a replay that may not take the session over leaves it where it was
+            assert (resumes in self.table) == was_held
+        self._check(actions)
         if not before and session in self.table:
             self.owner_peer[session] = self.peer_of[link]
 
