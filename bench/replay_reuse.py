@@ -3,15 +3,21 @@ stage's KV and when it does not, side by side in one run.
 
 Each run: a real coordinator (--spares 1), three workers and a spare on loopback, a
 joined client generating a greedy answer to a long prompt (about 300 tokens) through
-RecoveringClient; the middle stage is killed with SIGKILL after the 5th token, the spare
-takes its place and the client replays prompt + generated on the new chain. With reuse
+RecoveringClient; after the 5th token SIGKILL kills the stage the spare stands by for (the
+middle one when that is the last stage, which must survive), the spare takes its place
+and the client replays prompt + generated on the new chain. With reuse
 (the default client) the replay names the session it continues and the last stage, which
 the new route keeps, takes that session's KV over and computes only the final row; without
-(`keep_kv=False`, as before) every stage computes the whole replay. Rows per stage come
+(`keep_kv=False`, as before) every stage computes the whole replay. The last stage keeps
+the old session only for its resume grace (30 s): a takeover slower than that replays
+everything either way. Rows per stage come
 from each worker's heartbeat counters (computed over the whole answer, and the rows a
 replay did not compute); both answers must be equal.
 
     python -m bench.replay_reuse [--model GGUF] [--prompt 295] [--json]
+
+The default model is SmolLM2 135M (as bench.spare_takeover); Gemma 3 270M did not get
+past the workers' start on this machine in the time there was (bench/README.md).
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ KILL_AFTER = 5
 @dataclass(frozen=True)
 class Run:
     reuse: bool
+    killed: int
+    """The chain position killed (0 first, 1 middle)."""
+    warm: bool
+    """The spare had pre-loaded the killed stage."""
     kill_to_next_token_s: float
     stall_s: float
     """The client's own figure: failure noticed -> first token on the new chain."""
@@ -59,6 +69,12 @@ class Run:
     recoveries: int
     tokens: int
     load_avg: str
+
+
+async def _read(spare: Child, lines: list[str]) -> None:
+    assert spare.process.stdout is not None
+    while line := await spare.process.stdout.readline():
+        lines.append(line.decode().strip())
 
 
 def prompt_of(n: int) -> list[int]:
@@ -93,14 +109,25 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
 
     try:
         chain = list(await asyncio.gather(*(worker(f"w{i}", True) for i in range(3))))
-        await worker("spare", False)
+        spare = await worker("spare", False)
+        said: list[str] = []
+        reading = asyncio.ensure_future(_read(spare, said))
         loop = asyncio.get_running_loop()
+        end = loop.time() + 900
+        while not any(x.startswith("STANDBY") for x in said) and loop.time() < end:
+            await asyncio.sleep(0.2)
         await loop.run_in_executor(None, wait_settled, coord, 3, 1, 900.0)
         me = await loop.run_in_executor(
             None, join_swarm, coord.admin.create_invite("client")["code"], root / "me"
         )
         route, _ = await loop.run_in_executor(None, fetch_route, me)
-        doomed = route.stages[1].node_id  # the middle one: the last stage survives
+        # The stage the spare stands by for dies (a warm takeover, well inside the last
+        # stage's resume grace) unless that is the last stage, which must survive: then
+        # the middle one (a cold takeover).
+        standby = list(next(iter(coord.admin.swarm().get("standby", {}).values()), ()))
+        spans = [[s.layers.start, s.layers.stop] for s in route.stages]
+        killed = spans.index(standby) if standby in spans[:-1] else 1
+        doomed = route.stages[killed].node_id
         victim = next(w for w in chain if w.ready_line.split()[1] == doomed)
         client = RecoveringClient(
             me.credentials(),
@@ -120,6 +147,7 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
                 elif len(out) == KILL_AFTER + 1:
                     gap = time.monotonic() - killed_at
         load = Path("/proc/loadavg").read_text().split()[0] if sys.platform == "linux" else "?"
+        reading.cancel()
         stages = [s.node_id for s in client.route.stages]
         await loop.run_in_executor(None, _stats, coord, stages[-1], N_TOKENS)
         await asyncio.sleep(1.5 * HEARTBEAT_S)  # one more beat: the whole answer counted
@@ -129,6 +157,8 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
         recovery = client.recoveries[0] if client.recoveries else None
         run = Run(
             reuse,
+            killed,
+            standby in spans[:-1],
             gap,
             0.0 if recovery is None else recovery.stall_s,
             0 if recovery is None else recovery.replayed,
@@ -147,23 +177,21 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
 
 
 def main(argv: list[str] | None = None) -> int:
+    from core.models import default_model_path
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument(
-        "--model",
-        type=Path,
-        default=Path.home() / ".cache/sangama/models/gemma-3-270m-q4_k_m.gguf",
-        help="GGUF (default: Gemma 3 270M as the model cache holds it)",
-    )
+    ap.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2 135M)")
     ap.add_argument("--prompt", type=int, default=295, help="prompt tokens")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    model = a.model or default_model_path()
     prompt = prompt_of(a.prompt)
     runs: list[Run] = []
     answers: list[list[int]] = []
     with TemporaryDirectory(prefix="sangama-replay-reuse-") as tmp:
         for reuse in (False, True):
             run, out = asyncio.run(
-                one_run(a.model, Path(tmp) / ("reuse" if reuse else "fresh"), prompt, reuse)
+                one_run(model, Path(tmp) / ("reuse" if reuse else "fresh"), prompt, reuse)
             )
             runs.append(run)
             answers.append(out)
@@ -172,12 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"runs": [asdict(r) for r in runs], "answers_equal": same}))
     else:
         print(
-            f"{'replay':7} {'kill -> next token':>19} {'stall':>7} {'replayed':>8} "
+            f"{'replay':7} {'killed':>6} {'spare':>5} {'kill -> next token':>19} {'stall':>7} "
+            f"{'replayed':>8} "
             f"{'last rows':>9} {'reused':>6} {'spare rows':>10} {'first rows':>10} {'load':>5}"
         )
         for r in runs:
             print(
-                f"{'reuse' if r.reuse else 'fresh':7} {r.kill_to_next_token_s:17.2f} s "
+                f"{'reuse' if r.reuse else 'fresh':7} {r.killed:6} "
+                f"{'warm' if r.warm else 'cold':>5} {r.kill_to_next_token_s:17.2f} s "
                 f"{r.stall_s:5.2f} s {r.replayed:8} {r.last_rows:9} {r.last_reused:6} "
                 f"{r.spare_rows:10} {r.first_rows:10} {r.load_avg:>5}"
             )
