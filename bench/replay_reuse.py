@@ -195,9 +195,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             runs.append(run)
             answers.append(out)
+    reference = uninterrupted(model, prompt)
     same = answers[0] == answers[1] and len(answers[0]) == N_TOKENS
+    exact = [out == reference for out in answers]
     if a.json:
-        print(json.dumps({"runs": [asdict(r) for r in runs], "answers_equal": same}))
+        print(json.dumps({"runs": [asdict(r) for r in runs], "answers_equal": same,
+                          "equal_to_uninterrupted": exact, "answers": answers,
+                          "uninterrupted": reference}))  # fmt: skip
     else:
         print(
             f"{'replay':7} {'killed':>6} {'spare':>5} {'kill -> next token':>19} {'stall':>7} "
@@ -212,7 +216,27 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r.spare_rows:10} {r.first_rows:10} {r.load_avg:>5}"
             )
         print(f"{len(prompt)}-token prompt, {N_TOKENS} tokens; answers equal: {same}")
-    return 0 if same else 1
+        for r, out, ok in zip(runs, answers, exact, strict=True):
+            print(f"{'reuse' if r.reuse else 'fresh'}: equal to the uninterrupted run: {ok}")
+            if not ok:
+                print(f"  got  {out}\n  want {reference}")
+    return 0 if all(exact) else 1
+
+
+def uninterrupted(model: Path, prompt: list[int]) -> list[int]:
+    """The whole model's greedy answer in one process (the reference)."""
+    from gguf import GGUFReader
+
+    from app.lab.local_run import build_pipeline
+    from core.gguf_slices import read_facts
+    from core.types import LayerRange
+
+    n_layer = read_facts(GGUFReader(model)).n_layer
+    whole = build_pipeline([model], [LayerRange(0, n_layer)], n_layer, 1024, 64, 2, True)
+    try:
+        return list(whole.generate(prompt, N_TOKENS).tokens)
+    finally:
+        whole.shutdown()
 
 
 if __name__ == "__main__":

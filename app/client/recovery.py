@@ -26,9 +26,9 @@ was upstream of it) still holds that session: it checks the client and the diges
 the old session's KV over and computes only the final row (app.serving.resume_rules);
 the stages before it, the replacement included, hold nothing usable and compute the
 whole replay, as their hidden states for every position are needed downstream. A last
-stage that restarted, whose grace ran out, or whose history differs holds nothing that
-matches and computes everything, as before (`RecoveringClient(keep_kv=False)` always
-does). Positions are never mixed inconsistently: the kept prefix and the new rows are
+stage that restarted, whose resume grace (30 s) ran out before the replay came, or whose
+history differs holds nothing that matches and computes everything, as before
+(`RecoveringClient(keep_kv=False)` always does). Positions are never mixed inconsistently: the kept prefix and the new rows are
 the same layers on the same tokens. Stages drop the old session by its CLOSE, by the
 takeover or, where the link is gone, by their resume grace. Greedy answers equal the
 uninterrupted run; a seeded sampler starts its stream again at the replay (documented,
