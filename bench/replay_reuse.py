@@ -63,9 +63,11 @@ class Run:
     """Rows the last stage computed over the whole answer (the old session and its replay)."""
     last_reused: int
     """Replayed rows the last stage did not compute (it held them)."""
-    spare_rows: int
-    """Rows the stage that replaced the middle one computed (the whole replay, then decode)."""
+    middle_rows: int
+    """Rows the new chain's middle stage computed (the spare, or the old middle when the
+    first stage was the one killed: its old session and the whole replay)."""
     first_rows: int
+    """Rows the new chain's first stage computed."""
     recoveries: int
     tokens: int
     load_avg: str
@@ -151,7 +153,7 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
         stages = [s.node_id for s in client.route.stages]
         await loop.run_in_executor(None, _stats, coord, stages[-1], N_TOKENS)
         await asyncio.sleep(1.5 * HEARTBEAT_S)  # one more beat: the whole answer counted
-        first, spare, last = [
+        first, middle, last = [
             await loop.run_in_executor(None, _stats, coord, node, 0) for node in stages
         ]
         recovery = client.recoveries[0] if client.recoveries else None
@@ -164,7 +166,7 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
             0 if recovery is None else recovery.replayed,
             int(last.get("rows", 0)),
             int(last.get("rows_reused", 0)),
-            int(spare.get("rows", 0)),
+            int(middle.get("rows", 0)),
             int(first.get("rows", 0)),
             len(client.recoveries),
             len(out),
@@ -206,14 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{'replay':7} {'killed':>6} {'spare':>5} {'kill -> next token':>19} {'stall':>7} "
             f"{'replayed':>8} "
-            f"{'last rows':>9} {'reused':>6} {'spare rows':>10} {'first rows':>10} {'load':>5}"
+            f"{'last rows':>9} {'reused':>6} {'middle rows':>11} {'first rows':>10} {'load':>5}"
         )
         for r in runs:
             print(
                 f"{'reuse' if r.reuse else 'fresh':7} {r.killed:6} "
                 f"{'warm' if r.warm else 'cold':>5} {r.kill_to_next_token_s:17.2f} s "
                 f"{r.stall_s:5.2f} s {r.replayed:8} {r.last_rows:9} {r.last_reused:6} "
-                f"{r.spare_rows:10} {r.first_rows:10} {r.load_avg:>5}"
+                f"{r.middle_rows:11} {r.first_rows:10} {r.load_avg:>5}"
             )
         print(f"{len(prompt)}-token prompt, {N_TOKENS} tokens; answers equal: {same}")
         for r, out, ok in zip(runs, answers, exact, strict=True):

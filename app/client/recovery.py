@@ -28,11 +28,12 @@ the stages before it, the replacement included, hold nothing usable and compute 
 whole replay, as their hidden states for every position are needed downstream. A last
 stage that restarted, whose resume grace (30 s) ran out before the replay came, or whose
 history differs holds nothing that matches and computes everything, as before
-(`RecoveringClient(keep_kv=False)` always does). Positions are never mixed inconsistently: the kept prefix and the new rows are
-the same layers on the same tokens. Stages drop the old session by its CLOSE, by the
-takeover or, where the link is gone, by their resume grace. Greedy answers equal the
-uninterrupted run; a seeded sampler starts its stream again at the replay (documented,
-not hidden: `exact_for` says which answers are exact).
+(`RecoveringClient(keep_kv=False)` always does). The kept prefix and the new rows are the
+same layers on the same tokens; only batch shapes differ, which can flip a near tie
+(bench/README.md, "A replay that keeps the last stage's KV"). Stages drop the old session
+by its CLOSE, by the takeover or, where the link is gone, by their resume grace. Greedy
+answers equal the uninterrupted run up to that; a seeded sampler starts its stream again
+at the replay (documented, not hidden: `exact_for` says which answers are exact).
 """
 
 from __future__ import annotations
