@@ -177,6 +177,7 @@ class RecoveringClient:
             # its KV and computes only what it lacks (app.serving.resume_rules).
             name = uuid.uuid4().hex
             resume = None if previous is None or not self.keep_kv else resume_ref(previous, history)
+            answered = False
             try:
                 async for event in self._watched(
                     client.generate(
@@ -211,11 +212,17 @@ class RecoveringClient:
                         )
                         pending = None
                     produced.extend(event.tokens)
+                    answered = True
                     yield event
                 return
             except (ClientError, NetError) as exc:
                 noticed = time.monotonic()
-                previous = name
+                # The session the last stage holds: a replay that broke before its first
+                # token may never have reached it (its OPEN died with the stage before,
+                # e.g. one whose next hop was being replaced), so the next replay names
+                # the session that last answered, not that one.
+                if previous is None or answered:
+                    previous = name
                 code = exc.error_code if isinstance(exc, StageFailed) else None
                 if isinstance(exc, StageDead):
                     dead = exc.dead

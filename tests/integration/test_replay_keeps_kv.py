@@ -110,6 +110,9 @@ def test_middle_stage_killed_the_last_stage_keeps_its_kv(tmp_path: Path) -> None
         assert new_chain[-1] == last and new_chain[1] != chain[1]
         # Every token's step was counted (a beat taken mid-answer counts less), then one
         # more beat: the counters are the whole answer's.
+        stalls = [round(r.stall_s, 2) for r in client.recoveries]
+        print(f"\nrecoveries: {[(r.failure, r.dead, r.replayed) for r in client.recoveries]}")
+        print(f"stalls (s): {stalls}; the last stage keeps an orphaned session 30 s")
         _stats_when(coord, last, lambda s: s.get("adopted", 0) >= 1 and s["steps"] >= N_TOKENS)
         time.sleep(1.5 * HEARTBEAT_S)
         stats = _stats_when(coord, last, lambda s: True)
