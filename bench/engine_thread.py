@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rpc_compare import CUTS, PROMPT
+from bench.rpc_compare import CUTS, prompt_ids, sangama_swarm
 from bench.token_parts import _children
 
 
@@ -56,43 +56,28 @@ def _stage_of(pid: int) -> int:
 
 async def swarm_threads(model: Path, tokens: int, rounds: int) -> dict[str, Any]:
     """Per stage: CPU ms a token of each worker thread (the best of `rounds` generations)."""
-    from app.client.swarm_client import SwarmClient
-    from app.lab.local_swarm import LocalSwarm
-    from core.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_gguf(model)
-    prompt = tok.encode(PROMPT)
-    tok.close()
-    swarm = LocalSwarm(model=str(model), cuts=CUTS, threads=1)
-    await swarm.start()
-    try:
-        assert swarm.route is not None and swarm.client_credentials is not None
-        async with SwarmClient(
-            swarm.client_credentials, swarm.route, swarm.tuning, step_timeout=60
-        ) as client:
-            workers = sorted(_children(), key=_stage_of)
-            _ = [ev async for ev in client.generate(prompt, 4)]  # engine threads started
-            best: dict[str, Any] = {}
-            for _ in range(rounds):
-                before = [thread_cpu_ms(p) for p in workers]
-                events = [ev async for ev in client.generate(prompt, tokens + 1)]
-                after = [thread_cpu_ms(p) for p in workers]
-                n = len(events)
-                per_stage = [
-                    {k: (v - b.get(k, 0.0)) / n for k, v in a.items() if v - b.get(k, 0.0) > 0}
-                    for a, b in zip(after, before, strict=True)
-                ]
-                total = sum(sum(s.values()) for s in per_stage)
-                if not best or total < best["total_ms"]:
-                    best = {
-                        "threads": per_stage,
-                        "total_ms": total,
-                        "tokens": [t for e in events for t in e.tokens],
-                    }
-            return best
-    finally:
-        await swarm.stop()
-        swarm.cleanup()
+    prompt = prompt_ids(model)
+    async with sangama_swarm(model, threads=1) as client:
+        workers = sorted(_children(), key=_stage_of)
+        _ = [ev async for ev in client.generate(prompt, 4)]  # engine threads started
+        best: dict[str, Any] = {}
+        for _ in range(rounds):
+            before = [thread_cpu_ms(p) for p in workers]
+            events = [ev async for ev in client.generate(prompt, tokens + 1)]
+            after = [thread_cpu_ms(p) for p in workers]
+            n = len(events)
+            per_stage = [
+                {k: (v - b.get(k, 0.0)) / n for k, v in a.items() if v - b.get(k, 0.0) > 0}
+                for a, b in zip(after, before, strict=True)
+            ]
+            total = sum(sum(s.values()) for s in per_stage)
+            if not best or total < best["total_ms"]:
+                best = {
+                    "threads": per_stage,
+                    "total_ms": total,
+                    "tokens": [t for e in events for t in e.tokens],
+                }
+        return best
 
 
 def alone(model: Path, tokens: int, rounds: int) -> dict[str, Any]:
@@ -102,12 +87,9 @@ def alone(model: Path, tokens: int, rounds: int) -> dict[str, Any]:
     from app.config import WorkerConfig
     from core.models import stage_files
     from core.stage import Stage, StepFailure, StepRequest
-    from core.tokenizer import Tokenizer
     from core.types import LayerRange, StageSpec
 
-    tok = Tokenizer.from_gguf(model)
-    prompt = tok.encode(PROMPT)
-    tok.close()
+    prompt = prompt_ids(model)
     ranges = LayerRange.from_cuts(CUTS)
     manifest, paths = stage_files(model, ranges)
     stages = [

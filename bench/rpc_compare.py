@@ -33,10 +33,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.client.swarm_client import SwarmClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -166,16 +169,26 @@ def rpc_run(
 # ---------------------------------------------------------------- Sangama
 
 
-async def sangama_tps(
-    model: Path, delay_ms: float, tokens: int, threads: int
-) -> tuple[float, list[int]]:
-    from app.client.swarm_client import SwarmClient
-    from app.lab.local_swarm import LocalSwarm
+def prompt_ids(model: Path) -> list[int]:
+    """PROMPT in `model`'s own tokens."""
     from core.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(model)
-    prompt = tok.encode(PROMPT)
-    tok.close()
+    try:
+        return tok.encode(PROMPT)
+    finally:
+        tok.close()
+
+
+@contextlib.asynccontextmanager
+async def sangama_swarm(
+    model: Path, threads: int, delay_ms: float = 0.0
+) -> AsyncIterator[SwarmClient]:
+    """A client of `model` split at CUTS over a LocalSwarm, every link `delay_ms` one
+    way; the swarm is stopped and cleaned up on the way out."""
+    from app.client.swarm_client import SwarmClient
+    from app.lab.local_swarm import LocalSwarm
+
     swarm = LocalSwarm(
         model=str(model), cuts=CUTS, threads=threads, link_delays_ms=[delay_ms] * len(CUTS)
     )
@@ -185,17 +198,25 @@ async def sangama_tps(
         async with SwarmClient(
             swarm.client_credentials, swarm.route, swarm.tuning, step_timeout=60
         ) as client:
-            best, chosen = 0.0, []
-            for _ in range(2):  # the first run warms caches and congestion windows
-                events = [ev async for ev in client.generate(prompt, tokens + 1)]
-                decode = events[1:]
-                total_ms = sum(e.trip_ms for e in decode)
-                best = max(best, len(decode) / (total_ms / 1e3))
-                chosen = [t for e in events for t in e.tokens]
-            return best, chosen
+            yield client
     finally:
         await swarm.stop()
         swarm.cleanup()
+
+
+async def sangama_tps(
+    model: Path, delay_ms: float, tokens: int, threads: int
+) -> tuple[float, list[int]]:
+    prompt = prompt_ids(model)
+    async with sangama_swarm(model, threads, delay_ms) as client:
+        best, chosen = 0.0, []
+        for _ in range(2):  # the first run warms caches and congestion windows
+            events = [ev async for ev in client.generate(prompt, tokens + 1)]
+            decode = events[1:]
+            total_ms = sum(e.trip_ms for e in decode)
+            best = max(best, len(decode) / (total_ms / 1e3))
+            chosen = [t for e in events for t in e.tokens]
+        return best, chosen
 
 
 # ---------------------------------------------------------------- main

@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.rpc_client import cpu_ms
-from bench.rpc_compare import CUTS, PROMPT, rpc_run
+from bench.rpc_compare import prompt_ids, rpc_run, sangama_swarm
 
 
 def _children() -> list[int]:
@@ -55,11 +55,8 @@ def whole_model_ms(model: Path, tokens: int, threads: int) -> dict[str, float]:
     import numpy as np
 
     from core.llama_engine import EngineConfig, LlamaStageEngine
-    from core.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_gguf(model)
-    prompt = tok.encode(PROMPT)
-    tok.close()
+    prompt = prompt_ids(model)
     engine = LlamaStageEngine(model, EngineConfig(n_ctx=512, n_batch=64, n_threads=threads))
     try:
         best: dict[str, float] = {}
@@ -97,61 +94,44 @@ def whole_model_ms(model: Path, tokens: int, threads: int) -> dict[str, float]:
 
 
 async def sangama_parts(model: Path, delay_ms: float, tokens: int, threads: int) -> dict[str, Any]:
-    from app.client.swarm_client import SwarmClient
-    from app.lab.local_swarm import LocalSwarm
-    from core.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_gguf(model)
-    prompt = tok.encode(PROMPT)
-    tok.close()
-    swarm = LocalSwarm(
-        model=str(model), cuts=CUTS, threads=threads, link_delays_ms=[delay_ms] * len(CUTS)
-    )
-    await swarm.start()
-    try:
-        assert swarm.route is not None and swarm.client_credentials is not None
-        async with SwarmClient(
-            swarm.client_credentials, swarm.route, swarm.tuning, step_timeout=60
-        ) as client:
-            best: dict[str, Any] = {}
-            workers = _children()
-            for _ in range(2):  # the first run warms caches and congestion windows
-                c0, w0 = time.process_time(), [cpu_ms(p) for p in workers]
-                events = [ev async for ev in client.generate(prompt, tokens + 1)]
-                n_ev = len(events)
-                cpu = {
-                    "client_and_proxies": (time.process_time() - c0) * 1e3 / n_ev,
-                    "workers": sorted(
-                        (cpu_ms(p) - w) / n_ev for p, w in zip(workers, w0, strict=True)
-                    ),
-                }
-                decode = events[1:]
-                n_stages = len(decode[0].timings)
-                compute = [statistics.median(e.timings[s].compute_ms for e in decode)
-                           for s in range(n_stages)]  # fmt: skip
-                queue = [statistics.median(e.timings[s].queue_ms for e in decode)
-                         for s in range(n_stages)]  # fmt: skip
-                hold = [statistics.median(e.timings[s].recv_to_send_ms for e in decode)
-                        for s in range(n_stages)]  # fmt: skip
-                rest = statistics.median(
-                    e.trip_ms - sum(t.recv_to_send_ms for t in e.timings) for e in decode
-                )
-                run = {
-                    "tok_s": len(decode) / (sum(e.trip_ms for e in decode) / 1e3),
-                    "trip_ms": statistics.median(e.trip_ms for e in decode),
-                    "compute_ms": compute,
-                    "queue_ms": queue,
-                    "hold_ms": hold,
-                    "links_and_client_ms": rest,
-                    "cpu_ms_per_token": cpu,
-                    "tokens": [t for e in events for t in e.tokens],
-                }
-                if not best or run["tok_s"] > best["tok_s"]:
-                    best = run
-            return best
-    finally:
-        await swarm.stop()
-        swarm.cleanup()
+    prompt = prompt_ids(model)
+    async with sangama_swarm(model, threads, delay_ms) as client:
+        best: dict[str, Any] = {}
+        workers = _children()
+        for _ in range(2):  # the first run warms caches and congestion windows
+            c0, w0 = time.process_time(), [cpu_ms(p) for p in workers]
+            events = [ev async for ev in client.generate(prompt, tokens + 1)]
+            n_ev = len(events)
+            cpu = {
+                "client_and_proxies": (time.process_time() - c0) * 1e3 / n_ev,
+                "workers": sorted(
+                    (cpu_ms(p) - w) / n_ev for p, w in zip(workers, w0, strict=True)
+                ),
+            }
+            decode = events[1:]
+            n_stages = len(decode[0].timings)
+            compute = [statistics.median(e.timings[s].compute_ms for e in decode)
+                       for s in range(n_stages)]  # fmt: skip
+            queue = [statistics.median(e.timings[s].queue_ms for e in decode)
+                     for s in range(n_stages)]  # fmt: skip
+            hold = [statistics.median(e.timings[s].recv_to_send_ms for e in decode)
+                    for s in range(n_stages)]  # fmt: skip
+            rest = statistics.median(
+                e.trip_ms - sum(t.recv_to_send_ms for t in e.timings) for e in decode
+            )
+            run = {
+                "tok_s": len(decode) / (sum(e.trip_ms for e in decode) / 1e3),
+                "trip_ms": statistics.median(e.trip_ms for e in decode),
+                "compute_ms": compute,
+                "queue_ms": queue,
+                "hold_ms": hold,
+                "links_and_client_ms": rest,
+                "cpu_ms_per_token": cpu,
+                "tokens": [t for e in events for t in e.tokens],
+            }
+            if not best or run["tok_s"] > best["tok_s"]:
+                best = run
+        return best
 
 
 def main() -> int:
