@@ -123,19 +123,6 @@ def rpc_servers(
                 proc.kill()
 
 
-def rpc_tps(
-    module: Path,
-    server: Path,
-    model: Path,
-    delay_ms: float,
-    tokens: int,
-    threads: int,
-    repack: int,
-) -> tuple[float, list[int]]:
-    result = rpc_run(module, server, model, delay_ms, tokens, threads, repack)
-    return float(result["tokens_per_s"]), [int(t) for t in result["tokens"]]
-
-
 def rpc_run(
     module: Path,
     server: Path,
@@ -246,10 +233,11 @@ def main() -> int:
     for delay in [float(x) for x in args.delays.split(",")]:
         # Alternate the two at each delay so drift on a shared machine hits both alike.
         ours, our_tokens = asyncio.run(sangama_tps(model, delay, args.tokens, args.threads))
-        theirs, their_tokens = rpc_tps(
+        result = rpc_run(
             binaries["libggml-rpc.so"], binaries["ggml-rpc-server"], model, delay,
             args.tokens, args.threads, args.repack,
         )
+        theirs, their_tokens = float(result["tokens_per_s"]), [int(t) for t in result["tokens"]]
         rows.append(Row(delay, ours, theirs))
         same.append(our_tokens[: len(their_tokens)] == their_tokens[: len(our_tokens)])
     load.append(os.getloadavg()[0])
