@@ -15,13 +15,8 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from app.api.openai_api import (
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_PORT,
-    Backend,
-    SwarmBackend,
-    create_openai_app,
-)
+from app.api.openai_api import DEFAULT_MAX_TOKENS, DEFAULT_PORT, create_openai_app
+from app.api.swarm_backend import Backend, SwarmBackend
 from app.client.connect import avoiding_source, joined_links
 from app.client.route import fetch_route
 from app.config import Route

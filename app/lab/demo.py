@@ -7,8 +7,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from app.api.openai_api import DEFAULT_PORT, SwarmBackend
+from app.api.openai_api import DEFAULT_PORT
 from app.api.openai_serve import announce, serve_api
+from app.api.swarm_backend import SwarmBackend
 from app.client.chat_run import demo_prompt, print_report, stream_answer
 from app.client.connect import open_chat
 from app.lab.local_run import even_cuts

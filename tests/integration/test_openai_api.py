@@ -24,8 +24,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from app.api.openai_api import Backend, StopCutter, SwarmBackend
+from app.api.generation import StopCutter
 from app.api.openai_serve import serve_api
+from app.api.swarm_backend import Backend, SwarmBackend
 from app.config import Route
 from app.errors import Overloaded, RouteUnavailable, StageTimeout
 from app.lab.local_swarm import LocalSwarm
