@@ -70,6 +70,8 @@ class WorkerConfig:
     """Directory holding ca.pem and <node_id>.pem / <node_id>.key."""
     next_hop: Hop | None = None
     threads: int = 1
+    """Compute threads of the stage; 0 ("auto"): time a one-row step at 1..n threads at
+    start and keep the fewest within 10% of the fastest (app/serving/thread_calibration)."""
     max_sessions: int = 8
     n_ctx: int = 2048
     row_budget: int = 256
@@ -119,8 +121,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
             raise ConfigError(f"quic_library must be aioquic or qh3, not {self.quic_library!r}")
-        if self.threads < 1 or self.max_sessions < 1 or self.row_budget < 1:
-            raise ConfigError("threads, max_sessions and row_budget must be >= 1")
+        if self.threads < 0 or self.max_sessions < 1 or self.row_budget < 1:
+            raise ConfigError("threads must be >= 0 (0: auto), max_sessions and row_budget >= 1")
         if not (0 <= self.mtp_guesses <= 8 and 0.0 <= self.mtp_p_min <= 1.0):
             raise ConfigError("mtp_guesses must be in 0..8 and mtp_p_min in [0, 1]")
         if not (isinstance(self.inline_step_ms, int | float) and self.inline_step_ms >= 0):

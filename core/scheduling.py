@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["CALIBRATION_SIZES", "Queued", "choose_row_budget", "select_batch"]
+__all__ = [
+    "CALIBRATION_SIZES",
+    "Queued",
+    "choose_row_budget",
+    "choose_threads",
+    "select_batch",
+    "thread_candidates",
+]
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 """Batch sizes the worker times at start-up (those up to its n_batch)."""
@@ -94,3 +101,32 @@ def choose_row_budget(
         if rows / ms >= share * best:
             return rows
     return n_batch  # not reached: the best sample itself qualifies
+
+
+def thread_candidates(cpus: int, cap: int = 8) -> list[int]:
+    """Thread counts a worker with `threads` unset times at start: 1 up to the CPUs it
+    may use, at most `cap` (a one-row step of a stage has little work to split)."""
+    if cpus < 1 or cap < 1:
+        raise ValueError("cpus and cap must be >= 1")
+    return list(range(1, min(cpus, cap) + 1))
+
+
+def choose_threads(samples: Sequence[tuple[int, float]], share: float = 0.9) -> int:
+    """The thread count from measured (threads, one-row step ms) pairs: the fewest
+    threads whose speed is at least `share` of the fastest measured.
+
+    Fewest, because every thread a stage keeps is a core the volunteer's own programs
+    lose, and because on a PC in use each extra thread is one more that an OpenMP
+    barrier waits for when the scheduler runs something else: a count that only ties
+    on a quiet start-up is the one that collapses first later. No usable sample: 1.
+    """
+    if not 0 < share <= 1:
+        raise ValueError("share must be in (0, 1]")
+    usable = sorted((n, ms) for n, ms in samples if n >= 1 and ms > 0)
+    if not usable:
+        return 1
+    fastest = min(ms for _, ms in usable)
+    for threads, ms in usable:
+        if fastest / ms >= share:
+            return threads
+    return usable[0][0]  # not reached: the fastest sample itself qualifies

@@ -33,6 +33,19 @@ def _parse_cuts(text: str) -> list[int]:
         ) from None
 
 
+def _parse_threads(text: str) -> int:
+    """A thread count, or "auto" (0: the worker measures which count is fastest)."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"threads must be auto or >= 1, not {text!r}")
+    return value
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -136,7 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--advertise", default=None, help="address peers should dial, if not --listen")
     p.add_argument("--vram-cap", default="0", help="memory to offer, e.g. 12G (default: all free)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--threads",
+        type=_parse_threads,
+        default=1,
+        help="compute threads, or auto: time the stage's step at 1..n threads at start",
+    )
     p.add_argument("--quic", choices=["aioquic", "qh3"], default="qh3")  # net.quic.DEFAULT_LIBRARY
     p.add_argument("--relay-only", action="store_true", help="reach peers only via the relay")
     p.add_argument(

@@ -74,6 +74,7 @@ class LoadedStage:
 
 async def load_stage(config: WorkerConfig) -> LoadedStage:
     """Assemble the stage file and build the stage (in a thread: loading takes a while)."""
+    from app.serving.thread_calibration import calibrated_threads
     from core.stage import Stage
 
     path, n_layer = await asyncio.get_running_loop().run_in_executor(
@@ -85,12 +86,17 @@ async def load_stage(config: WorkerConfig) -> LoadedStage:
         n_ctx=config.n_ctx,
         n_batch=config.row_budget,
         n_seq_max=config.max_sessions,
-        n_threads=config.threads,
+        n_threads=config.threads or 1,  # auto: set after the measurement below
         use_gpu=config.use_gpu,
         device_cap_bytes=config.device_cap_bytes,
         reproducible=config.reproducible,
     )
     stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
+    if config.threads == 0:  # "auto": measured before the row budget, which then uses it
+        threads, samples = await asyncio.get_running_loop().run_in_executor(
+            None, calibrated_threads, stage
+        )
+        log.info("threads %d from one-row step times %s", threads, samples)
     return LoadedStage(config, path, spec, stage)
 
 

@@ -50,3 +50,33 @@ def test_reproducible_reaches_the_coordinated_worker(
     extra = ["--reproducible"] if flag else []
     assert main(["worker", "--identity", str(tmp_path), *extra]) == 0
     assert [o.reproducible for o in seen] == [flag]
+
+
+@pytest.mark.parametrize(
+    ("given", "threads"), [([], 1), (["--threads", "auto"], 0), (["--threads", "3"], 3)]
+)
+def test_threads_reach_the_coordinated_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str], threads: int
+) -> None:
+    """0 is `auto`: the worker times its step at 1..n threads (app/serving/thread_calibration)."""
+    import app.serving.guest as guest
+
+    seen: list[Any] = []
+
+    def run_guest(options: Any, _settings: Any) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(guest, "run_guest", run_guest)
+    assert main(["worker", "--identity", str(tmp_path), *given]) == 0
+    assert [o.threads for o in seen] == [threads]
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "lots"])
+def test_a_bad_thread_count_is_refused_by_the_parser(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["worker", "--identity", str(tmp_path), "--threads", bad])
+    assert exit_.value.code == 2
+    assert "threads must be auto or >= 1" in capsys.readouterr().err

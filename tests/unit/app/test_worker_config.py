@@ -58,7 +58,7 @@ def test_defaults_round_trip_and_relative_credentials_resolve(tmp_path: Path) ->
         {"uplod_bytes_per_s": 10},  # a typo is not silently ignored
         {"use_gpu": "no"},  # a string is not a bool
         {"threads": "many"},
-        {"threads": 0},  # __post_init__'s checks still apply
+        {"threads": -1},  # __post_init__'s checks still apply (0 is auto)
     ],
 )
 def test_a_bad_setting_is_a_config_error(bad: dict[str, object]) -> None:
