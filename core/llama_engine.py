@@ -437,6 +437,11 @@ class LlamaStageEngine:
     def set_threads(self, n_threads: int) -> None:
         LL.llama_set_n_threads(self._ctx, n_threads, n_threads)
 
+    @property
+    def n_threads(self) -> int:
+        """Threads a one-row decode runs on (set_threads, or the config's)."""
+        return int(LL.llama_n_threads(self._ctx))
+
     def close(self) -> None:
         """Free the batch, context and model; safe to call twice."""
         if self.mtp_context is not None:

@@ -52,6 +52,9 @@ class EngineCalls:
         self._outstanding = 0
         self.inline_calls = 0
         """Steps that ran on the loop thread (stats, tests)."""
+        self.after_steps: Callable[[], None] | None = None
+        """Run on the engine thread right after a step when nothing else is queued there
+        (the step's result is out by then): core.omp_idle's park, where it applies."""
 
     def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
         """Queue a call on the engine thread (from the loop thread)."""
@@ -84,7 +87,16 @@ class EngineCalls:
             if idle:
                 self.inline_calls += 1
                 return fn(*args)
-        return await self.run(fn, *args)
+        future = self.submit(fn, *args)
+        if self.after_steps is not None:
+            self._executor.submit(self._after_step_if_alone, self.after_steps)
+        return await asyncio.wrap_future(future)
+
+    def _after_step_if_alone(self, hook: Callable[[], None]) -> None:
+        with self._lock:
+            alone = self._outstanding == 0
+        if alone:  # a queued call goes first: its graph keeps the threads busy anyway
+            hook()
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)

@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# OpenMP threads spin for a long time after each graph by default; several stages
-# sharing a machine (tests, demo) then steal each other's cores. A short spin keeps
-# the compute fast and lets idle stages sleep.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# How long an OpenMP thread spins at a barrier before it sleeps. ggml's graph of one
+# token has hundreds of barriers: at 10000 turns (~0.4 ms here) a thread preempted for
+# longer sends its partner to sleep, and each of 65-85 sleeps a token costs a wake-up
+# (a 2-thread stage 10x slower on a busy machine); at 100000 they stay under 3 a token.
+# libgomp spins as long after each graph: core.omp_idle parks the idle threads where
+# several stages could share the cores (bench/README.md, "Threads per stage, third pass").
+os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
 
 def prepare_stage_file(config: WorkerConfig) -> tuple[Path, int]:

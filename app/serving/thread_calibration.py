@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from app.serving.calibration import SCRATCH
+from core.omp_idle import OmpIdle
 from core.scheduling import choose_threads, thread_candidates
 from core.stage import Stage, StepFailure, StepRequest
 
@@ -81,3 +82,18 @@ def _thread_setter(stage: Stage) -> Callable[[int], None] | None:
     require it, so fakes and other engines may lack it)."""
     setter: Callable[[int], None] | None = getattr(stage.engine, "set_threads", None)
     return setter
+
+
+PARK_ENV = "SANGAMA_OMP_PARK"
+"""Set to 0 to leave OpenMP's idle threads spinning after each step (measurements)."""
+
+
+def idle_parker(stage: Stage) -> Callable[[], None] | None:
+    """The call that sends the stage's idle OpenMP threads to sleep after a step, or None
+    where it does not apply (core.omp_idle). On the engine thread: libgomp is loaded by
+    then, and the pool that runs this stage's graphs belongs to that thread."""
+    threads = getattr(stage.engine, "n_threads", None)
+    if os.environ.get(PARK_ENV) == "0" or not isinstance(threads, int):
+        return None
+    idle = OmpIdle.load(threads, usable_cpus())
+    return None if idle is None else idle.park

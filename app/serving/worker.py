@@ -60,6 +60,7 @@ from app.serving.session_rules import (
     TokensReady,
 )
 from app.serving.session_rules import Event as RuleEvent
+from app.serving.thread_calibration import idle_parker
 from app.serving.verify_rows import step_guesses_alone, step_verifying
 from app.wire_convert import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
@@ -219,6 +220,7 @@ class StageWorker:
                 calibrated_row_budget, self.stage
             )
             log.info("row budget %d from step times %s", self.row_budget, self.step_samples)
+        self._engine_calls.after_steps = await self._engine_calls.run(idle_parker, self.stage)
         self.address = await self._server.listen(*self.config.listen)
         self._engine_task = asyncio.get_running_loop().create_task(self._engine_loop())
         return self.address

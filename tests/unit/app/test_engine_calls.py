@@ -102,3 +102,30 @@ def test_worker_config_inline_setting_round_trips() -> None:
         WorkerConfig(
             "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), cfg.credentials, inline_step_ms=-1
         )
+
+
+def test_after_steps_runs_on_the_engine_thread_only_when_nothing_is_queued() -> None:
+    """core.omp_idle's park goes there: after the step's result, never before a call
+    already waiting (that call's graph would only have to wake the threads again)."""
+    calls = EngineCalls()
+    hooks: list[int] = []
+    calls.after_steps = lambda: hooks.append(threading.get_ident())
+    release = threading.Event()
+
+    async def main() -> tuple[int, int]:
+        alone = await calls.run_step(False, threading.get_ident)
+        await asyncio.wrap_future(calls.submit(lambda: None))  # the hook ran before this
+        assert len(hooks) == 1
+        # A step with another call queued behind it: the hook stands aside.
+        step = asyncio.ensure_future(calls.run_step(False, lambda: release.wait(5)))
+        await asyncio.sleep(0)
+        queued = calls.submit(threading.get_ident)
+        release.set()
+        await step
+        return alone, await asyncio.wrap_future(queued)
+
+    try:
+        alone, engine_thread = asyncio.run(main())
+    finally:
+        calls.shutdown()
+    assert hooks == [alone] and alone == engine_thread != threading.get_ident()
