@@ -9,8 +9,8 @@ shared machine's drift hits both. Each worker reads GOMP_SPINCOUNT from its envi
 in this process, whose OpenMP runtime was set up before any swarm.
 
     .venv/bin/python bench/swarm_vs_mono.py [--json] [--tokens 32] [--rounds 2]
-        [--swarm 2 --swarm 2:10000 --swarm 2:default:nopark --swarm 1]
-        # THREADS[:GOMP_SPINCOUNT|default[:park|nopark]]; nopark: SANGAMA_OMP_PARK=0
+        [--swarm 2 --swarm 2:10000 --swarm 2:default:park --swarm 1]
+        # THREADS[:GOMP_SPINCOUNT|default[:park|nopark]]; park: SANGAMA_OMP_PARK=1
 """
 
 from __future__ import annotations
@@ -48,18 +48,18 @@ def parse_swarm(text: str) -> Swarm:
         raise argparse.ArgumentTypeError(
             f"a swarm is THREADS[:SPINCOUNT|default[:park|nopark]], not {text!r}"
         )
-    return int(threads), spin, park != "nopark"
+    return int(threads), spin, park == "park"
 
 
 def name_of(swarm: Swarm) -> str:
     threads, spin, park = swarm
-    return f"{threads}:{spin}" + ("" if park else ":nopark")
+    return f"{threads}:{spin}" + (":park" if park else "")
 
 
 def run_swarm(model: Path, prompt: list[int], tokens: int, swarm: Swarm) -> Any:
     threads, spin, park = swarm
     # The workers inherit this environment (spin: libgomp reads it when ggml loads it).
-    env = {"GOMP_SPINCOUNT": None if spin == "default" else spin, PARK_ENV: None if park else "0"}
+    env = {"GOMP_SPINCOUNT": None if spin == "default" else spin, PARK_ENV: "1" if park else None}
     saved = {k: os.environ.get(k) for k in env}
     for k, v in env.items():
         if v is None:
@@ -85,7 +85,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--swarm", type=parse_swarm, action="append")
     args = ap.parse_args()
-    swarms: list[Swarm] = args.swarm or [(2, "default", True), (1, "default", True)]
+    swarms: list[Swarm] = args.swarm or [(2, "default", False), (1, "default", False)]
 
     model = resolve_model("gemma-3-270m")
     tok = Tokenizer.from_gguf(model)

@@ -16,6 +16,12 @@ smaller, so libgomp counts fewer threads again and its barriers spin as before. 
 thread created and one released per park (tens of microseconds), so it is used only
 where the stage's threads cover (nearly) every CPU, the case where the spin hurts.
 Not libgomp (other OpenMP runtimes, builds without OpenMP): `OmpIdle.load` gives None.
+
+Opt-in (SANGAMA_OMP_PARK=1, app/serving/thread_calibration.idle_parker): it does stop
+the spin (a stage's idle thread 3.8-4.3 ms of CPU after a step without, 0.02 with), but
+a swarm of three 2-thread stages on a busy 2-core machine made 9.9-10.9 tok/s with it
+and 25.7-27.4 without: a parked thread has given up its core and waits for one when the
+next graph wakes it, the very wait the spin exists to avoid (bench/README.md).
 """
 
 from __future__ import annotations

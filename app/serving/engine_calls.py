@@ -54,7 +54,7 @@ class EngineCalls:
         """Steps that ran on the loop thread (stats, tests)."""
         self.after_steps: Callable[[], None] | None = None
         """Run on the engine thread right after a step when nothing else is queued there
-        (the step's result is out by then): core.omp_idle's park, where it applies."""
+        (the step's result is out by then): core.omp_idle's park, where it is enabled."""
 
     def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
         """Queue a call on the engine thread (from the loop thread)."""

@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 # token has hundreds of barriers: at 10000 turns (~0.4 ms here) a thread preempted for
 # longer sends its partner to sleep, and each of 65-85 sleeps a token costs a wake-up
 # (a 2-thread stage 10x slower on a busy machine); at 100000 they stay under 3 a token.
-# libgomp spins as long after each graph: core.omp_idle parks the idle threads where
-# several stages could share the cores (bench/README.md, "Threads per stage, third pass").
+# libgomp spins as long after each graph, taking a core from the next stage of the same
+# machine (core.omp_idle can park the idle threads; it measured worse, so it is opt-in:
+# bench/README.md, "Threads per stage, third pass").
 os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
 

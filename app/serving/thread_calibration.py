@@ -85,7 +85,9 @@ def _thread_setter(stage: Stage) -> Callable[[int], None] | None:
 
 
 PARK_ENV = "SANGAMA_OMP_PARK"
-"""Set to 0 to leave OpenMP's idle threads spinning after each step (measurements)."""
+"""Set to 1 to park OpenMP's idle threads after each step. Off by default: measured on
+the shared 2-core machine it cost more than the spin it saves (a parked thread waits for
+a core when the next graph wakes it; bench/README.md, "Threads per stage, third pass")."""
 
 
 def idle_parker(stage: Stage) -> Callable[[], None] | None:
@@ -93,7 +95,7 @@ def idle_parker(stage: Stage) -> Callable[[], None] | None:
     where it does not apply (core.omp_idle). On the engine thread: libgomp is loaded by
     then, and the pool that runs this stage's graphs belongs to that thread."""
     threads = getattr(stage.engine, "n_threads", None)
-    if os.environ.get(PARK_ENV) == "0" or not isinstance(threads, int):
+    if os.environ.get(PARK_ENV) != "1" or not isinstance(threads, int):
         return None
     idle = OmpIdle.load(threads, usable_cpus())
     return None if idle is None else idle.park
