@@ -114,7 +114,12 @@ def test_after_steps_runs_on_the_engine_thread_only_when_nothing_is_queued() -> 
 
     async def main() -> tuple[int, int]:
         alone = await calls.run_step(False, threading.get_ident)
-        await asyncio.wrap_future(calls.submit(lambda: None))  # the hook ran before this
+        # The hook runs on the engine thread after the step's result is out; a call
+        # submitted before it looks would make it stand aside, so wait without one.
+        for _ in range(500):
+            if hooks:
+                break
+            await asyncio.sleep(0.01)
         assert len(hooks) == 1
         # A step with another call queued behind it: the hook stands aside.
         step = asyncio.ensure_future(calls.run_step(False, lambda: release.wait(5)))
