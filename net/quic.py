@@ -39,8 +39,10 @@ from aioquic.quic.connection import QuicConnection
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from net.ack_policy import ACK_HOLD, hold_ack_until
 from net.errors import NetError
 from net.path_mtu import PROBE_CEILING, may_probe, probe_ceiling
+from net.quic_counts import LinkCounts
 from net.quic_udp import Receiver, UdpPath
 from net.rate import AsyncThrottle
 
@@ -96,6 +98,9 @@ class QuicTuning:
     keepalive: float = 1.25
     """Seconds between PINGs on an idle link: keeps NAT mappings and detects dead peers."""
     pace: bool = False
+    ack_hold: float = ACK_HOLD
+    """Seconds the ACK of a one-packet frame may wait for the next frame when frames
+    come closer together than this (net.ack_policy); 0: every ACK leaves at once."""
     library: str = DEFAULT_LIBRARY
     """"qh3" (default: Rust packet core, less CPU per hop) or "aioquic" (same sans-IO API)."""
     send_throttle: AsyncThrottle | None = field(default=None, compare=False, repr=False)
@@ -181,6 +186,24 @@ class _Backend:
             quic._loss._pacer.next_send_time = _never_wait
         return quic
 
+    @property
+    def receives_bursts(self) -> bool:
+        """The library takes a burst of datagrams in one call (qh3's
+        `receive_many_datagrams`: one pass into its core, not a header parse per packet
+        in Python first)."""
+        return self.name == "qh3"
+
+    def datagrams_to_send(self, quic: Any, now: float) -> list[tuple[bytes, Any]]:
+        """qh3: its core's transmits polled directly (the wrapper adds two logging calls
+        a datagram, which do nothing without a QUIC logger); aioquic: its own method."""
+        core = getattr(quic, "_core", None) if self.name == "qh3" else None
+        if core is None or quic._quic_logger is not None:
+            return list(quic.datagrams_to_send(now=now))
+        out = []
+        while (transmit := core.poll_transmit(now)) is not None:
+            out.append((transmit[0], transmit[1]))
+        return out
+
     def ack_due(self, quic: Any) -> float | None:
         """When the connection's next timer is a pending 1-RTT ACK: its deadline (qh3)."""
         core = getattr(quic, "_core", None) if self.name == "qh3" else None
@@ -243,6 +266,9 @@ class QuicLink:
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._timer_held = False
+        """`_timer` is a held ACK's: cancelled once that ACK has left (it would fire for
+        nothing, a wake-up a frame)."""
         self._clock_floor = 0.0
         """When `_timer` fires (wall clock, as the QUIC library's deadlines)."""
         self._keepalive: asyncio.TimerHandle | None = None
@@ -250,6 +276,16 @@ class QuicLink:
         self._deferred: asyncio.TimerHandle | None = None
         self._received = False
         """Datagrams arrived that `flush_received` has not acted on yet."""
+        self._inbox: list[bytes] = []
+        self._inbox_addr: Addr | None = None
+        self._data_at: float | None = None
+        self._data_gap: float | None = None
+        """When the last data burst arrived, and the time since the one before it."""
+        self._ack_held = False
+        """An ACK is being held for the next frame (net.ack_policy); the timer is set
+        for when it must leave at the latest."""
+        """A burst's datagrams not yet given to the library (`receives_bursts`), and
+        where they came from."""
         self.burst_aware = False
         """True when the path calls `flush_received` at the end of every burst."""
         self._last_activity = time.monotonic()
@@ -260,6 +296,9 @@ class QuicLink:
         self.owns_path = False
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.counts = LinkCounts()
+        self._stream_queued = False
+        """Stream data was queued since the last transmit (else what leaves is control)."""
 
     # -- identity
     @property
@@ -273,7 +312,17 @@ class QuicLink:
 
     # -- input
     def datagram_received(self, data: bytes, addr: Addr) -> None:
+        self.counts.datagrams_received += 1
+        if self.burst_aware and self._backend.receives_bursts:
+            # Kept until the burst ends: `flush_received` hands them over in one call.
+            if self._inbox and addr != self._inbox_addr:
+                self._receive_inbox()
+            self._inbox.append(data)
+            self._inbox_addr = addr
+            self._received = True
+            return
         self._last_activity = time.monotonic()
+        self.counts.bursts_received += 1
         try:
             self._quic.receive_datagram(data, addr, now=self._now())
         except Exception as exc:  # a bug or hostile input in one link must not hang it
@@ -292,12 +341,40 @@ class QuicLink:
         if not self._received:
             return
         self._received = False
+        if self._inbox and not self._receive_inbox():
+            return
+        delivered = self.bytes_received
         try:
             self._process_events()
         except Exception as exc:  # a handler's bug must not hang the link
             self._internal_error(exc)
             return
+        if self.bytes_received != delivered:
+            now = time.monotonic()
+            if self._data_at is not None:
+                self._data_gap = now - self._data_at
+            self._data_at = now
+        elif not self._transmit_scheduled:
+            # Nothing for the handlers (an ACK, a PING): nothing is forwarded ahead of
+            # this link's answer, so it leaves now rather than a loop turn later.
+            if not self.closed.done():
+                self._transmit()
+            return
         self._schedule_transmit()
+
+    def _receive_inbox(self) -> bool:
+        """Give the burst held so far to the library in one call; False if it failed."""
+        batch, addr = self._inbox, self._inbox_addr
+        self._inbox = []
+        assert addr is not None
+        self._last_activity = time.monotonic()
+        self.counts.bursts_received += 1
+        try:
+            self._quic.receive_many_datagrams(batch, addr, now=self._now())
+        except Exception as exc:  # a bug or hostile input in one link must not hang it
+            self._internal_error(exc)
+            return False
+        return True
 
     def _internal_error(self, exc: Exception) -> None:
         log.exception("link to %s failed", self.peer_address)
@@ -310,6 +387,8 @@ class QuicLink:
 
     def _on_timer(self) -> None:
         self._timer = None
+        self._ack_held = False
+        self.counts.timer_fires += 1
         self._quic.handle_timer(now=self._now())
         self._process_events()
         self._transmit()
@@ -343,6 +422,7 @@ class QuicLink:
             raise LinkError(f"link to {self.peer_address} is closed: {self.closed.result()}")
         self._quic.send_stream_data(STREAM_ID, data)
         self.bytes_sent += len(data)
+        self._stream_queued = True
         self._schedule_transmit()
 
     def _schedule_transmit(self) -> None:
@@ -365,7 +445,17 @@ class QuicLink:
                 return
         now = self._now()
         due = self._backend.ack_due(self._quic)
-        if due is not None and due - now <= ACK_SOON:
+        pending = due is not None and due - now <= ACK_SOON
+        # Frames coming close together: this ACK waits for the next frame (and then
+        # leaves acknowledging both); the timer below is its latest moment.
+        hold_until = (
+            hold_ack_until(now, self._data_gap, self._ack_held, self._tuning.ack_hold)
+            if pending
+            else now
+        )
+        self._ack_held = hold_until > now
+        if pending and not self._ack_held:
+            assert due is not None
             # The ACK of a one-packet frame is due within a millisecond or two: send it in
             # this transmit (the one that ends the burst) rather than from a timer of its
             # own, a wake-up and a lone datagram later. The library's clock is moved to
@@ -374,13 +464,20 @@ class QuicLink:
             now = self._clock_floor = max(now, due + 1e-4)
             self._quic.handle_timer(now=now)
         sent = 0
-        for data, addr in self._quic.datagrams_to_send(now=now):
+        counts = self.counts
+        counts.transmits += 1
+        datagrams = self._backend.datagrams_to_send(self._quic, now)
+        for data, addr in datagrams:
             self._path.send(data, addr)
             sent += len(data)
+        counts.datagrams_sent += len(datagrams)
+        if not self._stream_queued:
+            counts.control_datagrams_sent += len(datagrams)
+        self._stream_queued = False
         if throttle is not None:
             throttle.sent(sent)
         if not self.closed.done():
-            self._reschedule_timer(now)
+            self._reschedule_timer(now, hold_until if hold_until > now else None)
 
     def _now(self) -> float:
         """The QUIC library's clock: wall time, never before a time it was already given."""
@@ -390,18 +487,25 @@ class QuicLink:
         self._deferred = None
         self._transmit()
 
-    def _reschedule_timer(self, now: float) -> None:
+    def _reschedule_timer(self, now: float, held_until: float | None = None) -> None:
         deadline = self._quic.get_timer()
+        if held_until is not None and deadline is not None:
+            deadline = max(deadline, held_until)  # the held ACK's timer, pushed back
         if self._timer is not None:
-            if deadline is not None and self._timer_at <= deadline:
+            early = deadline is not None and deadline - self._timer_at > 1e-3
+            if deadline is not None and self._timer_at <= deadline and not (
+                early and self._timer_held
+            ):
                 # Already armed for no later: it fires, finds nothing due, re-arms. Cheaper
                 # than a cancel and a new handle on every transmit (the idle deadline moves
                 # with every packet), which also bloat the loop's timer heap.
                 return
             self._timer.cancel()
             self._timer = None
+        self._timer_held = held_until is not None
         if deadline is not None:
             self._timer_at = deadline
+            self.counts.timers_armed += 1
             self._timer = self._loop.call_later(max(0.0, deadline - now), self._on_timer)
 
     def _arm_keepalive(self) -> None:

@@ -79,6 +79,8 @@ class UdpPath(asyncio.DatagramProtocol):
         self.datagrams = 0
         self.dont_fragment = False
         """Datagrams leave whole or not at all (net.path_mtu): links may probe the MTU."""
+        self._peer: Addr | None = None
+        """A connected socket's peer: what every datagram it reads comes from."""
 
     @classmethod
     async def bind(cls, host: str, port: int, receiver: Receiver) -> UdpPath:
@@ -93,6 +95,9 @@ class UdpPath(asyncio.DatagramProtocol):
         path = cls(receiver, on_error)
         await path._open(local=None, remote=remote)
         path.connected = True
+        if path._sock is not None:
+            host, port = path._sock.getpeername()[:2]
+            path._peer = (str(host), int(port))
         return path
 
     async def _open(self, local: Addr | None, remote: Addr | None) -> None:
@@ -147,8 +152,12 @@ class UdpPath(asyncio.DatagramProtocol):
         sock = self._sock
         if sock is None:
             return
+        peer = self._peer
         try:
-            n = drain(lambda: sock.recvfrom(MAX_DATAGRAM), self._deliver, DRAIN_LIMIT)
+            if peer is not None:  # connected: `recv` (no source address built per datagram)
+                n = drain(lambda: (sock.recv(MAX_DATAGRAM), peer), self._deliver, DRAIN_LIMIT)
+            else:
+                n = drain(lambda: sock.recvfrom(MAX_DATAGRAM), self._deliver, DRAIN_LIMIT)
         except OSError as exc:
             self.error_received(exc)
             return
@@ -164,7 +173,8 @@ class UdpPath(asyncio.DatagramProtocol):
 
     def _deliver(self, data: bytes, addr: Any) -> None:
         self.datagrams += 1
-        self._receiver(data, (str(addr[0]), int(addr[1])))
+        # An IPv4 socket gives (str, int) already; IPv6 adds flow info and scope id.
+        self._receiver(data, addr if len(addr) == 2 else (str(addr[0]), int(addr[1])))
 
     @property
     def remote_host(self) -> str:
