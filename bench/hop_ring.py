@@ -32,6 +32,7 @@ import psutil
 from app.credentials import init_ca, issue_node, load_credentials
 from app.ports import free_tcp_port, free_udp_port
 from net import event_loop, quic_counts, wire
+from net.ack_policy import ACK_HOLD
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
 from net.path_mtu import PROBE_CEILING
 from net.quic import DEFAULT_LIBRARY, QUIC_LIBRARIES, QuicTuning
@@ -95,19 +96,28 @@ async def _tcp_sender(port: int) -> Send:
     return lambda f: writer.write(wire.encode(f))
 
 
+def _tuning(mtu: int, lib: str, ack_hold: float = ACK_HOLD) -> QuicTuning:
+    return QuicTuning(probe_max_datagram_size=mtu, library=lib, ack_hold=ack_hold)
+
+
 async def _quic_server(
-    creds: NodeCredentials, port: int, on_frame: Callable[[wire.Frame], None], mtu: int, lib: str
+    creds: NodeCredentials,
+    port: int,
+    on_frame: Callable[[wire.Frame], None],
+    mtu: int,
+    lib: str,
+    ack_hold: float = ACK_HOLD,
 ) -> ChannelServer:
     def ready(ch: Channel) -> None:
         ch.on_frame = lambda _c, f: on_frame(f)
 
-    server = ChannelServer(creds, ready, QuicTuning(probe_max_datagram_size=mtu, library=lib))
+    server = ChannelServer(creds, ready, _tuning(mtu, lib, ack_hold))
     await server.listen("127.0.0.1", port)
     return server
 
 
 async def _quic_channel(
-    creds: NodeCredentials, port: int, node_id: str, mtu: int, lib: str
+    creds: NodeCredentials, port: int, node_id: str, mtu: int, lib: str, ack_hold: float = ACK_HOLD
 ) -> Channel:
     for _ in range(200):
         try:
@@ -115,7 +125,7 @@ async def _quic_channel(
                 ("127.0.0.1", port),
                 creds,
                 node_id,
-                QuicTuning(probe_max_datagram_size=mtu, library=lib),
+                _tuning(mtu, lib, ack_hold),
                 timeout=2,
             )
         except Exception:
@@ -123,8 +133,10 @@ async def _quic_channel(
     raise OSError(f"no QUIC listener on {port}")
 
 
-async def _quic_sender(creds: NodeCredentials, port: int, node_id: str, mtu: int, lib: str) -> Send:
-    return (await _quic_channel(creds, port, node_id, mtu, lib)).send
+async def _quic_sender(
+    creds: NodeCredentials, port: int, node_id: str, mtu: int, lib: str, ack_hold: float = ACK_HOLD
+) -> Send:
+    return (await _quic_channel(creds, port, node_id, mtu, lib, ack_hold)).send
 
 
 # ---------------------------------------------------------------- forwarder process
@@ -139,8 +151,9 @@ async def forward(args: argparse.Namespace) -> None:
     if args.transport != "tcp":
         lib = _library(args.transport)
         creds = load_credentials(Path(args.creds), args.id)
-        out.append(await _quic_sender(creds, args.next, args.next_id, args.mtu, lib))
-        server: object = await _quic_server(creds, args.listen, on_frame, args.mtu, lib)
+        hold = args.ack_hold
+        out.append(await _quic_sender(creds, args.next, args.next_id, args.mtu, lib, hold))
+        server: object = await _quic_server(creds, args.listen, on_frame, args.mtu, lib, hold)
     else:
         out.append(await _tcp_sender(args.next))
         server = await _tcp_server(args.listen, on_frame)
@@ -153,9 +166,16 @@ async def forward(args: argparse.Namespace) -> None:
 
 
 async def measure(
-    transport: str, hops: int, dtype: WireDtype, width: int, n: int, mtu: int
+    transport: str,
+    hops: int,
+    dtype: WireDtype,
+    width: int,
+    n: int,
+    mtu: int,
+    ack_hold: float = ACK_HOLD,
 ) -> dict[str, float]:
-    """Round trips of `n` one-row STEP frames through `hops` forwarders."""
+    """Round trips of `n` one-row STEP frames through `hops` forwarders; `ack_hold` is the
+    QUIC links' (net.ack_policy; 0: every ACK at once, as before the fourth pass)."""
     tmp = tempfile.TemporaryDirectory(prefix="sangama-ring-")
     wd = Path(tmp.name)
     init_ca(wd / "ca")
@@ -173,7 +193,7 @@ async def measure(
     try:
         creds = load_credentials(wd / "origin", "origin")
         if transport != "tcp":
-            server: object = await _quic_server(creds, ports[0], back_home, mtu, lib)
+            server: object = await _quic_server(creds, ports[0], back_home, mtu, lib, ack_hold)
         else:
             server = await _tcp_server(ports[0], back_home)
         for i in range(len(ids) - 1, 0, -1):  # from the end, so each next hop is up
@@ -197,6 +217,8 @@ async def measure(
                     str(wd / ids[i]),
                     "--mtu",
                     str(mtu),
+                    "--ack-hold",
+                    str(ack_hold),
                     stdout=asyncio.subprocess.PIPE,
                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 )
@@ -204,7 +226,7 @@ async def measure(
             assert procs[-1].stdout is not None
             await asyncio.wait_for(procs[-1].stdout.readline(), 60)
         send = await (
-            _quic_sender(creds, ports[1], ids[1], mtu, lib)
+            _quic_sender(creds, ports[1], ids[1], mtu, lib, ack_hold)
             if transport != "tcp"
             else _tcp_sender(ports[1])
         )
@@ -373,20 +395,31 @@ def _cpu_s(process: psutil.Process) -> float:
 
 
 def _pairs(args: argparse.Namespace, load: float) -> None:
-    """Path MTU probing on and off, alternated so both see the same machine load."""
+    """QUIC as shipped, with path MTU probing off, with the ACK hold off, and plain TCP,
+    alternated so all see the same machine load."""
     import json
 
-    got: dict[str, list[dict[str, float]]] = {"quic": [], "quic@1200": []}
+    variants = (
+        ("quic", "quic", PROBE_CEILING, ACK_HOLD),
+        ("quic@1200", "quic", 1200, ACK_HOLD),
+        ("quic_nohold", "quic", PROBE_CEILING, 0.0),
+        ("tcp", "tcp", PROBE_CEILING, ACK_HOLD),
+    )
+    got: dict[str, list[dict[str, float]]] = {v[0]: [] for v in variants}
     for _ in range(args.pairs):
-        for label, mtu in (("quic", PROBE_CEILING), ("quic@1200", 1200)):
+        for label, transport, mtu, hold in variants:
             got[label].append(
-                event_loop.run(measure("quic", args.hops, WireDtype.F32, args.width, args.n, mtu))
+                event_loop.run(
+                    measure(transport, args.hops, WireDtype.F32, args.width, args.n, mtu, hold)
+                )
             )
     out: dict[str, Any] = {"load_average": load, "pairs": args.pairs}
     for label, runs in got.items():
         for key in ("hop_ms", "cpu_ms_per_hop"):
             out[f"{label}_{key}"] = statistics.median(r[key] for r in runs)
     out["cpu_ratio"] = out["quic_cpu_ms_per_hop"] / out["quic@1200_cpu_ms_per_hop"]
+    out["hold_cpu_ratio"] = out["quic_cpu_ms_per_hop"] / out["quic_nohold_cpu_ms_per_hop"]
+    out["quic_vs_tcp_cpu"] = out["quic_cpu_ms_per_hop"] / out["tcp_cpu_ms_per_hop"]
     out["load_average_end"] = os.getloadavg()[0]
     print(json.dumps(out) if args.json else "\n".join(f"{k:26} {v}" for k, v in out.items()))
 
@@ -402,6 +435,7 @@ def main() -> None:
     f.add_argument("--next-id", default="")
     f.add_argument("--creds", default="")
     f.add_argument("--mtu", type=int, default=PROBE_CEILING)
+    f.add_argument("--ack-hold", type=float, default=ACK_HOLD)
     m = sub.add_parser("measure")
     m.add_argument("--hops", type=int, default=3)
     m.add_argument("--n", type=int, default=200)
@@ -411,7 +445,8 @@ def main() -> None:
         "--pairs",
         type=int,
         default=0,
-        help="instead: N alternations of quic (MTU probing) and quic@1200, f32, and medians",
+        help="instead: N alternations of quic, quic@1200 (no MTU probing), quic_nohold (no "
+        "ACK hold) and tcp, f32, and medians",
     )
     pr = sub.add_parser("profile", help="two links in one process under cProfile")
     pr.add_argument("--library", choices=QUIC_LIBRARIES, default=DEFAULT_LIBRARY)

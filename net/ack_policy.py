@@ -14,11 +14,13 @@ Pure functions; `net.quic.QuicLink` keeps the times and acts on the answers.
 
 from __future__ import annotations
 
-ACK_HOLD = 0.005
-"""Seconds an ACK may wait for the next frame: well under the 25 ms `max_ack_delay` the
-peer allows for (so its loss timers never fire for it), and above a hop's round trip
-on a busy LAN, so back-to-back frames (a ring, many sessions, a prompt's chunks) are
-acknowledged two at a time."""
+ACK_HOLD = 0.010
+"""Seconds an ACK may wait for the next frame: under the 25 ms `max_ack_delay` the peer
+adds to its loss timer (so the probe timeout never fires for a held ACK, with 15 ms to
+spare for a busy machine's scheduling), and above the frame interval of back-to-back
+traffic on a loaded machine (a 4-link ring at 2 ms a hop, many sessions, a prompt's
+chunks), which is then acknowledged two frames at a time. A decode at tens of ms a token
+is slower than this and keeps an ACK a frame."""
 
 
 def hold_ack_until(now: float, gap: float | None, held: bool, hold: float = ACK_HOLD) -> float:
