@@ -38,7 +38,7 @@ at the replay (documented, not hidden: `exact_for` says which answers are exact)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -154,6 +154,37 @@ def decide(
     if kind is FailureKind.MISSING_STATE:
         return Decision(Verdict.REPLAY, avoid, n_tokens)
     return Decision(Verdict.REROUTE, avoid, n_tokens)
+
+
+StageRef = tuple[str, int, int]
+"""A stage of a route: node id, first layer, end layer."""
+
+
+def first_layer_to_adopt(
+    old: Sequence[StageRef],
+    new: Sequence[StageRef],
+    dead: Collection[str],
+    state_lost: bool,
+) -> int | None:
+    """The first layer from which the stages of the `new` route may keep the KV of the
+    session that ran on `old` (the replay's `resume_from_layer`), or None: none may.
+
+    A stage may keep it only when every stage after it does too (one that skips rows
+    has no hidden states for them to send on), so this is the first layer of the
+    longest run of stages ending the new route that served the same layers on the old
+    one and are not `dead` (found dead since, or restarted). `state_lost`: a stage said
+    it lacks the session's positions and the client cannot tell which one: only the last
+    stage is named (it checks what it holds itself, and nothing after it depends on it).
+    """
+    kept = set(old)
+    first: int | None = None
+    for node, start, stop in reversed(new):
+        if (node, start, stop) not in kept or node in dead:
+            break
+        first = start
+        if state_lost:
+            break
+    return first
 
 
 def exact_for(sampling: SamplingParams) -> bool:
