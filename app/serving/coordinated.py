@@ -504,7 +504,9 @@ async def _until_next_beat(stop: asyncio.Event, worker: StageWorker, last_beat: 
     wait for the next stage); True when `stop` was set meanwhile."""
     while not stop.is_set():
         worker.hop_wanted.clear()  # before reading the state: a later change wakes us
-        delay = beat_delay(BEATS, time.monotonic() - last_beat, worker.next_hop_waiting)
+        now, lost_at = time.monotonic(), worker.next_hop_lost_at
+        lost_for = None if lost_at is None else now - lost_at
+        delay = beat_delay(BEATS, now - last_beat, worker.next_hop_waiting, lost_for)
         if delay <= 0:
             return False
         waits = {asyncio.ensure_future(e.wait()) for e in (stop, worker.hop_wanted)}

@@ -65,6 +65,9 @@ class Downstream:
         """Sessions of the log none of whose frames went out on a link yet: no next stage
         holds anything of them, so a retarget carries them to the new one."""
         self._on_waiting = on_waiting
+        self.lost_at: float | None = None
+        """time.monotonic() when the link to this next hop died, until one is up again
+        or the hop is replaced (None: linked, or never lost)."""
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._dialer = dialer
         self._closing = False
@@ -131,6 +134,7 @@ class Downstream:
         channel, self._channel = self._channel, None
         if channel is not None:
             channel.close("next stage replaced")
+        self.lost_at = None
         moved = carried(self._replay.sessions, self._unsent)
         lost = tuple(name for name in self._replay.sessions if name not in moved)
         for name in lost:
@@ -176,6 +180,7 @@ class Downstream:
         channel.on_frame = self._frame
         channel.on_close = lambda _ch, reason: self._lost(channel, reason)
         self._channel, self.path = channel, path
+        self.lost_at = None
         if relinking:
             self.relinks += 1
             log.warning(
@@ -235,6 +240,8 @@ class Downstream:
         if self._channel is not channel or self._closing:
             return
         self._channel = None
+        self.lost_at = time.monotonic()
+        self._on_waiting()  # the next stage may be gone: the worker asks the coordinator
         if not len(self._replay):
             return  # nothing running: the next frame dials again
         log.warning(
@@ -245,7 +252,6 @@ class Downstream:
         )
         self.relinks_pending = True
         self._ensure_connecting()
-        self._on_waiting()
 
     async def close(self) -> None:
         self._closing = True

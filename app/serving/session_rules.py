@@ -23,7 +23,9 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
                                  the same client with a matching        adopting the old
                                  history, from a stage the replay       one's KV
                                  allows (resume_rules)
-                               otherwise                              Begin
+                               otherwise                              Begin (and End the
+                                                                      session it resumes if
+                                                                      this link owns it)
     OPEN, session exists       same upstream node and same OPEN       [Release old] Resumed
                                                                       (WAITING->LINKED:
                                                                       CancelGrace)
@@ -373,12 +375,22 @@ class SessionRules(Generic[L]):
                 return self._refuse(link, frame.session, ErrorCode.OVERLOADED, error.message)
         self._sessions[frame.session] = session
         if old is None:
-            return [Begin(frame)]
+            return [Begin(frame), *self._superseded(link, frame)]
         del self._sessions[old.open.session]
         gone: list[Action[L]] = []
         if old.owner is not None:
             gone.append(Release(old.owner, old.open.session))
         return [*gone, Begin(frame, adopt=old.open.session, kept=kept)]
+
+    def _superseded(self, link: L, frame: wire.Open) -> list[Action[L]]:
+        """A replay arriving over the link that owns the session it resumes, which this
+        stage does not take over: the upstream moved on from that session (a stage
+        before took it over, or it forwards the client's replay), so it ends here too,
+        after the replay's OPEN went on (a stage further down may still take it over)."""
+        prior = self._sessions.get(frame.resumes) if frame.resumes else None
+        if prior is None or prior.owner != link:
+            return []
+        return self._end(frame.resumes, forward_close=True, reason=f"replayed as {frame.session}")
 
     def _adoptable(self, frame: wire.Open) -> tuple[_Session[L] | None, int]:
         """The session a replay's OPEN resumes, if this stage may hand its KV over, and

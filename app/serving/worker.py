@@ -244,6 +244,11 @@ class StageWorker:
         return self._downstream is not None and self._downstream.waiting
 
     @property
+    def next_hop_lost_at(self) -> float | None:
+        """time.monotonic() when the link to the next stage died, while it stays down."""
+        return None if self._downstream is None else self._downstream.lost_at
+
+    @property
     def next_hop_relinks(self) -> int:
         """How often the path to the next stage was replaced with sessions running."""
         return 0 if self._downstream is None else self._downstream.relinks
@@ -415,10 +420,11 @@ class StageWorker:
         )
         future.add_done_callback(lambda f: self._adopted(old_name, name, kept, f))
         if self._downstream is not None:
-            # The next stage adopts it too (the client named the layer from which every
-            # stage may) or opens it plain; either way the old session ends there.
+            # The next stage takes the old session over too (the client named the layer
+            # from which every stage may) or, as the OPEN comes over the link that owns
+            # it, ends it (session_rules): no CLOSE for it, which would find it gone.
             self._downstream.send(session.open)
-            self._downstream.end_session(old_name, f"continued by {name}")
+            self._downstream.forget(old_name)
 
     def _adopted(self, old_name: str, name: str, kept: int, future: asyncio.Future[None]) -> None:
         exc = future.exception()

@@ -78,6 +78,9 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
     assert len(client.recoveries) >= 1
     first = client.recoveries[0]
     assert first.replayed >= len(PROMPT) + KILL_AFTER
+    # The stage upstream of the killed one learnt its new next hop in time (it asks the
+    # coordinator at once while its link is down): the first replay answered.
+    assert first.replays == 1, first.failure
     assert victim in first.dead  # the probe found the killed stage
     assert victim not in {s.node_id for s in client.route.stages}
     # The spare took over the stage it had pre-loaded: one load in all, none at promotion.

@@ -26,3 +26,14 @@ POLICY = BeatPolicy(every_s=2.0, waiting_s=0.25)
 )
 def test_the_next_beat(since: float, waiting: bool, delay: float) -> None:
     assert beat_delay(POLICY, since, waiting) == pytest.approx(delay)
+
+
+@pytest.mark.parametrize(
+    ("lost_for", "delay"),
+    [(None, 1.5), (0.0, 0.0), (9.9, 0.0), (10.0, 1.5), (30.0, 1.5)],
+)
+def test_a_lost_next_stage_is_asked_about_for_a_while(lost_for: float | None, delay: float) -> None:
+    """No session waits (the client gave the answer up to replay it), but the link died
+    lately: the worker keeps asking often for `lost_window_s`, then as usual."""
+    policy = BeatPolicy(every_s=2.0, waiting_s=0.25, lost_window_s=10.0)
+    assert beat_delay(policy, 0.5, False, lost_for) == pytest.approx(delay)

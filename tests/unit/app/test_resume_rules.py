@@ -19,7 +19,15 @@ from app.serving.resume_rules import (
     rows_to_skip,
     trimmed,
 )
-from app.serving.session_rules import Begin, FrameReceived, LinkReady, Release, Send, SessionRules
+from app.serving.session_rules import (
+    Begin,
+    End,
+    FrameReceived,
+    LinkReady,
+    Release,
+    Send,
+    SessionRules,
+)
 from core.admission import AdmissionLedger, AdmissionPolicy
 from core.errors import DuplicateSessionError, PositionError
 from core.stage import Stage, StepRequest, StepResult
@@ -172,11 +180,19 @@ def test_no_histories_no_adoption_and_only_the_last_stage_adopts() -> None:
     rules.handle(LinkReady("cl", "client"))
     rules.handle(LinkReady("up-dead", "dead"))
     rules.handle(FrameReceived("up-dead", "dead", OLD))
-    assert rules.handle(FrameReceived("up-dead", "dead", replay_open())) == [Begin(replay_open())]
+    (begin, *_ends) = rules.handle(FrameReceived("up-dead", "dead", replay_open()))
+    assert begin == Begin(replay_open())  # nothing taken over (it ends: the next test)
     middle: SessionRules[str] = SessionRules(False, history_of={"old": HISTORY}.get)
     middle.handle(LinkReady("up", "a"))
     middle.handle(FrameReceived("up", "a", OLD))
-    assert middle.handle(FrameReceived("up", "a", replay_open())) == [Begin(replay_open())]
+    # Not taken over, and the replay came over the link that owns the old session: its
+    # upstream moved on, so the old one ends here (after the replay's OPEN went on).
+    assert middle.handle(FrameReceived("up", "a", replay_open())) == [
+        Begin(replay_open()),
+        Release("up", "old"),
+        End("old", True, "replayed as new"),
+    ]
+    assert "old" not in middle
 
 
 def test_a_refused_replay_gives_the_old_session_its_reservation_back() -> None:
