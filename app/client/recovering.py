@@ -6,9 +6,10 @@ the route (a short dial each: a killed worker's port answers nothing), asks the
 policy what to do, asks the route source for a route avoiding the dead stages (the
 coordinator offers one once it re-planned around them), connects a fresh client on it
 and replays the tokens so far (prompt + generated) as a new session that names the one
-it continues (a last stage that kept it keeps its KV: app.serving.resume_rules). The caller's
-stream goes on with the next token: a pause, never an error, while a replacement exists.
-Each recovery's stall (failure noticed -> next token) is kept in `stalls`.
+it continues (the stages after the replaced one keep its KV: app.serving.resume_rules).
+The caller's stream goes on with the next token: a pause, never an error, while a
+replacement exists. Each recovery's stall (failure noticed -> next token) is kept in
+`stalls`.
 """
 
 from __future__ import annotations

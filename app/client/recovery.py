@@ -19,16 +19,20 @@ what `decide` says:
       OVERLOADED, link lost)                                 probe found dead), replay
     any                                      no              GIVE_UP
 
-The replay is a new session on every stage, but its OPEN names the session it continues
-and carries a digest of the token ids the last stage should hold of it (all positions
-but the newest; app.replay_resume). A last stage the new route keeps (the one that died
-was upstream of it) still holds that session: it checks the client and the digest, takes
-the old session's KV over and computes only the final row (app.serving.resume_rules);
-the stages before it, the replacement included, hold nothing usable and compute the
-whole replay, as their hidden states for every position are needed downstream. A last
-stage that restarted, whose resume grace (30 s) ran out before the replay came, or whose
-history differs holds nothing that matches and computes everything, as before
-(`RecoveringClient(keep_kv=False)` always does). The kept prefix and the new rows are the
+The replay is a new session on every stage, but its OPEN names the session it continues,
+carries a digest of the token ids a surviving stage should hold of it (all positions
+but the newest; app.replay_resume) and names the first layer from which the stages may
+keep it (`first_layer_to_adopt`: the run of stages ending the new route that served the
+same layers on the old one and were not found dead). Those stages (the one that died was
+upstream of them) still hold that session: each checks the client and the digest, takes
+the old session's KV over and computes (and passes on) only the final row
+(app.serving.resume_rules); the stages before them, the replacement included, hold
+nothing usable and compute the whole replay, as their hidden states for every position
+are needed downstream. A stage that restarted, whose resume grace (30 s) ran out before
+the replay came, or whose history differs holds nothing that matches and computes
+everything, as before (`RecoveringClient(keep_kv=False)` always does); one after the
+named layer that holds nothing is fed a gap and answers MISSING_POSITIONS, and the
+replay after that names only the last stage. The kept prefix and the new rows are the
 same layers on the same tokens; only batch shapes differ, which can flip a near tie
 (bench/README.md, "A replay that keeps the last stage's KV"). Stages drop the old session
 by its CLOSE, by the takeover or, where the link is gone, by their resume grace. Greedy
