@@ -228,7 +228,7 @@ class Downstream:
         self._channel.send(wire.Ping(nonce))
         try:
             return (await asyncio.wait_for(waiter, timeout) - sent) * 1e3
-        except TimeoutError:
+        except (TimeoutError, ConnectionError):
             return None
         finally:
             self._pings.pop(nonce, None)
@@ -241,6 +241,11 @@ class Downstream:
             return
         self._channel = None
         self.lost_at = time.monotonic()
+        # A PING in flight will get no PONG: its waiter (the heartbeat's RTT) ends now,
+        # or the early heartbeat this loss asks for would wait out the PING's timeout.
+        for waiter in self._pings.values():
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError(reason))
         self._on_waiting()  # the next stage may be gone: the worker asks the coordinator
         if not len(self._replay):
             return  # nothing running: the next frame dials again

@@ -89,11 +89,16 @@ def test_a_replay_that_never_reached_the_old_next_stage_goes_to_the_new_one() ->
         waiting_told.clear()
         down.send(step("old", 0, 4))
         down.send(step("old", 4, 1))
+        rtt = asyncio.ensure_future(down.measure_rtt(timeout=60.0))  # a beat's PING
+        await settle()
         # The old next stage dies: the link relinks (in vain) and the worker is told.
         old_is_dead.set()
         channels[OLD_HOP.node_id][0].die()
         await settle()
-        assert down.waiting and waiting_told
+        assert down.waiting and waiting_told and down.lost_at is not None
+        # The PING's waiter ends with the link, not at its timeout: the early heartbeat
+        # is not held up by it.
+        assert rtt.done() and rtt.result() is None
         # The client's replay arrives before the coordinator's news: held, not sent.
         down.send(opened("replay"))
         down.send(step("replay", 0, 5))
@@ -102,7 +107,7 @@ def test_a_replay_that_never_reached_the_old_next_stage_goes_to_the_new_one() ->
         await settle()
         (new_link,) = channels[NEW_HOP.node_id]
         assert new_link.sent == [opened("replay"), step("replay", 0, 5)]
-        assert down.connected and not down.waiting
+        assert down.connected and not down.waiting and down.lost_at is None
         # Once sent, a session is on the new stage: a further retarget fails it.
         assert down.retarget(OLD_HOP) == ("replay",)
         await down.close()
