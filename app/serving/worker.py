@@ -169,8 +169,8 @@ class StageWorker:
         )
         self._server = ChannelServer(creds, self._channel_ready, tuning)
         self.hop_wanted = asyncio.Event()
-        """Set when sessions start waiting for a link to the next stage: the heartbeat
-        loop then asks the coordinator early whether that stage was replaced."""
+        """Set when the link to the next stage dies or sessions start waiting for one:
+        the heartbeat loop then asks the coordinator early whether it was replaced."""
         self._downstream = (
             Downstream(
                 config.next_hop,
