@@ -33,13 +33,19 @@ class ResumeRef:
     session: str
     held: int
     digest: bytes
+    from_layer: int | None = None
+    """The first layer whose stage may take the session over (None: the last stage)."""
 
 
-def resume_ref(old_session: str, history: Sequence[int]) -> ResumeRef | None:
-    """The resume fields of a replay of `history` that continues `old_session`: the last
-    stage is expected to hold every position but the final one (it answered the previous
-    token and has not seen the newest). None when there is nothing to keep."""
+def resume_ref(
+    old_session: str, history: Sequence[int], from_layer: int | None = None
+) -> ResumeRef | None:
+    """The resume fields of a replay of `history` that continues `old_session`: the
+    stages that kept it (from `from_layer` on) are expected to hold every position but
+    the final one (the last answered the previous token and none has seen the newest).
+    None when there is nothing to keep."""
     held = len(history) - 1
     if held < 1:
         return None
-    return ResumeRef(old_session, held, history_digest(old_session, history[:held]))
+    digest = history_digest(old_session, history[:held])
+    return ResumeRef(old_session, held, digest, from_layer)

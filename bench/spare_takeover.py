@@ -8,10 +8,15 @@ fetch after the kill shows; a warm one fetched and pre-loaded the stage most at 
 beforehand (the coordinator's standby, coordinator/server/spare_policy.py; the worker's
 app/serving/standby_stage.py), and that stage is the one killed. Each run also times
 kill -> the client noticed, kill -> the spare serving, and counts the spare's loads
-after the kill (0: promoted as pre-loaded). Both answers must equal the same
-uninterrupted answer.
+after the kill (0: promoted as pre-loaded) and the replays the recovery took (1: the
+first replay answered). Both answers must equal the same uninterrupted answer.
+`--victim middle` (the default) has the middle worker declare the earliest departure,
+so the spare stands by for the middle stage and the stage upstream of it must learn its
+new next hop; `--victim at-risk` lets the spare policy choose from measured uptimes
+(mostly the first stage, the last to start: it carries the tokenizer).
 
-    python -m bench.spare_takeover [--model GGUF] [--max-download 4M] [--json]
+    python -m bench.spare_takeover [--model GGUF] [--max-download 4M] [--victim middle]
+                                   [--warm-only] [--json]
 """
 
 from __future__ import annotations
@@ -30,7 +35,12 @@ from app.client.connect import avoiding_source
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
 from app.config import Route
-from tests.support.spare_swarm import TAKEOVER_ARGS, SpareSwarm, generate_killing
+from tests.support.spare_swarm import (
+    TAKEOVER_ARGS,
+    SpareSwarm,
+    generate_killing,
+    middle_leaves_first,
+)
 
 PROMPT = [1, 5, 17, 42, 99, 7]
 N_TOKENS = 40
@@ -59,6 +69,8 @@ class Run:
     loads_at_takeover: int
     """Stage loads the spare did after the kill: 0 when promoted pre-loaded."""
     recoveries: int
+    replays: int
+    """Replays the first recovery took (1: the first replay answered)."""
     tokens: int
     load_avg: str
     phases: dict[str, float] = field(default_factory=dict)
@@ -95,10 +107,13 @@ def phases(root: Path, killed_wall: float, routes: list[tuple[float, bool]]) -> 
     return {k: round(v, 2) for k, v in out.items()}
 
 
-async def one_run(model: Path, root: Path, warm: bool, max_download: str) -> tuple[Run, list[int]]:
+async def one_run(
+    model: Path, root: Path, warm: bool, max_download: str, kill_which: str = "middle"
+) -> tuple[Run, list[int]]:
     swarm = await SpareSwarm.start(
         root,
         model,
+        chain_args=middle_leaves_first() if kill_which == "middle" else ((), (), ()),
         spare_args=["--max-download", max_download],
         coordinator_args=[*TAKEOVER_ARGS, *([] if warm else ["--cold-spares"])],
         verbose=True,
@@ -148,6 +163,8 @@ async def one_run(model: Path, root: Path, warm: bool, max_download: str) -> tup
             )
         load = Path("/proc/loadavg").read_text().split()[0] if sys.platform == "linux" else "?"
         stall = client.recoveries[0].stall_s if client.recoveries else 0.0
+        # Failures merged into one stall are joined by "; then " (RecoveringClient).
+        replays = 1 + client.recoveries[0].failure.count("; then ") if client.recoveries else 0
         said = swarm.said
         up = next((t for t, x in said if x.startswith("READY")), killed_at)
         loads = sum(1 for t, x in said if x.startswith("LOADING") and t >= killed_at)
@@ -160,6 +177,7 @@ async def one_run(model: Path, root: Path, warm: bool, max_download: str) -> tup
             up - killed_at,
             loads,
             len(client.recoveries),
+            replays,
             len(out),
             load,
             steps,
@@ -177,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-download", default="4M", help="the spare's download cap per second")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--warm-only", action="store_true", help="skip the cold run")
+    ap.add_argument(
+        "--victim",
+        choices=("middle", "at-risk"),
+        default="middle",
+        help="the stage killed: the middle one, or the one the spare policy chose",
+    )
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs' logs here")
     a = ap.parse_args(argv)
     model = a.model or default_model_path()
@@ -186,7 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         tmp = a.keep or scratch
         for warm in (True,) if a.warm_only else (False, True):
             run, out = asyncio.run(
-                one_run(model, Path(tmp) / ("warm" if warm else "cold"), warm, a.max_download)
+                one_run(
+                    model,
+                    Path(tmp) / ("warm" if warm else "cold"),
+                    warm,
+                    a.max_download,
+                    a.victim,
+                )
             )
             runs.append(run)
             answers.append(out)
@@ -196,13 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             f"{'spare':6} {'kill -> next token':>19} {'noticed':>8} {'spare serving':>14} "
-            f"{'loads':>5} {'recoveries':>10} {'tokens':>6} {'load':>5}"
+            f"{'loads':>5} {'recoveries':>10} {'replays':>7} {'tokens':>6} {'load':>5}"
         )
         for r in runs:
             print(
                 f"{r.spare:6} {r.kill_to_next_token_s:17.2f} s {r.kill_to_noticed_s:6.2f} s "
                 f"{r.kill_to_spare_serving_s:12.2f} s {r.loads_at_takeover:5} "
-                f"{r.recoveries:10} {r.tokens:6} {r.load_avg:>5}"
+                f"{r.recoveries:10} {r.replays:7} {r.tokens:6} {r.load_avg:>5}"
             )
         print(f"spare download cap {a.max_download}/s; answers equal: {same}")
         print("kill -> each step of the takeover (s):")

@@ -58,6 +58,12 @@ class Open:
     """Positions [0, resume_held) the replay expects the resumed session to hold."""
     resume_digest: bytes = b""
     """SHA-256 of those positions' token ids, bound to `resumes` (app.replay_resume)."""
+    resume_from_layer: int | None = None
+    """The first layer whose stage may take the resumed session over: the client knows
+    which stages of the new route held the old session on the old one (every stage from
+    here on did), so only they keep their KV and the stages before, the new ones among
+    them, compute everything. None (OPENs of clients before this field): the last stage
+    only. A second optional tail after the digest, absent when None."""
 
 
 @dataclass(frozen=True)

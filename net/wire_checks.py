@@ -101,9 +101,11 @@ RESUME_DIGEST_BYTES = 32
 
 def _check_resume(frame: Open, limits: Limits) -> None:
     if not frame.resumes:
-        if frame.resume_held or frame.resume_digest:
-            raise FrameError(ErrorCode.BAD_VALUE, "resume_held or resume_digest without resumes")
+        if frame.resume_held or frame.resume_digest or frame.resume_from_layer is not None:
+            raise FrameError(ErrorCode.BAD_VALUE, "resume fields without resumes")
         return
+    if frame.resume_from_layer is not None:
+        _check_int("resume_from_layer", frame.resume_from_layer, U32_MAX)
     _check_string("resumes", frame.resumes, limits)
     if frame.resumes == frame.session:
         raise FrameError(ErrorCode.BAD_VALUE, "a session cannot resume itself")

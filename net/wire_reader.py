@@ -132,8 +132,9 @@ def _read_open(r: _Reader) -> Open:
     if r.offset == len(r.body):  # no resume tail: a plain new session
         return Open(session, model, dtype, sampling, reply_to, max_tokens, prompt_len)
     resumes, held, digest = r.string(), r.u(_U32), r.blob()
+    from_layer = r.u(_U32) if r.offset < len(r.body) else None  # absent: the last stage
     return Open(session, model, dtype, sampling, reply_to, max_tokens, prompt_len,
-                resumes, held, digest)  # fmt: skip
+                resumes, held, digest, from_layer)  # fmt: skip
 
 
 def _read_step(r: _Reader) -> Step:

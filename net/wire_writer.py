@@ -81,6 +81,8 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
                 w.string(frame.resumes)
                 w.pack(">I", frame.resume_held)
                 w.blob(frame.resume_digest)
+                if frame.resume_from_layer is not None:
+                    w.pack(">I", frame.resume_from_layer)
             return FrameType.OPEN
         case Step():
             w.string(frame.session)

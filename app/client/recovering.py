@@ -6,9 +6,10 @@ the route (a short dial each: a killed worker's port answers nothing), asks the
 policy what to do, asks the route source for a route avoiding the dead stages (the
 coordinator offers one once it re-planned around them), connects a fresh client on it
 and replays the tokens so far (prompt + generated) as a new session that names the one
-it continues (a last stage that kept it keeps its KV: app.serving.resume_rules). The caller's
-stream goes on with the next token: a pause, never an error, while a replacement exists.
-Each recovery's stall (failure noticed -> next token) is kept in `stalls`.
+it continues (the stages after the replaced one keep its KV: app.serving.resume_rules).
+The caller's stream goes on with the next token: a pause, never an error, while a
+replacement exists. Each recovery's stall (failure noticed -> next token) is kept in
+`stalls`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from app.client.recovery import (
     classify,
     dead_stages,
     decide,
+    first_layer_to_adopt,
 )
 from app.client.swarm_client import (
     DEFAULT_CHUNK,
@@ -75,6 +77,12 @@ class Recovery:
     stall_s: float
     """Failure noticed -> first token on the new chain."""
     route: tuple[str, ...] = field(default=())
+    replays: int = 1
+    """Replays it took: more than 1 when a replay broke again before its first token."""
+
+
+def _stage_refs(route: Route) -> list[tuple[str, int, int]]:
+    return [(s.node_id, s.layers.start, s.layers.stop) for s in route.stages]
 
 
 class RecoveringClient:
@@ -169,14 +177,27 @@ class RecoveringClient:
         produced: list[int] = []
         recoveries = 0
         pending: tuple[Decision, float, str, tuple[str, ...]] | None = None
+        replays = 0
         previous: str | None = None
+        previous_route = self.route
         while True:
             history = [*prompt, *produced]
             client = self._client
-            # A replay names the session it continues: a last stage that kept it keeps
-            # its KV and computes only what it lacks (app.serving.resume_rules).
+            # A replay names the session it continues: the stages that kept it (the run
+            # of them ending the route) keep its KV and compute only what they lack
+            # (app.serving.resume_rules).
             name = uuid.uuid4().hex
-            resume = None if previous is None or not self.keep_kv else resume_ref(previous, history)
+            resume = None
+            if previous is not None and pending is not None and self.keep_kv:
+                decision, dead = pending[0], pending[3]
+                from_layer = first_layer_to_adopt(
+                    _stage_refs(previous_route),
+                    _stage_refs(client.route),
+                    dead,
+                    state_lost=decision.verdict is Verdict.REPLAY,
+                )
+                if from_layer is not None:
+                    resume = resume_ref(previous, history, from_layer)
             answered = False
             try:
                 async for event in self._watched(
@@ -202,6 +223,7 @@ class RecoveringClient:
                                 decision.replay_tokens,
                                 stall,
                                 tuple(s.node_id for s in self.route.stages),
+                                replays,
                             )
                         )
                         log.warning(
@@ -222,7 +244,7 @@ class RecoveringClient:
                 # e.g. one whose next hop was being replaced), so the next replay names
                 # the session that last answered, not that one.
                 if previous is None or answered:
-                    previous = name
+                    previous, previous_route = name, client.route
                 code = exc.error_code if isinstance(exc, StageFailed) else None
                 if isinstance(exc, StageDead):
                     dead = exc.dead
@@ -247,8 +269,9 @@ class RecoveringClient:
                 if pending is not None:  # broke again before a token came: one long stall
                     noticed, failure = pending[1], f"{pending[2]}; then {exc}"
                     dead = tuple(dict.fromkeys([*pending[3], *dead]))
+                    replays += 1
                 else:
-                    failure = str(exc)
+                    failure, replays = str(exc), 1
                 await self._switch(decision, exc, client)
                 pending = (decision, noticed, failure, dead)
 

@@ -19,16 +19,20 @@ what `decide` says:
       OVERLOADED, link lost)                                 probe found dead), replay
     any                                      no              GIVE_UP
 
-The replay is a new session on every stage, but its OPEN names the session it continues
-and carries a digest of the token ids the last stage should hold of it (all positions
-but the newest; app.replay_resume). A last stage the new route keeps (the one that died
-was upstream of it) still holds that session: it checks the client and the digest, takes
-the old session's KV over and computes only the final row (app.serving.resume_rules);
-the stages before it, the replacement included, hold nothing usable and compute the
-whole replay, as their hidden states for every position are needed downstream. A last
-stage that restarted, whose resume grace (30 s) ran out before the replay came, or whose
-history differs holds nothing that matches and computes everything, as before
-(`RecoveringClient(keep_kv=False)` always does). The kept prefix and the new rows are the
+The replay is a new session on every stage, but its OPEN names the session it continues,
+carries a digest of the token ids a surviving stage should hold of it (all positions
+but the newest; app.replay_resume) and names the first layer from which the stages may
+keep it (`first_layer_to_adopt`: the run of stages ending the new route that served the
+same layers on the old one and were not found dead). Those stages (the one that died was
+upstream of them) still hold that session: each checks the client and the digest, takes
+the old session's KV over and computes (and passes on) only the final row
+(app.serving.resume_rules); the stages before them, the replacement included, hold
+nothing usable and compute the whole replay, as their hidden states for every position
+are needed downstream. A stage that restarted, whose resume grace (30 s) ran out before
+the replay came, or whose history differs holds nothing that matches and computes
+everything, as before (`RecoveringClient(keep_kv=False)` always does); one after the
+named layer that holds nothing is fed a gap and answers MISSING_POSITIONS, and the
+replay after that names only the last stage. The kept prefix and the new rows are the
 same layers on the same tokens; only batch shapes differ, which can flip a near tie
 (bench/README.md, "A replay that keeps the last stage's KV"). Stages drop the old session
 by its CLOSE, by the takeover or, where the link is gone, by their resume grace. Greedy
@@ -38,7 +42,7 @@ at the replay (documented, not hidden: `exact_for` says which answers are exact)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -154,6 +158,37 @@ def decide(
     if kind is FailureKind.MISSING_STATE:
         return Decision(Verdict.REPLAY, avoid, n_tokens)
     return Decision(Verdict.REROUTE, avoid, n_tokens)
+
+
+StageRef = tuple[str, int, int]
+"""A stage of a route: node id, first layer, end layer."""
+
+
+def first_layer_to_adopt(
+    old: Sequence[StageRef],
+    new: Sequence[StageRef],
+    dead: Collection[str],
+    state_lost: bool,
+) -> int | None:
+    """The first layer from which the stages of the `new` route may keep the KV of the
+    session that ran on `old` (the replay's `resume_from_layer`), or None: none may.
+
+    A stage may keep it only when every stage after it does too (one that skips rows
+    has no hidden states for them to send on), so this is the first layer of the
+    longest run of stages ending the new route that served the same layers on the old
+    one and are not `dead` (found dead since, or restarted). `state_lost`: a stage said
+    it lacks the session's positions and the client cannot tell which one: only the last
+    stage is named (it checks what it holds itself, and nothing after it depends on it).
+    """
+    kept = set(old)
+    first: int | None = None
+    for node, start, stop in reversed(new):
+        if (node, start, stop) not in kept or node in dead:
+            break
+        first = start
+        if state_lost:
+            break
+    return first
 
 
 def exact_for(sampling: SamplingParams) -> bool:

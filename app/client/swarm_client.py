@@ -284,6 +284,7 @@ class SwarmClient:
                     resumes="" if resume is None else resume.session,
                     resume_held=0 if resume is None else resume.held,
                     resume_digest=b"" if resume is None else resume.digest,
+                    resume_from_layer=None if resume is None else resume.from_layer,
                 )
             )
             step_id = 0

@@ -34,6 +34,7 @@ from app.links import (
 from app.node_status import NodeStatus, ServeState, StatusReport, plain_reason
 from app.progress import print_progress
 from app.serving import standby_stage
+from app.serving.beats import BeatPolicy, beat_delay
 from app.serving.serve import LoadedStage, report_stopped, start_worker, stop_event
 from app.serving.vram_check import check_within_cap
 from app.serving.worker import StageWorker
@@ -55,6 +56,7 @@ from net.rate import Throttle, upload_throttle
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
+BEATS = BeatPolicy(every_s=HEARTBEAT_S)
 STANDBY_BEAT_S = 0.5
 """A spare standing by asks this often: its promotion reaches it on its next heartbeat,
 and a takeover should not wait most of a heartbeat period for it (spares are few)."""
@@ -426,8 +428,7 @@ async def _heartbeats(
     last_tokens, last_rows, last_t = 0, 0, time.monotonic()
     memory, memory_at = await loop.run_in_executor(None, memory_in_use), time.monotonic()
     while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
+        if await _until_next_beat(stop, worker, last_t):
             break
         stats = worker.stats
         identity = await _renew_if_due(identity, client, worker)
@@ -496,6 +497,25 @@ async def _heartbeats(
             log.warning("assignment changed (%s -> %s); rebuilding", assignment, beat.assignment)
             break
     return identity, serving
+
+
+async def _until_next_beat(stop: asyncio.Event, worker: StageWorker, last_beat: float) -> bool:
+    """Wait until the next heartbeat is due (app.serving.beats: sooner while sessions
+    wait for the next stage); True when `stop` was set meanwhile."""
+    while not stop.is_set():
+        worker.hop_wanted.clear()  # before reading the state: a later change wakes us
+        now, lost_at = time.monotonic(), worker.next_hop_lost_at
+        lost_for = None if lost_at is None else now - lost_at
+        delay = beat_delay(BEATS, now - last_beat, worker.next_hop_waiting, lost_for)
+        if delay <= 0:
+            return False
+        waits = {asyncio.ensure_future(e.wait()) for e in (stop, worker.hop_wanted)}
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+    return True
 
 
 def only_next_hop_moved(old: Assignment, new: Assignment | None) -> Hop | None:

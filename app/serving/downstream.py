@@ -5,6 +5,12 @@ Every OPEN and STEP sent is recorded in a `net.replay.ReplayLog`. When the path 
 within `relink_timeout` (the dialer falls back from direct to ICE to the relay) and the
 log is replayed, so the next stage resumes the running sessions instead of losing them.
 Only when no new path is found in time are the sessions failed, with a typed error.
+
+While sessions wait for a path (`waiting`), `on_waiting` is told at once: the worker
+then asks the coordinator early whether its next stage was replaced (app.serving.beats).
+When it was (`retarget`), a session that never reached the old next stage (its OPEN was
+only recorded while the link was down, as a replay's OPEN arriving just after a kill)
+goes on to the new one, since nothing of it is held anywhere downstream; the others fail.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class Downstream:
         connect_timeout: float = 5.0,
         dialer: Dialer | None = None,
         relink_timeout: float = 20.0,
+        on_waiting: Callable[[], None] = lambda: None,
     ) -> None:
         self.hop = hop
         self._creds = creds
@@ -54,6 +61,13 @@ class Downstream:
         self._backlog: list[wire.Frame] = []
         """Frames other than OPEN/STEP sent while unconnected (those are in the replay log)."""
         self._replay = ReplayLog()
+        self._unsent: set[str] = set()
+        """Sessions of the log none of whose frames went out on a link yet: no next stage
+        holds anything of them, so a retarget carries them to the new one."""
+        self._on_waiting = on_waiting
+        self.lost_at: float | None = None
+        """time.monotonic() when the link to this next hop died, until one is up again
+        or the hop is replaced (None: linked, or never lost)."""
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._dialer = dialer
         self._closing = False
@@ -72,14 +86,26 @@ class Downstream:
     def replay_log(self) -> ReplayLog:
         return self._replay
 
+    @property
+    def waiting(self) -> bool:
+        """Sessions wait for a link to the next stage (dialling it, or again)."""
+        return not self.connected and len(self._replay) > 0
+
     def send(self, frame: wire.Frame) -> None:
         self._replay.record(frame)
         if self.connected and self._channel is not None:
             self._channel.send(frame)
+            self._unsent.discard(getattr(frame, "session", ""))
             return
+        if isinstance(frame, wire.Open):
+            self._unsent.add(frame.session)
+        elif isinstance(frame, wire.Close):
+            self._unsent.discard(frame.session)
         if not isinstance(frame, wire.Open | wire.Step):
             self._backlog.append(frame)
         self._ensure_connecting()
+        if self.waiting:
+            self._on_waiting()
 
     def end_session(self, session: str, reason: str) -> None:
         """Tell the next stage a session ended here (now, or once the link is back)."""
@@ -92,25 +118,33 @@ class Downstream:
     def forget(self, session: str) -> None:
         """A session ended here and the next stage learns it otherwise: do not resend it."""
         self._replay.forget(session)
+        self._unsent.discard(session)
 
     def retarget(self, hop: Hop) -> tuple[str, ...]:
         """Send to another next stage from now on (the coordinator replaced the one
         there); return the sessions that ran through the old one: their state is on
-        that stage, so they cannot go on here (the client replays them elsewhere)."""
+        that stage, so they cannot go on here (the client replays them elsewhere).
+        Sessions that never reached it go on to the new one (`carried`)."""
         if hop == self.hop:
             return ()
         self.hop = hop
         if self._connecting is not None and not self._connecting.done():
-            self._connecting.cancel()
+            self._connecting.cancel()  # done only on its next turn: dial anew at once
+        self._connecting = None
         channel, self._channel = self._channel, None
         if channel is not None:
             channel.close("next stage replaced")
-        sessions = self._replay.sessions
-        for name in sessions:
+        self.lost_at = None
+        moved = carried(self._replay.sessions, self._unsent)
+        lost = tuple(name for name in self._replay.sessions if name not in moved)
+        for name in lost:
             self._replay.forget(name)
         self._backlog.clear()
         self.relinks_pending = False
-        return sessions
+        if moved:
+            log.info("%d session(s) not yet forwarded go to the new next stage", len(moved))
+            self._ensure_connecting()
+        return lost
 
     def _ensure_connecting(self) -> None:
         if self._closing or (self._connecting is not None and not self._connecting.done()):
@@ -146,6 +180,7 @@ class Downstream:
         channel.on_frame = self._frame
         channel.on_close = lambda _ch, reason: self._lost(channel, reason)
         self._channel, self.path = channel, path
+        self.lost_at = None
         if relinking:
             self.relinks += 1
             log.warning(
@@ -159,12 +194,14 @@ class Downstream:
         backlog, self._backlog = self._backlog, []
         for frame in [*self._replay.replay(), *backlog]:
             channel.send(frame)
+        self._unsent.clear()
 
     def _give_up(self, error: Exception) -> None:
         self._backlog.clear()
         sessions = self._replay.sessions
         for name in sessions:
             self._replay.forget(name)
+        self._unsent.clear()
         self.relinks_pending = False
         log.warning(
             "next hop %s unreachable (%d session(s)): %s", self.hop.node_id, len(sessions), error
@@ -191,7 +228,7 @@ class Downstream:
         self._channel.send(wire.Ping(nonce))
         try:
             return (await asyncio.wait_for(waiter, timeout) - sent) * 1e3
-        except TimeoutError:
+        except (TimeoutError, ConnectionError):
             return None
         finally:
             self._pings.pop(nonce, None)
@@ -203,6 +240,13 @@ class Downstream:
         if self._channel is not channel or self._closing:
             return
         self._channel = None
+        self.lost_at = time.monotonic()
+        # A PING in flight will get no PONG: its waiter (the heartbeat's RTT) ends now,
+        # or the early heartbeat this loss asks for would wait out the PING's timeout.
+        for waiter in self._pings.values():
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError(reason))
+        self._on_waiting()  # the next stage may be gone: the worker asks the coordinator
         if not len(self._replay):
             return  # nothing running: the next frame dials again
         log.warning(
@@ -223,3 +267,10 @@ class Downstream:
         if self._channel is not None:
             channel, self._channel = self._channel, None
             channel.close("worker shutting down")
+
+
+def carried(sessions: tuple[str, ...], unsent: set[str]) -> tuple[str, ...]:
+    """Of the sessions a link to a replaced next stage held, those that go on to the new
+    one: none of their frames went out on a link, so no stage downstream holds any part
+    of them (pure). The others' state was (or may have been) on the old stage."""
+    return tuple(name for name in sessions if name in unsent)

@@ -4,24 +4,31 @@ When a stage dies mid-answer the client replays the session's tokens so far (pro
 generated) through a new chain (app.client.recovery). The replay is a new session on
 every stage, but its OPEN names the session it continues (`resumes`), how many
 positions the client expects a surviving stage to hold (`resume_held`, the history
-but its final token) and a digest of their token ids. The last stage still holds that
-session when the route kept it (its upstream died, not it): instead of computing all
-the replayed rows again it takes the old session's KV over under the new id and
-computes only the rows from `resume_held` on (the final one, whose logits choose the
-next token). Stages before the replacement, and the replacement, hold nothing usable
-and compute everything, as a plain replay.
+but its final token), a digest of their token ids, and the first layer whose stage may
+take it over (`resume_from_layer`). A stage from that layer on still holds the old
+session (the route kept it and its upstream died, not it): instead of computing all the
+replayed rows again it takes the old session's KV over under the new id and computes
+only the rows from `resume_held` on, and a stage that is not the last forwards only
+those. Stages before that layer (the replacement, and those upstream of it) hold
+nothing usable for the new chain, or must feed it every row: they compute everything,
+as a plain replay.
 
-Why only the last stage: a stage that kept its KV does not compute the rows it skips,
-so it has no hidden states to send further down; a stage after it would then have to
-hold them too, and one that does not (it restarted) would be fed a gap. On the last
-stage nothing comes after, and it is the stage every reroute around a middle stage
-keeps. A middle stage downstream of the replacement (chains of four or more) replays
-everything, as before.
+Why a layer the client names: a stage that kept its KV does not compute the rows it
+skips, so it has no hidden states to send further down; every stage after it must hold
+them too. Only the client knows which stages of the new route served the same layers on
+the old one, so it names the first layer of the longest run of such stages that ends
+the chain (app.client.recovery.first_layer_to_adopt). Without the field (a client before
+it) only the last stage adopts: nothing comes after it. Should a stage after the named
+layer hold nothing after all (it restarted unnoticed, its grace ran out) it is fed a gap
+and answers MISSING_POSITIONS: the client replays again, and the stages that adopted
+dropped the old session with the failed replay, so that replay computes everything.
 
 What keeps the KV consistent and the adoption safe:
 
     check                                      else
     -----------------------------------------  -----------------------------------------
+    the stage starts at or after               a plain new session (it must feed every
+      resume_from_layer (absent: it is last)     row to a stage after it that is new)
     the resumed session is open here           a plain new session (the stage restarted,
                                                or its resume grace ran out)
     same client (reply_to) and model           a plain new session; the old one is left
@@ -50,9 +57,34 @@ from app.replay_resume import history_digest
 from net import wire
 
 
+def may_adopt(new: wire.Open, first_layer: int, is_last: bool) -> bool:
+    """Whether the stage whose first layer is `first_layer` may take over the session
+    `new` resumes (the checks of `positions_kept` still follow)."""
+    if not new.resumes:
+        return False
+    if new.resume_from_layer is None:  # a client before the field: the last stage only
+        return is_last
+    return first_layer >= new.resume_from_layer
+
+
+def extend_history(history: list[int], step: wire.Step) -> bool:
+    """Add a computed `step` to the token ids a session's KV holds (cut to its
+    `keep_until`, then its rows' tokens; in place); False once they are not known: a
+    step that names no token per row, or rows that do not continue what is held. An
+    unknown history keeps nothing (a replay then computes everything here)."""
+    if len(step.tokens) != step.n_rows:
+        return False
+    if step.keep_until is not None:
+        del history[step.keep_until :]
+    if len(history) != step.start:
+        return False
+    history.extend(step.tokens)
+    return True
+
+
 @dataclass(frozen=True)
 class HeldSession:
-    """What the last stage knows of the session a replay names."""
+    """What a stage knows of the session a replay names."""
 
     open: wire.Open
     history: Sequence[int]

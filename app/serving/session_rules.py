@@ -19,10 +19,13 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
                                last stage, client has no link here    refuse BAD_VALUE
                                admission refuses (slots, KV memory)   refuse OVERLOADED
                                                                       (with retry hint)
-                               last stage, it resumes a session held  [Release old] Begin
-                                 here for the same client with a        adopting the old
-                                 matching history (resume_rules)        one's KV
-                               otherwise                              Begin
+                               it resumes a session held here for     [Release old] Begin
+                                 the same client with a matching        adopting the old
+                                 history, from a stage the replay       one's KV
+                                 allows (resume_rules)
+                               otherwise                              Begin (and End the
+                                                                      session it resumes if
+                                                                      this link owns it)
     OPEN, session exists       same upstream node and same OPEN       [Release old] Resumed
                                                                       (WAITING->LINKED:
                                                                       CancelGrace)
@@ -60,7 +63,7 @@ from typing import Any, Generic, TypeVar
 
 from app.serving.node_limits import NodeLimits
 from app.serving.reply_links import reply_link
-from app.serving.resume_rules import HeldSession, positions_kept
+from app.serving.resume_rules import HeldSession, may_adopt, positions_kept
 from core.admission import AdmissionLedger
 from net import wire
 from net.errors import ErrorCode
@@ -184,7 +187,7 @@ class Begin:
 
     open: wire.Open
     adopt: str = ""
-    """Last stage: the session whose KV this one takes over (gone from the table now)."""
+    """The session whose KV this one takes over (gone from the table now)."""
     kept: int = 0
     """Positions of `adopt` kept; the replay's rows below this are not computed."""
 
@@ -269,11 +272,15 @@ class SessionRules(Generic[L]):
         node_limits: NodeLimits | None = None,
         upstream_is_stage: bool = False,
         history_of: Callable[[str], Sequence[int] | None] | None = None,
+        first_layer: int = 0,
     ) -> None:
         self.is_last = is_last
         self.history_of = history_of
-        """Last stage: the token ids a session's KV holds (None: not known); None here:
-        this stage never takes a session's KV over (resume_rules)."""
+        """The token ids a session's KV holds (None: not known); None here: this stage
+        never takes a session's KV over (resume_rules)."""
+        self.first_layer = first_layer
+        """The stage's first layer: a replay's `resume_from_layer` says from which stage
+        on the old session may be taken over (resume_rules.may_adopt)."""
         self.upstream_is_stage = upstream_is_stage
         """Not the first stage: sessions come from a stage, never from their client
         (the two may share a node id: app.serving.reply_links)."""
@@ -368,17 +375,27 @@ class SessionRules(Generic[L]):
                 return self._refuse(link, frame.session, ErrorCode.OVERLOADED, error.message)
         self._sessions[frame.session] = session
         if old is None:
-            return [Begin(frame)]
+            return [Begin(frame), *self._superseded(link, frame)]
         del self._sessions[old.open.session]
         gone: list[Action[L]] = []
         if old.owner is not None:
             gone.append(Release(old.owner, old.open.session))
         return [*gone, Begin(frame, adopt=old.open.session, kept=kept)]
 
+    def _superseded(self, link: L, frame: wire.Open) -> list[Action[L]]:
+        """A replay arriving over the link that owns the session it resumes, which this
+        stage does not take over: the upstream moved on from that session (a stage
+        before took it over, or it forwards the client's replay), so it ends here too,
+        after the replay's OPEN went on (a stage further down may still take it over)."""
+        prior = self._sessions.get(frame.resumes) if frame.resumes else None
+        if prior is None or prior.owner != link:
+            return []
+        return self._end(frame.resumes, forward_close=True, reason=f"replayed as {frame.session}")
+
     def _adoptable(self, frame: wire.Open) -> tuple[_Session[L] | None, int]:
         """The session a replay's OPEN resumes, if this stage may hand its KV over, and
         the positions kept (resume_rules.positions_kept)."""
-        if not self.is_last or self.history_of is None or not frame.resumes:
+        if self.history_of is None or not may_adopt(frame, self.first_layer, self.is_last):
             return None, 0
         old = self._sessions.get(frame.resumes)
         history = None if old is None else self.history_of(frame.resumes)

@@ -36,7 +36,7 @@ from app.serving.mtp_guesses import (
     observe_results,
 )
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
-from app.serving.resume_rules import rows_to_skip, trimmed
+from app.serving.resume_rules import extend_history, rows_to_skip, trimmed
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
     Begin,
@@ -95,8 +95,11 @@ class _Session:
     guess_gate: GuessGate = field(default_factory=GuessGate)
     """Last stage with an MTP head: does this session's client use the guesses."""
     kept: int = 0
-    """Last stage, a replay that took a session's KV over: positions below this are
-    held already and the replay's rows there are not computed (resume_rules)."""
+    """A replay that took a session's KV over: positions below this are held already
+    and the replay's rows there are not computed (resume_rules)."""
+    history_known: bool = True
+    """Not the last stage: `history` names the tokens of every position its KV holds
+    (a replay may take them over only then)."""
 
 
 @dataclass
@@ -122,9 +125,10 @@ class WorkerStats:
     tokens: int = 0
     """Tokens sampled here (last stage only)."""
     sessions_adopted: int = 0
-    """Replays that took over the KV of the session they continue (last stage only)."""
+    """Replays that took over the KV of the session they continue."""
     rows_reused: int = 0
-    """Replayed rows not computed because an adopted session held them."""
+    """Positions adopted sessions held: the replay's rows there were not computed here
+    (nor, past a middle stage, sent on)."""
     last_compute_ms: float = 0.0
     last_queue_ms: float = 0.0
     """How long the rows of the last batch waited for the engine (the longest)."""
@@ -164,6 +168,9 @@ class StageWorker:
             send_throttle=upload_throttle(config.upload_bytes_per_s),
         )
         self._server = ChannelServer(creds, self._channel_ready, tuning)
+        self.hop_wanted = asyncio.Event()
+        """Set when the link to the next stage dies or sessions start waiting for one:
+        the heartbeat loop then asks the coordinator early whether it was replaced."""
         self._downstream = (
             Downstream(
                 config.next_hop,
@@ -173,6 +180,7 @@ class StageWorker:
                 self._downstream_lost,
                 dialer=dialer,
                 relink_timeout=config.relink_timeout,
+                on_waiting=self.hop_wanted.set,
             )
             if config.next_hop is not None
             else None
@@ -197,11 +205,8 @@ class StageWorker:
             upstream_is_stage=not self.is_first,
             # Hand a session's KV to its replay only where the cache can be cut back and
             # nothing else is keyed by the session (resume_rules).
-            history_of=(
-                self._history_of
-                if self.is_last and stage.mtp is None and not self._recurrent
-                else None
-            ),
+            history_of=(self._history_of if stage.mtp is None and not self._recurrent else None),
+            first_layer=stage.spec.layers.start,
         )
         """Ownership, resume, de-duplication, admission: decided there, carried out here."""
         self._sessions: dict[str, _Session] = {}
@@ -232,6 +237,16 @@ class StageWorker:
     @property
     def next_hop_path(self) -> str:
         return "direct" if self._downstream is None else self._downstream.path
+
+    @property
+    def next_hop_waiting(self) -> bool:
+        """Sessions wait for a link to the next stage (app.serving.beats)."""
+        return self._downstream is not None and self._downstream.waiting
+
+    @property
+    def next_hop_lost_at(self) -> float | None:
+        """time.monotonic() when the link to the next stage died, while it stays down."""
+        return None if self._downstream is None else self._downstream.lost_at
 
     @property
     def next_hop_relinks(self) -> int:
@@ -367,7 +382,7 @@ class StageWorker:
 
     def _history_of(self, name: str) -> list[int] | None:
         session = self._sessions.get(name)
-        return None if session is None else session.history
+        return None if session is None or not session.history_known else session.history
 
     def _begin(self, frame: wire.Open, adopt: str = "", kept: int = 0) -> None:
         session = _Session(frame)
@@ -399,10 +414,17 @@ class StageWorker:
         self._idle.clear()
         self.stats.sessions_opened += 1
         self.stats.sessions_adopted += 1
+        self.stats.rows_reused += kept
         future = asyncio.wrap_future(
             self._engine_calls.submit(self.stage.adopt, old_name, name, kept)
         )
         future.add_done_callback(lambda f: self._adopted(old_name, name, kept, f))
+        if self._downstream is not None:
+            # The next stage takes the old session over too (the client named the layer
+            # from which every stage may) or, as the OPEN comes over the link that owns
+            # it, ends it (session_rules): no CLOSE for it, which would find it gone.
+            self._downstream.send(session.open)
+            self._downstream.forget(old_name)
 
     def _adopted(self, old_name: str, name: str, kept: int, future: asyncio.Future[None]) -> None:
         exc = future.exception()
@@ -441,7 +463,6 @@ class StageWorker:
         held = self._sessions.get(frame.session)
         skip = 0 if held is None else rows_to_skip(held.kept, frame.start, frame.n_rows)
         if skip:  # a replay's rows this stage kept from the session it continues
-            self.stats.rows_reused += skip
             if skip == frame.n_rows:
                 return
             frame = trimmed(frame, skip)
@@ -578,6 +599,8 @@ class StageWorker:
         timings = (*p.step.timings, timing)
         if not self.is_last:
             assert result.hidden is not None and self._downstream is not None
+            if session.history_known and self._rules.history_of is not None:
+                session.history_known = extend_history(session.history, p.step)
             dtype = WireDtype(session.open.wire_dtype)
             self._downstream.send(
                 wire.Step(

@@ -8,7 +8,6 @@ it had loaded, loading nothing again. ~40 s each."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,13 @@ from app.identity import join_swarm
 from app.lab.local_run import build_pipeline
 from core.types import LayerRange
 from tests.support.coordinator_proc import CoordinatorProcess
-from tests.support.spare_swarm import SpareSwarm, generate_killing, node_id, spawn_worker
+from tests.support.spare_swarm import (
+    SpareSwarm,
+    generate_killing,
+    middle_leaves_first,
+    node_id,
+    spawn_worker,
+)
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -30,19 +35,6 @@ pytestmark = pytest.mark.integration
 PROMPT = [1, 5, 17, 42, 99, 7]
 N_TOKENS = 40
 KILL_AFTER = 5
-
-
-def middle_leaves_first(minutes: int = 20) -> list[list[str]]:
-    """Worker arguments for a chain of three whose middle stage is the one most at risk.
-    The caps order the chain (the planner puts the biggest node last and the next
-    biggest first when nothing is measured yet: 2G, 1G, 3G); the middle worker's
-    volunteer leaves in `minutes`, within the spare policy's horizon."""
-    until = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=minutes)).isoformat("T", "seconds")
-    return [
-        ["--vram-cap", "3G"],
-        ["--vram-cap", "1G", "--available-until", until],
-        ["--vram-cap", "2G"],
-    ]
 
 
 def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> None:
@@ -86,6 +78,9 @@ def test_middle_stage_killed_mid_answer_the_answer_completes(tmp_path: Path) -> 
     assert len(client.recoveries) >= 1
     first = client.recoveries[0]
     assert first.replayed >= len(PROMPT) + KILL_AFTER
+    # The stage upstream of the killed one learnt its new next hop in time (it asks the
+    # coordinator at once while its link is down): the first replay answered.
+    assert first.replays == 1, first.failure
     assert victim in first.dead  # the probe found the killed stage
     assert victim not in {s.node_id for s in client.route.stages}
     # The spare took over the stage it had pre-loaded: one load in all, none at promotion.

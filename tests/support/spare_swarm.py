@@ -15,6 +15,7 @@ came, so a test can say what the spare loaded and when.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import signal
 import time
@@ -49,6 +50,19 @@ async def spawn_worker(
     args = [*(["-v"] if verbose else []), "worker", "--join", code]
     args += ["--identity-dir", str(root / name), *extra]
     return await spawn_sangama(name, args, root / f"{name}.log", timeout, wait_ready=wait)
+
+
+def middle_leaves_first(minutes: int = 20) -> list[list[str]]:
+    """Worker arguments for a chain of three whose middle stage is the one most at risk.
+    The caps order the chain (the planner puts the biggest node last and the next
+    biggest first when nothing is measured yet: 2G, 1G, 3G); the middle worker's
+    volunteer leaves in `minutes`, within the spare policy's horizon."""
+    until = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=minutes)).isoformat("T", "seconds")
+    return [
+        ["--vram-cap", "3G"],
+        ["--vram-cap", "1G", "--available-until", until],
+        ["--vram-cap", "2G"],
+    ]
 
 
 def node_id(child: Child) -> str:

@@ -13,6 +13,7 @@ from app.client.recovery import (
     dead_stages,
     decide,
     exact_for,
+    first_layer_to_adopt,
 )
 from core.types import SamplingParams
 from net.errors import ErrorCode
@@ -76,3 +77,33 @@ def test_a_late_answer_counts_only_a_stage_whose_host_said_nothing_listens() -> 
 def test_a_failed_answer_suspects_the_silent_stages_too() -> None:
     assert dead_stages(PROBES, failed=True) == ("b", "c")
     assert dead_stages({"a": Probe.ALIVE}, failed=True) == ()
+
+
+# ---------------------------------------------------------------- who keeps the KV
+
+OLD_ROUTE = [("a", 0, 2), ("b", 2, 4), ("c", 4, 6), ("d", 6, 8)]
+
+
+@pytest.mark.parametrize(
+    ("new", "dead", "state_lost", "first"),
+    [
+        # b died, the spare s took its layers: c and d kept theirs.
+        ([("a", 0, 2), ("s", 2, 4), ("c", 4, 6), ("d", 6, 8)], {"b"}, False, 4),
+        # The first stage died: every stage after the spare keeps its KV.
+        ([("s", 0, 2), ("b", 2, 4), ("c", 4, 6), ("d", 6, 8)], {"a"}, False, 2),
+        # The last stage died: its replacement holds nothing, so nobody may skip rows.
+        ([("a", 0, 2), ("b", 2, 4), ("c", 4, 6), ("s", 6, 8)], {"d"}, False, None),
+        # c is back at the same place but was found dead (it rebooted, no KV): only d.
+        (OLD_ROUTE, {"c"}, False, 6),
+        # A stage that kept its node but moved its layers is new for this session.
+        ([("a", 0, 2), ("b", 2, 5), ("c", 5, 6), ("d", 6, 8)], {"x"}, False, 6),
+        # Nothing replaced, nothing dead: every stage keeps its KV.
+        (OLD_ROUTE, set(), False, 0),
+        # Someone lacks the positions and the client cannot tell who: the last stage.
+        (OLD_ROUTE, set(), True, 6),
+    ],
+)
+def test_the_stages_that_keep_the_kv_are_the_kept_run_ending_the_route(
+    new: list[tuple[str, int, int]], dead: set[str], state_lost: bool, first: int | None
+) -> None:
+    assert first_layer_to_adopt(OLD_ROUTE, new, dead, state_lost) == first

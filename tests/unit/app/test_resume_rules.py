@@ -1,6 +1,7 @@
-"""A replay after a reroute keeps the KV of the last stage that survived: the pure policy
-(app.serving.resume_rules, app.replay_resume), the session rules' adoption and
-`Stage.adopt`, with plain strings for links and a fake engine; no sockets, no model."""
+"""A replay after a reroute keeps the KV of the stages that survived downstream of the
+replaced one: the pure policy (app.serving.resume_rules, app.replay_resume), the session
+rules' adoption and `Stage.adopt`, with plain strings for links and a fake engine; no
+sockets, no model."""
 
 from __future__ import annotations
 
@@ -10,8 +11,23 @@ import numpy as np
 import pytest
 
 from app.replay_resume import history_digest, resume_ref
-from app.serving.resume_rules import HeldSession, positions_kept, rows_to_skip, trimmed
-from app.serving.session_rules import Begin, FrameReceived, LinkReady, Release, Send, SessionRules
+from app.serving.resume_rules import (
+    HeldSession,
+    extend_history,
+    may_adopt,
+    positions_kept,
+    rows_to_skip,
+    trimmed,
+)
+from app.serving.session_rules import (
+    Begin,
+    End,
+    FrameReceived,
+    LinkReady,
+    Release,
+    Send,
+    SessionRules,
+)
 from core.admission import AdmissionLedger, AdmissionPolicy
 from core.errors import DuplicateSessionError, PositionError
 from core.stage import Stage, StepRequest, StepResult
@@ -164,11 +180,19 @@ def test_no_histories_no_adoption_and_only_the_last_stage_adopts() -> None:
     rules.handle(LinkReady("cl", "client"))
     rules.handle(LinkReady("up-dead", "dead"))
     rules.handle(FrameReceived("up-dead", "dead", OLD))
-    assert rules.handle(FrameReceived("up-dead", "dead", replay_open())) == [Begin(replay_open())]
+    (begin, *_ends) = rules.handle(FrameReceived("up-dead", "dead", replay_open()))
+    assert begin == Begin(replay_open())  # nothing taken over (it ends: the next test)
     middle: SessionRules[str] = SessionRules(False, history_of={"old": HISTORY}.get)
     middle.handle(LinkReady("up", "a"))
     middle.handle(FrameReceived("up", "a", OLD))
-    assert middle.handle(FrameReceived("up", "a", replay_open())) == [Begin(replay_open())]
+    # Not taken over, and the replay came over the link that owns the old session: its
+    # upstream moved on, so the old one ends here (after the replay's OPEN went on).
+    assert middle.handle(FrameReceived("up", "a", replay_open())) == [
+        Begin(replay_open()),
+        Release("up", "old"),
+        End("old", True, "replayed as new"),
+    ]
+    assert "old" not in middle
 
 
 def test_a_refused_replay_gives_the_old_session_its_reservation_back() -> None:
@@ -184,6 +208,68 @@ def test_a_refused_replay_gives_the_old_session_its_reservation_back() -> None:
     assert refusal.frame.code is ErrorCode.OVERLOADED
     assert "old" in rules and "old" in ledger and "new" not in ledger
     assert ledger.capacity().reserved_bytes == 86
+
+
+@pytest.mark.parametrize(
+    ("from_layer", "first_layer", "is_last", "adopts"),
+    [
+        (None, 6, True, True),  # a client before the field: the last stage only
+        (None, 4, False, False),
+        (4, 4, False, True),  # the named layer's stage, and every one after it
+        (4, 6, True, True),
+        (4, 2, False, False),  # upstream of (or the) replaced stage: it feeds every row
+        (8, 6, True, False),  # past the last layer: nobody (the last stage is new)
+        (0, 0, False, True),  # nothing replaced: even the first stage keeps its KV
+    ],
+)
+def test_a_stage_may_adopt_from_the_layer_the_replay_names(
+    from_layer: int | None, first_layer: int, is_last: bool, adopts: bool
+) -> None:
+    new = replay_open(resume_from_layer=from_layer)
+    assert may_adopt(new, first_layer, is_last) is adopts
+    assert not may_adopt(dataclasses.replace(OLD, session="new"), first_layer, is_last)
+
+
+def middle_stage(first_layer: int) -> SessionRules[str]:
+    """A middle stage (layers from `first_layer`) with "old" opened by the stage before
+    it, which died ("up-dead"); the replacement links as "up-spare"."""
+    rules: SessionRules[str] = SessionRules(False, upstream_is_stage=True,
+                                            history_of={"old": list(HISTORY)}.get,
+                                            first_layer=first_layer)  # fmt: skip
+    rules.handle(LinkReady("up-dead", "dead"))
+    assert rules.handle(FrameReceived("up-dead", "dead", OLD)) == [Begin(OLD)]
+    rules.handle(LinkReady("up-spare", "spare"))
+    return rules
+
+
+def test_a_middle_stage_downstream_of_the_replaced_one_adopts() -> None:
+    new = replay_open(resume_from_layer=4)
+    rules = middle_stage(4)
+    assert rules.handle(FrameReceived("up-spare", "spare", new)) == [
+        Release("up-dead", "old"),
+        Begin(new, adopt="old", kept=len(HISTORY)),
+    ]
+    assert "old" not in rules and rules.owns("up-spare", "new")
+    # The stage before the named layer (the replacement's upstream side) starts fresh.
+    upstream = middle_stage(2)
+    assert upstream.handle(FrameReceived("up-spare", "spare", new)) == [Begin(new)]
+    assert "old" in upstream
+
+
+def test_the_history_follows_computed_steps_and_is_lost_on_a_gap() -> None:
+    def step(start: int, tokens: tuple[int, ...], keep_until: int | None = None) -> wire.Step:
+        n = len(tokens)
+        return wire.Step("s", start, start, tokens, bytes(16 * n), n, 4, WireDtype.F32,
+                         keep_until=keep_until)  # fmt: skip
+
+    history: list[int] = []
+    assert extend_history(history, step(0, (1, 5, 17)))
+    assert extend_history(history, step(3, (42, 9, 9)))  # a token and two guesses
+    assert extend_history(history, step(5, (99,), keep_until=5))  # one guess rejected
+    assert history == [1, 5, 17, 42, 9, 99]
+    assert not extend_history(list(history), step(8, (3,)))  # rows past a gap
+    no_tokens = dataclasses.replace(step(6, (3,)), tokens=())
+    assert not extend_history(list(history), no_tokens)  # rows without their tokens
 
 
 # ---------------------------------------------------------------- the stage renames

@@ -5,7 +5,9 @@ Whatever the order, the table never raises, only the owner's link ever gets a st
 through, a step id is taken at most once, refusals are typed ERRORs, and the sessions
 it keeps are exactly those begun and not ended. Replays that name a session to take over
 (resume OPENs, honest or with a forged digest or another client) take it only with the
-true history and the same client. Bounded: 60 programs of 40 events."""
+true history and the same client; one that does not take it over ends it only when it
+came over the link that owns it (that upstream moved on). Bounded: 60 programs of 40
+events."""
 
 from __future__ import annotations
 
@@ -137,10 +139,14 @@ class SessionTable(RuleBasedStateMachine):
         frame = wire.Open(session, "m", WireDtype.F32, wire.SamplingSpec(), reply_to, 4,
                           len(HELD) + 1, resumes, len(HELD), digest)  # fmt: skip
         before, was_held = session in self.table, resumes in self.table
+        owner = self.table.owns(link, resumes)
         actions = self.table.handle(FrameReceived(link, self.peer_of[link], frame))
         adopted = any(isinstance(a, Begin) and a.adopt for a in actions)
+        began = any(isinstance(a, Begin) for a in actions)
         if adopted:
             self.adoptions += 1
+        elif began and owner:  # its own upstream moved on from it: it ends here
+            assert resumes not in self.table
         else:  # a replay that may not take the session over leaves it where it was
             assert (resumes in self.table) == was_held
         self._check(actions)

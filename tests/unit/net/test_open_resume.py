@@ -29,6 +29,24 @@ def test_a_plain_open_has_no_tail_and_a_resume_open_adds_exactly_it() -> None:
     assert decode(resumed) == RESUME
 
 
+def test_the_first_layer_to_adopt_is_a_second_optional_tail() -> None:
+    """Absent (a client before the field): the last stage alone may adopt, and the bytes
+    are those of the first tail; present: four more bytes, read back as sent."""
+    assert decode(encode(RESUME)) == RESUME and RESUME.resume_from_layer is None
+    layered = dataclasses.replace(RESUME, resume_from_layer=4)
+    assert encode(layered) == _with_length(encode(RESUME) + struct.pack(">I", 4))
+    assert decode(encode(layered)) == layered
+    with pytest.raises(FrameError) as refused:  # only a replay names a layer to adopt from
+        encode(dataclasses.replace(PLAIN, resume_from_layer=4))
+    assert refused.value.code is ErrorCode.BAD_VALUE
+
+
+def _with_length(frame: bytes) -> bytes:
+    """`frame` with its header's body length fixed after bytes were appended."""
+    _length, version, ftype = HEADER.unpack_from(frame)
+    return HEADER.pack(len(frame) - HEADER.size, version, ftype) + frame[HEADER.size :]
+
+
 @pytest.mark.parametrize(
     ("changes", "code"),
     [

@@ -94,14 +94,15 @@ def steps(draw: st.DrawFn) -> Step:
 
 @st.composite
 def resume_opens(draw: st.DrawFn) -> Open:
-    """An OPEN with the optional resume tail (a replay after a reroute)."""
+    """An OPEN with the optional resume tail (a replay after a reroute), with or without
+    its own optional first layer allowed to adopt."""
     session, resumes = draw(names), draw(names)
     assume(session != resumes)
     prompt_len = draw(st.integers(2, 0xFFFF_FFFF))
     held = draw(st.integers(1, prompt_len - 1))
     return Open(session, draw(names), draw(st.sampled_from(WireDtype)), draw(samplings),
                 draw(texts), draw(u32s), prompt_len, resumes, held,
-                draw(st.binary(min_size=32, max_size=32)))  # fmt: skip
+                draw(st.binary(min_size=32, max_size=32)), draw(st.none() | u32s))  # fmt: skip
 
 
 frames: st.SearchStrategy[Frame] = st.one_of(
