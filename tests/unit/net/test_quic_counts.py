@@ -11,7 +11,8 @@ import pytest
 
 from app.credentials import init_ca, issue_node, load_credentials
 from net.ack_policy import ACK_HOLD, hold_ack_until
-from net.quic import QuicLink, QuicTuning, _backend
+from net.quic import QuicLink, QuicTuning
+from net.quic_backend import backend as _backend
 from net.quic_counts import LinkCounts, add, per_frame
 
 pytestmark = pytest.mark.unit
