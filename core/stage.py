@@ -276,14 +276,21 @@ class Stage:
         """Group requests into decodes of at most n_batch rows, keeping request order."""
         chunks: list[list[int]] = []
         rows = 0
+        seen: set[str] = set()
         for req, i in zip(reqs, idx, strict=True):
             # Reproducible: one session per decode, so its rows meet nobody else's. Hybrid
             # recurrent models too: their memory reorders a multi-sequence batch's rows.
             alone = self.spec.reproducible or getattr(self.engine, "one_sequence_per_decode", False)
-            if not chunks or rows + req.n_rows > self.spec.n_batch or alone:
+            # A session's prompt chunks each in a decode of their own, however many came
+            # at once: its rows' shapes are its chunks, which a replay can repeat exactly
+            # (app.replay_shapes).
+            again = req.session in seen
+            if not chunks or rows + req.n_rows > self.spec.n_batch or alone or again:
                 chunks.append([])
                 rows = 0
+                seen = set()
             chunks[-1].append(i)
+            seen.add(req.session)
             rows += req.n_rows
         return chunks
 

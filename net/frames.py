@@ -89,6 +89,11 @@ class Step:
     """Before evaluating, each stage drops cached positions >= keep_until (rejected drafts)."""
     timings: tuple[StageTiming, ...] = ()
     sent_at_ns: int = 0
+    one_by_one: bool = False
+    """Every stage evaluates these rows one at a time, each in a llama_decode of its own
+    (a replay's generated tokens, as they were first computed: app.replay_shapes); the
+    last stage needs logits for the final row only. No drafts with it. Encoded as an
+    optional tail of the STEP body, absent when False: plain STEPs keep their bytes."""
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,9 @@ def _check_step(frame: Step, limits: Limits) -> None:
         )
     _check_timings(frame.timings, limits)
     _check_int("sent_at_ns", frame.sent_at_ns, U64_MAX)
+    if frame.one_by_one and frame.drafts:
+        # Guessed rows have their own row-by-row rules (app.serving.verify_rows).
+        raise FrameError(ErrorCode.BAD_SHAPE, "rows one at a time carry no drafts")
 
 
 def _check_rows(frame: Step, dtype: WireDtype, limits: Limits) -> None:

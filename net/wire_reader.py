@@ -146,8 +146,13 @@ def _read_step(r: _Reader) -> Step:
     drafts = r.ints()
     keep_until = r.u(_U32) if r.flag("keep_until") else None
     timings, sent_at_ns = r.timings(), r.u(_U64)
+    one_by_one = False
+    if r.offset != len(r.body):  # the optional tail: rows one at a time
+        one_by_one = r.flag("one_by_one")
+        if not one_by_one:  # one encoding per frame: the writer omits a false tail
+            raise FrameError(ErrorCode.MALFORMED, "a one_by_one tail of 0 (omitted when false)")
     return Step(session, step_id, start, tokens, hidden, n_rows, width, dtype, drafts,
-                keep_until, timings, sent_at_ns)  # fmt: skip
+                keep_until, timings, sent_at_ns, one_by_one)  # fmt: skip
 
 
 def _read_tokens(r: _Reader) -> Tokens:

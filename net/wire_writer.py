@@ -98,6 +98,8 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
                 w.pack(">I", frame.keep_until)
             w.timings(frame.timings)
             w.pack(">Q", frame.sent_at_ns)
+            if frame.one_by_one:  # the optional tail: absent, the STEP is as before
+                w.pack(">B", 1)
             return FrameType.STEP
         case Tokens():
             w.string(frame.session)

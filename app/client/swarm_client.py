@@ -27,6 +27,7 @@ from app.config import Route
 from app.errors import RouteUnavailable, StageTimeout, stage_error
 from app.redial import dial_until
 from app.replay_resume import ResumeRef
+from app.replay_shapes import Segment, plain_segments
 from app.wire_convert import sampling_to_wire
 from core.drafting import GuessPolicy
 from core.types import SamplingParams
@@ -247,12 +248,15 @@ class SwarmClient:
         guesses: GuessPolicy | None = None,
         session: str | None = None,
         resume: ResumeRef | None = None,
+        segments: Sequence[Segment] | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Yield tokens as the last stage sends them; stop at max_tokens or an end token.
 
         `session` names the new session (default: a random id); `resume`, for a replay
         after a reroute, names the session it continues, whose KV a last stage that kept
-        it hands over (app.replay_resume).
+        it hands over (app.replay_resume). `segments`: how the prompt is cut into steps
+        (default: chunks of `chunk`); a replay gives its rows the first run's shapes
+        (app.replay_shapes).
 
         Each step may also carry n-gram guesses that one trip verifies
         (app.client.ngram_drafts; `guesses`, default the client's own `self.guesses`); an
@@ -289,8 +293,10 @@ class SwarmClient:
             )
             step_id = 0
             sent = time.perf_counter()
-            for a in range(0, len(prompt), chunk):  # all chunks at once: stages overlap
-                self._send_first(self._step(name, step_id, a, tuple(prompt[a : a + chunk])))
+            cuts = plain_segments(len(prompt), chunk) if segments is None else segments
+            for seg in cuts:  # all chunks at once: stages overlap
+                rows = tuple(prompt[seg.start : seg.start + seg.rows])
+                self._send_first(self._step(name, step_id, seg.start, rows, alone=seg.one_by_one))
                 step_id += 1
             drafting = DraftTracker(prompt, max_tokens, guesses)
             n_drafts = 0
@@ -340,6 +346,7 @@ class SwarmClient:
         tokens: tuple[int, ...],
         drafts: tuple[int, ...] = (),
         keep_until: int | None = None,
+        alone: bool = False,
     ) -> wire.Step:
         return wire.Step(
             session=session,
@@ -353,6 +360,7 @@ class SwarmClient:
             drafts=drafts,
             keep_until=keep_until,
             sent_at_ns=time.time_ns(),
+            one_by_one=alone,
         )
 
     async def _next(

@@ -461,6 +461,7 @@ async def _heartbeats(
                 "resumed": stats.sessions_resumed,
                 "rows": stats.rows,
                 "rows_reused": stats.rows_reused,
+                "rows_one_by_one": stats.rows_one_by_one,
                 "adopted": stats.sessions_adopted,
             },
         )

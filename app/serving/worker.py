@@ -36,6 +36,7 @@ from app.serving.mtp_guesses import (
     observe_results,
 )
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
+from app.serving.replay_rows import rows_one_by_one, step_apart
 from app.serving.resume_rules import extend_history, rows_to_skip, trimmed
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
@@ -129,6 +130,8 @@ class WorkerStats:
     rows_reused: int = 0
     """Positions adopted sessions held: the replay's rows there were not computed here
     (nor, past a middle stage, sent on)."""
+    rows_one_by_one: int = 0
+    """A replay's rows evaluated one at a time, as first computed (replay_rows)."""
     last_compute_ms: float = 0.0
     last_queue_ms: float = 0.0
     """How long the rows of the last batch waited for the engine (the longest)."""
@@ -466,6 +469,8 @@ class StageWorker:
             if skip == frame.n_rows:
                 return
             frame = trimmed(frame, skip)
+        if frame.one_by_one:
+            self.stats.rows_one_by_one += frame.n_rows
         if self.is_first:
             if frame.hidden is not None:
                 raise FrameError(ErrorCode.BAD_SHAPE, "the first stage takes tokens")
@@ -554,6 +559,10 @@ class StageWorker:
     ) -> tuple[list[StepResult | StepFailure], dict[int, Verdict]]:
         """On the engine thread: evaluate (steps with guesses row by row, verify_rows),
         then feed the MTP head (last stage with one)."""
+        if any(p.step.one_by_one for p in batch):  # a replay's rows, each alone (replay_rows)
+            return step_apart(
+                batch, lambda p: p.step.one_by_one, checks, self._stage_step, self._step_alone
+            )
         requests = [p.request for p in batch]
         verdicts: dict[int, Verdict] = {}
         guessed = (
@@ -570,6 +579,13 @@ class StageWorker:
         if self.stage.mtp is not None:
             observe_results(self.stage.mtp, [p.step for p in batch], results)
         return results, verdicts
+
+    def _step_alone(self, p: _Pending) -> StepResult | StepFailure:
+        """On the engine thread: a step whose rows go one at a time (replay_rows)."""
+        result = rows_one_by_one(self.stage, p.request)
+        if self.stage.mtp is not None:
+            observe_results(self.stage.mtp, [p.step], [result])
+        return result
 
     def _emit(
         self,
@@ -616,6 +632,7 @@ class StageWorker:
                     keep_until=p.step.keep_until,
                     timings=timings,
                     sent_at_ns=p.step.sent_at_ns,
+                    one_by_one=p.step.one_by_one,
                 )
             )
             return

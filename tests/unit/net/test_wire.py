@@ -88,8 +88,9 @@ def steps(draw: st.DrawFn) -> Step:
     drafts = draw(st.lists(token_ids, max_size=n_rows - 1).map(tuple))
     start = draw(st.integers(0, POS_MAX - n_rows))
     keep_until = draw(st.none() | st.integers(0, start))
+    one_by_one = not drafts and draw(st.booleans())  # a replay's rows: no drafts with it
     return Step(draw(names), draw(u64s), start, tokens, hidden, n_rows, width, dtype, drafts,
-                keep_until, draw(timings), draw(u64s))  # fmt: skip
+                keep_until, draw(timings), draw(u64s), one_by_one)  # fmt: skip
 
 
 @st.composite
