@@ -71,6 +71,9 @@ class Run:
     recoveries: int
     tokens: int
     load_avg: str
+    one_by_one: tuple[int, int, int] = (0, 0, 0)
+    """Rows first, middle and last stage evaluated one at a time (a replay's generated
+    tokens, each in a decode of its own: app.replay_shapes)."""
 
 
 async def _read(spare: Child, lines: list[str]) -> None:
@@ -171,6 +174,7 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
             len(client.recoveries),
             len(out),
             load,
+            tuple(int(s.get("rows_one_by_one", 0)) for s in (first, middle, last)),  # type: ignore[arg-type]
         )
         return run, out
     finally:
@@ -208,14 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{'replay':7} {'killed':>6} {'spare':>5} {'kill -> next token':>19} {'stall':>7} "
             f"{'replayed':>8} "
-            f"{'last rows':>9} {'reused':>6} {'middle rows':>11} {'first rows':>10} {'load':>5}"
+            f"{'last rows':>9} {'reused':>6} {'middle rows':>11} {'first rows':>10} {'load':>5} "
+            f"{'alone f/m/l':>11}"
         )
         for r in runs:
             print(
                 f"{'reuse' if r.reuse else 'fresh':7} {r.killed:6} "
                 f"{'warm' if r.warm else 'cold':>5} {r.kill_to_next_token_s:17.2f} s "
                 f"{r.stall_s:5.2f} s {r.replayed:8} {r.last_rows:9} {r.last_reused:6} "
-                f"{r.middle_rows:11} {r.first_rows:10} {r.load_avg:>5}"
+                f"{r.middle_rows:11} {r.first_rows:10} {r.load_avg:>5} "
+                f"{'/'.join(map(str, r.one_by_one)):>11}"
             )
         print(f"{len(prompt)}-token prompt, {N_TOKENS} tokens; answers equal: {same}")
         for r, out, ok in zip(runs, answers, exact, strict=True):
