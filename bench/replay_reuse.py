@@ -76,6 +76,10 @@ class Run:
     tokens, each in a decode of its own: app.replay_shapes)."""
 
 
+def _alone(stats: dict[str, Any]) -> int:
+    return int(stats.get("rows_one_by_one", 0))
+
+
 async def _read(spare: Child, lines: list[str]) -> None:
     assert spare.process.stdout is not None
     while line := await spare.process.stdout.readline():
@@ -174,7 +178,7 @@ async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tu
             len(client.recoveries),
             len(out),
             load,
-            tuple(int(s.get("rows_one_by_one", 0)) for s in (first, middle, last)),  # type: ignore[arg-type]
+            (_alone(first), _alone(middle), _alone(last)),
         )
         return run, out
     finally:
