@@ -104,14 +104,16 @@ def _stats(coord: CoordinatorProcess, node: str, tokens_seen: int, timeout: floa
     return stats
 
 
-async def one_run(model: Path, root: Path, prompt: list[int], reuse: bool) -> tuple[Run, list[int]]:
+async def one_run(
+    model: Path, root: Path, prompt: list[int], reuse: bool, worker_args: tuple[str, ...] = ()
+) -> tuple[Run, list[int]]:
     args = ["--spares", "1", "--stale-after", "2", "--dead-after", "4"]
     coord = CoordinatorProcess.start(root / "coordinator", model, min_stages=3, extra_args=args)
     children: list[Child] = []
 
     async def worker(name: str, wait: bool) -> Child:
         code = coord.admin.create_invite("worker")["code"]
-        cmd = ["worker", "--join", code, "--identity-dir", str(root / name)]
+        cmd = ["worker", "--join", code, "--identity-dir", str(root / name), *worker_args]
         child = await spawn_sangama(name, cmd, root / f"{name}.log", 900, wait_ready=wait)
         children.append(child)
         return child
@@ -193,20 +195,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2 135M)")
     ap.add_argument("--prompt", type=int, default=295, help="prompt tokens")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="workers --reproducible (each session on a KV stream of its own)",
+    )
+    ap.add_argument("--modes", default="fresh,reuse", help="which replays to run")
     a = ap.parse_args(argv)
+    modes = [m == "reuse" for m in a.modes.split(",")]
+    worker_args = ("--reproducible",) if a.reproducible else ()
     model = a.model or default_model_path()
     prompt = prompt_of(a.prompt)
     runs: list[Run] = []
     answers: list[list[int]] = []
     with TemporaryDirectory(prefix="sangama-replay-reuse-") as tmp:
-        for reuse in (False, True):
-            run, out = asyncio.run(
-                one_run(model, Path(tmp) / ("reuse" if reuse else "fresh"), prompt, reuse)
-            )
+        for reuse in modes:
+            root = Path(tmp) / ("reuse" if reuse else "fresh")
+            run, out = asyncio.run(one_run(model, root, prompt, reuse, worker_args))
             runs.append(run)
             answers.append(out)
     reference = uninterrupted(model, prompt)
-    same = answers[0] == answers[1] and len(answers[0]) == N_TOKENS
+    same = all(out == answers[0] for out in answers) and len(answers[0]) == N_TOKENS
     exact = [out == reference for out in answers]
     if a.json:
         print(json.dumps({"runs": [asdict(r) for r in runs], "answers_equal": same,
