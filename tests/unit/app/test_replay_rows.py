@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.serving.replay_rows import rows_one_by_one, step_apart
+from app.serving.replay_rows import Result, rows_one_by_one, step_apart
+from core.errors import PositionError
 from core.gguf_slices import assemble_stage, slice_model
 from core.stage import Stage, StepFailure, StepRequest, StepResult
 from core.types import LayerRange, StageSpec
@@ -69,7 +70,8 @@ def test_one_step_of_rows_alone_equals_plain_decoding_bit_for_bit(
         # (what made a replay flip near-ties before).
         assert isinstance(batched, StepResult)
         out = batched.hidden if first else batched.logits
-        got = replay.hidden if first else replay.logits  # type: ignore[union-attr]
+        assert isinstance(replay, StepResult)
+        got = replay.hidden if first else replay.logits
         assert out is not None and got is not None
         assert not np.array_equal(out[-1:], got[-1:])
     finally:
@@ -88,26 +90,24 @@ def test_a_row_that_does_not_continue_the_cache_fails_typed(
         stage.shutdown()
 
 
+def _failed(session: str) -> Result:
+    return StepFailure(session, PositionError(session, "a stand-in result"))
+
+
 def test_step_apart_sends_the_rest_in_one_call_with_their_checks_rekeyed() -> None:
     items = ["a", "ALONE1", "b", "ALONE2", "c"]
     calls: list[tuple[list[str], dict[int, str]]] = []
     alone_calls: list[str] = []
 
-    def rest(batch: list[str], checks: dict[int, str]) -> tuple[list[object], dict[int, str]]:
+    def rest(batch: list[str], checks: dict[int, str]) -> tuple[list[Result], dict[int, str]]:
         calls.append((batch, checks))
-        return [StepFailure(x, None) for x in batch], {k: f"v{c}" for k, c in checks.items()}  # type: ignore[arg-type]
+        return [_failed(x) for x in batch], {k: f"v{c}" for k, c in checks.items()}
 
-    def alone(item: str) -> StepFailure:
+    def alone(item: str) -> Result:
         alone_calls.append(item)
-        return StepFailure(item, None)  # type: ignore[arg-type]
+        return _failed(item)
 
-    results, verdicts = step_apart(
-        items,
-        str.isupper,
-        {2: "b", 4: "c"},
-        rest,
-        alone,  # type: ignore[arg-type]
-    )
+    results, verdicts = step_apart(items, str.isupper, {2: "b", 4: "c"}, rest, alone)
     assert calls == [(["a", "b", "c"], {1: "b", 2: "c"})]
     assert alone_calls == ["ALONE1", "ALONE2"]
     assert [r.session for r in results] == items  # in the batch's order
@@ -115,14 +115,8 @@ def test_step_apart_sends_the_rest_in_one_call_with_their_checks_rekeyed() -> No
 
 
 def test_step_apart_with_only_rows_alone_calls_no_batch() -> None:
-    def rest(batch: list[str], checks: dict[int, str]) -> tuple[list[object], dict[int, str]]:
+    def rest(batch: list[str], checks: dict[int, str]) -> tuple[list[Result], dict[int, str]]:
         raise AssertionError("nothing to batch")
 
-    results, verdicts = step_apart(
-        ["X"],
-        str.isupper,
-        {},
-        rest,
-        lambda s: StepFailure(s, None),  # type: ignore[arg-type]
-    )
+    results, verdicts = step_apart(["X"], str.isupper, {}, rest, _failed)
     assert [r.session for r in results] == ["X"] and verdicts == {}
