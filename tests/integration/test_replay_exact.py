@@ -10,7 +10,8 @@ app.replay_shapes, changes the answer at token 20 (a near-tie that the multi-row
 kernels' rounding flips), both on a fresh chain and with the last stage's KV kept;
 `_one_chunk_replay` checks that in this process first, so the test shows the fix and
 not a lucky prompt. Counts, from the workers' heartbeats: the spare evaluated the 5
-generated rows one at a time, all in one STEP (no trip per token). ~50 s each."""
+generated rows one at a time, all in one STEP (no trip per token). ~40-115 s each
+(load 1.5-7)."""
 
 from __future__ import annotations
 
