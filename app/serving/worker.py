@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -27,7 +27,6 @@ from app.serving.calibration import calibrated_row_budget
 from app.serving.downstream import Dialer, Downstream
 from app.serving.engine_calls import EngineCalls, InlinePolicy, runs_inline
 from app.serving.mtp_guesses import (
-    GuessGate,
     chosen_position,
     gate_offered,
     gate_open,
@@ -37,6 +36,7 @@ from app.serving.mtp_guesses import (
 )
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
 from app.serving.replay_rows import rows_one_by_one, step_apart
+from app.serving.replies import choose_tokens, onward_step, tokens_reply
 from app.serving.resume_rules import extend_history, rows_to_skip, trimmed
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
@@ -63,85 +63,22 @@ from app.serving.session_rules import (
 from app.serving.session_rules import Event as RuleEvent
 from app.serving.thread_calibration import idle_parker
 from app.serving.verify_rows import step_guesses_alone, step_verifying
+from app.serving.worker_state import PendingStep, ServedSession, WorkerStats, guesses_of
 from app.wire_convert import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
-from core.draft_acceptance import RowByRow, Verdict, accept_drafts
+from core.draft_acceptance import RowByRow, Verdict
 from core.errors import CoreError, PositionError
-from core.sampling import make_rng, sample
+from core.sampling import make_rng
 from core.scheduling import Queued, select_batch
 from core.stage import Stage, StepFailure, StepRequest, StepResult
-from core.types import SamplingParams
 from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials
 from net.errors import ErrorCode, FrameError
 from net.quic import QuicTuning
 from net.rate import upload_throttle
-from net.tensors import WireDtype, decode_rows, encode_rows
+from net.tensors import WireDtype, decode_rows
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Session:
-    """What the engine side keeps of a session; its links and ownership are in the rules."""
-
-    open: wire.Open
-    history: list[int] = field(default_factory=list)
-    generated: int = 0
-    rng: np.random.Generator | None = None
-    params: SamplingParams | None = None
-    """Last stage: the session's sampling settings, decoded once at OPEN."""
-    expiry: asyncio.TimerHandle | None = None
-    """While a link of the session is lost: drops it unless the link comes back in time."""
-    guess_gate: GuessGate = field(default_factory=GuessGate)
-    """Last stage with an MTP head: does this session's client use the guesses."""
-    kept: int = 0
-    """A replay that took a session's KV over: positions below this are held already
-    and the replay's rows there are not computed (resume_rules)."""
-    history_known: bool = True
-    """Not the last stage: `history` names the tokens of every position its KV holds
-    (a replay may take them over only then)."""
-
-
-@dataclass
-class _Pending:
-    step: wire.Step
-    request: StepRequest
-    arrived: float
-    waited: int = 0
-    """Engine steps that passed this item over (core.scheduling ages prompt chunks)."""
-
-
-@dataclass
-class WorkerStats:
-    steps: int = 0
-    batches: int = 0
-    rows: int = 0
-    errors: int = 0
-    sessions_opened: int = 0
-    sessions_resumed: int = 0
-    """Sessions an upstream worker resumed over a new link after its path died."""
-    replayed_steps: int = 0
-    """Steps received twice after a resume (already handled, dropped)."""
-    tokens: int = 0
-    """Tokens sampled here (last stage only)."""
-    sessions_adopted: int = 0
-    """Replays that took over the KV of the session they continue."""
-    rows_reused: int = 0
-    """Positions adopted sessions held: the replay's rows there were not computed here
-    (nor, past a middle stage, sent on)."""
-    rows_one_by_one: int = 0
-    """A replay's rows evaluated one at a time, as first computed (replay_rows)."""
-    last_compute_ms: float = 0.0
-    last_queue_ms: float = 0.0
-    """How long the rows of the last batch waited for the engine (the longest)."""
-
-
-def _guesses_of(future: asyncio.Future[tuple[int, ...]]) -> tuple[int, ...]:
-    """The head's guesses, or none when drafting failed: the tokens still go out."""
-    if future.cancelled() or future.exception() is not None:
-        return ()
-    return future.result()
 
 
 class StageWorker:
@@ -212,8 +149,8 @@ class StageWorker:
             first_layer=stage.spec.layers.start,
         )
         """Ownership, resume, de-duplication, admission: decided there, carried out here."""
-        self._sessions: dict[str, _Session] = {}
-        self._pending: list[_Pending] = []
+        self._sessions: dict[str, ServedSession] = {}
+        self._pending: list[PendingStep] = []
         self._wake = asyncio.Event()
         self._engine_task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -388,7 +325,7 @@ class StageWorker:
         return None if session is None or not session.history_known else session.history
 
     def _begin(self, frame: wire.Open, adopt: str = "", kept: int = 0) -> None:
-        session = _Session(frame)
+        session = ServedSession(frame)
         if self.is_last:
             session.params = sampling_from_wire(frame.sampling)
             session.rng = make_rng(session.params)
@@ -403,7 +340,7 @@ class StageWorker:
             self._downstream.send(frame)
         self.stats.sessions_opened += 1
 
-    def _adopt(self, session: _Session, old_name: str, kept: int) -> None:
+    def _adopt(self, session: ServedSession, old_name: str, kept: int) -> None:
         """Last stage: a replay continues `old_name`, whose first `kept` positions it
         holds (the rules checked owner and history): the KV moves to the new session."""
         name = session.open.session
@@ -494,7 +431,7 @@ class StageWorker:
                 all_logits=bool(frame.drafts),
                 keep_until=frame.keep_until,
             )
-        self._pending.append(_Pending(frame, request, time.perf_counter()))
+        self._pending.append(PendingStep(frame, request, time.perf_counter()))
         self._wake.set()
 
     # ------------------------------------------------------------ the engine
@@ -541,7 +478,7 @@ class StageWorker:
                 for i, (p, result) in enumerate(zip(batch, results, strict=True)):
                     self._emit(p, result, compute_ms, (started - p.arrived) * 1e3, verdicts.get(i))
 
-    def _checks(self, batch: list[_Pending]) -> dict[int, tuple[int, RowByRow]]:
+    def _checks(self, batch: list[PendingStep]) -> dict[int, tuple[int, RowByRow]]:
         """Row-by-row verifiers for the batch's steps that carry guesses (verify_rows)."""
         checks: dict[int, tuple[int, RowByRow]] = {}
         for i, p in enumerate(batch):
@@ -555,7 +492,7 @@ class StageWorker:
         return checks
 
     def _stage_step(
-        self, batch: list[_Pending], checks: dict[int, tuple[int, RowByRow]]
+        self, batch: list[PendingStep], checks: dict[int, tuple[int, RowByRow]]
     ) -> tuple[list[StepResult | StepFailure], dict[int, Verdict]]:
         """On the engine thread: evaluate (steps with guesses row by row, verify_rows),
         then feed the MTP head (last stage with one)."""
@@ -580,7 +517,7 @@ class StageWorker:
             observe_results(self.stage.mtp, [p.step for p in batch], results)
         return results, verdicts
 
-    def _step_alone(self, p: _Pending) -> StepResult | StepFailure:
+    def _step_alone(self, p: PendingStep) -> StepResult | StepFailure:
         """On the engine thread: a step whose rows go one at a time (replay_rows)."""
         result = rows_one_by_one(self.stage, p.request)
         if self.stage.mtp is not None:
@@ -589,7 +526,7 @@ class StageWorker:
 
     def _emit(
         self,
-        p: _Pending,
+        p: PendingStep,
         result: StepResult | StepFailure,
         compute_ms: float,
         queue_ms: float,
@@ -618,92 +555,41 @@ class StageWorker:
             if session.history_known and self._rules.history_of is not None:
                 session.history_known = extend_history(session.history, p.step)
             dtype = WireDtype(session.open.wire_dtype)
-            self._downstream.send(
-                wire.Step(
-                    session=p.step.session,
-                    step_id=p.step.step_id,
-                    start=p.step.start,
-                    tokens=p.step.tokens,
-                    hidden=encode_rows(result.hidden, dtype),
-                    n_rows=result.hidden.shape[0],
-                    width=result.hidden.shape[1],
-                    wire_dtype=dtype,
-                    drafts=p.step.drafts,
-                    keep_until=p.step.keep_until,
-                    timings=timings,
-                    sent_at_ns=p.step.sent_at_ns,
-                    one_by_one=p.step.one_by_one,
-                )
-            )
+            self._downstream.send(onward_step(p.step, result.hidden, dtype, timings))
             return
         assert result.logits is not None
         self._sample_and_reply(session, p.step, result.logits, timings, verdict)
 
     def _sample_and_reply(
         self,
-        session: _Session,
+        session: ServedSession,
         step: wire.Step,
         logits: np.ndarray,
         timings: tuple[wire.StageTiming, ...],
         verdict: Verdict | None = None,
     ) -> None:
-        if step.keep_until is not None:
-            del session.history[step.keep_until :]
-        session.history.extend(step.tokens)
-        if step.start + step.n_rows < session.open.prompt_len:
+        chosen = choose_tokens(session, step, logits, verdict)
+        if chosen is None:
             return  # an intermediate prompt chunk: nothing to say yet
-        assert session.rng is not None and session.params is not None
-        params = session.params
-        drafts = step.drafts
-        if drafts:
-            # Row j's logits predict what follows row j: the last len(drafts)+1 rows decide;
-            # the penalty's history must not yet hold the guesses under test.
-            if verdict is None:  # verified here from all rows' logits
-                verdict = accept_drafts(
-                    logits[-(len(drafts) + 1) :],
-                    drafts,
-                    params,
-                    session.rng,
-                    session.history[: len(session.history) - len(drafts)],
-                )
-            room = max(1, session.open.max_tokens - session.generated)
-            chosen = list(verdict.tokens[:room])
-        else:
-            chosen = [sample(logits[-1], params, session.rng, session.history)]
-        n_accepted = len(chosen) - 1
-        session.generated += len(chosen)
         self.stats.tokens += len(chosen)
-        finished = session.generated >= session.open.max_tokens
-        diagnostics = b""
-        if self.config.return_logits:
-            row = logits[0] if drafts else logits[-1]  # what followed the newest token
-            diagnostics = row.astype(np.float32).tobytes()
-        reply = wire.Tokens(
-            session=step.session,
-            step_id=step.step_id,
-            tokens=tuple(chosen),
-            drafts=(),
-            n_accepted=n_accepted,
-            finished=finished,
-            timings=timings,
-            logits_sample=diagnostics,
-        )
+        reply = tokens_reply(session, step, chosen, logits, timings, self.config.return_logits)
         k = min(self.config.mtp_guesses, session.open.max_tokens - session.generated - 1)
-        session.guess_gate = gate_step(session.guess_gate, bool(drafts))
-        if self.stage.mtp is not None and not finished and k > 0 and gate_open(session.guess_gate):
+        session.guess_gate = gate_step(session.guess_gate, bool(step.drafts))
+        mtp = self.stage.mtp
+        if mtp is not None and not reply.finished and k > 0 and gate_open(session.guess_gate):
             # The model's own guesses of the next tokens ride back with this reply.
             future = asyncio.wrap_future(self._engine_calls.submit(
-                guess, self.stage.mtp, step.session,
-                chosen_position(step, n_accepted), chosen[-1], k, self.config.mtp_p_min,
+                guess, mtp, step.session,
+                chosen_position(step, reply.n_accepted), chosen[-1], k, self.config.mtp_p_min,
             ))  # fmt: skip
             future.add_done_callback(lambda f: self._reply_guessed(session, reply, f))
             return
         self._feed(TokensReady(reply))  # to the client now, or when its link is back
 
     def _reply_guessed(
-        self, session: _Session, reply: wire.Tokens, future: asyncio.Future[tuple[int, ...]]
+        self, session: ServedSession, reply: wire.Tokens, future: asyncio.Future[tuple[int, ...]]
     ) -> None:
-        guesses = _guesses_of(future)
+        guesses = guesses_of(future)
         session.guess_gate = gate_offered(session.guess_gate, guesses)
         self._feed(TokensReady(replace(reply, drafts=guesses)))
 
