@@ -7,7 +7,6 @@ static files come from coordinator/server/web.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import hmac
 import ipaddress
 import math
@@ -15,14 +14,13 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_core import to_json
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,181 +40,32 @@ from coordinator.contract import (
     TurnCredentials,
 )
 from coordinator.errors import AccessDenied, JoinRefused, NotFound
-from coordinator.server.invite_book import MAX_USES, InviteRecord
+from coordinator.server.api_models import (
+    ERROR_REASONS,
+    MAX_BODY_BYTES,
+    HeartbeatIn,
+    InviteIn,
+    InviteOut,
+    JoinIn,
+    LoginIn,
+    NodeOut,
+    RenewIn,
+    SignalIn,
+    SwarmOut,
+)
+from coordinator.server.api_models import (
+    documented_errors as _errors,
+)
+from coordinator.server.invite_book import InviteRecord
 from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.operator_logins import OperatorLogins
 from coordinator.server.service import Coordinator, hash_token
 from coordinator.server.store import as_utc
 
-MAX_BODY_BYTES = 1 << 20
 _TOO_BIG = f"request body larger than {MAX_BODY_BYTES} bytes"
 SESSION_COOKIE = "sangama_session"
 ADMIN_TOKEN = "admin_token_hash"
-MAX_LAYERS = 100_000
-"""Bound on reported layer counts: far above any model, well inside a 32-bit column."""
-
-
-# ---------------------------------------------------------------- request/response shapes
-
-
-def _storable(value: Any) -> Any:
-    """Refuse what a database column cannot hold: NUL in text (PostgreSQL), NaN or
-    infinity in JSON or float columns. Walks nested dicts and lists without recursion."""
-    todo = [value]
-    while todo:
-        v = todo.pop()
-        if isinstance(v, str) and "\x00" in v:
-            raise ValueError("text must not contain NUL characters")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError("numbers must be finite (no NaN or Infinity)")
-        if isinstance(v, dict):
-            todo.extend(v.keys())
-            todo.extend(v.values())
-        elif isinstance(v, list | tuple):
-            todo.extend(v)
-    return value
-
-
-class _In(BaseModel):
-    """A request body: every field must be storable (see `_storable`); else 422."""
-
-    @field_validator("*")
-    @classmethod
-    def _storable_fields(cls, value: Any) -> Any:
-        return _storable(value)
-
-
-class InviteIn(_In):
-    role: str = Field(pattern="^(worker|client)$")
-    uses: int = Field(default=1, ge=1, le=MAX_USES)
-    expires: str = Field(
-        default="7d", pattern=r"^[1-9][0-9]{0,5}[dhms]$", description="e.g. 7d, 12h"
-    )
-    note: str = Field(default="", max_length=200)
-
-
-class InviteOut(BaseModel):
-    id: int
-    role: str
-    uses_left: int
-    max_uses: int
-    expires_at: dt.datetime
-    revoked: bool
-    note: str
-    code: str | None = None
-
-
-class JoinIn(_In):
-    secret: str = Field(min_length=1, max_length=200)
-    csr_pem: str = Field(min_length=1, max_length=8000)
-
-
-class RenewIn(_In):
-    csr_pem: str = Field(min_length=1, max_length=8000)
-
-
-class HeartbeatIn(_In):
-    """contract.Heartbeat, with the bounds the database needs (same field names)."""
-
-    address: str = Field(default="", max_length=200)
-    capacity_bytes: int = Field(default=0, ge=0, le=1 << 50)
-    vram_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
-    hardware: dict[str, Any] = Field(default_factory=dict)
-    rtt_ms: dict[str, float] = Field(default_factory=dict)
-    tokens: int = Field(default=0, ge=0, le=2**31 - 1)  # samples.tokens is 32-bit
-    compute_ms: float = Field(default=0.0, ge=0.0, le=1e9)
-    stats: dict[str, Any] = Field(default_factory=dict)
-    path: str = Field(default="direct", pattern="^(direct|punched|relayed)$")
-    # What runs the node's stage (app.compute.StageCompute); empty while it serves none.
-    backend: str = Field(default="", max_length=200, description='e.g. "CPU (zen4)"')
-    device_bytes_used: int = Field(default=0, ge=0, le=1 << 50)
-    device_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
-    gpu_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
-    n_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
-    paused: str = Field(default="", max_length=100, description='e.g. "on battery"')
-    # Sessions and KV reserved against the stage's budget (core.admission.Capacity).
-    sessions: int = Field(default=0, ge=0, le=1 << 16)
-    max_sessions: int = Field(default=0, ge=0, le=1 << 16)
-    kv_budget_bytes: int = Field(default=0, ge=0, le=1 << 50)
-    kv_reserved_bytes: int = Field(default=0, ge=0, le=1 << 50)
-    available_until: float = Field(default=0.0, ge=0.0, le=1e11, description="Unix seconds")
-
-    @model_validator(mode="after")
-    def _layers_within_stage(self) -> HeartbeatIn:
-        if self.gpu_layers > self.n_layers:
-            raise ValueError("gpu_layers cannot exceed the stage's n_layers")
-        return self
-
-
-class NodeOut(BaseModel):
-    node_id: str
-    role: str
-    health: str
-    address: str
-    capacity_bytes: int
-    vram_cap_bytes: int
-    hardware: dict[str, Any]
-    stats: dict[str, Any]
-    path: str
-    layers: tuple[int, int] | None
-    last_seen: dt.datetime | None
-    backend: str
-    device_bytes_used: int
-    device_cap_bytes: int
-    gpu_layers: int
-    n_layers: int
-    paused: str = ""
-    """Why the node said it pauses ("on battery", ...); "" when it offers to serve."""
-    sessions: int
-    max_sessions: int
-    kv_budget_bytes: int
-    kv_reserved_bytes: int
-
-
-class SwarmOut(BaseModel):
-    model: str
-    n_layer: int
-    nodes: list[NodeOut]
-    plan: list[RouteStage]
-    spares: list[str]
-    no_spare: list[tuple[int, int]] = []
-    """Layer ranges of stages no spare stands by for."""
-    standby: dict[str, tuple[int, int]] = {}
-    """Spare node id -> the layers it keeps ready."""
-    plan_error: str | None
-    throughput: list[tuple[str, int]]
-
-
-class SignalIn(_In):
-    """contract.SignalPost, checked."""
-
-    kind: str = Field(pattern="^(offer|answer)$")
-    link: str = Field(min_length=1, max_length=64, description="id both ends use for this link")
-    payload: dict[str, Any] = Field(description="ICE ufrag, pwd and candidates")
-
-
-class LoginIn(_In):
-    password: str = Field(min_length=1, max_length=200)
-
-
-class ErrorOut(BaseModel):
-    detail: str
-
-
-_WHY = {
-    400: "A body that cannot be parsed, or a request that cannot be done (a bad value)",
-    401: "Missing or wrong credentials",
-    403: "Not allowed (an unusable invite, another node's resource)",
-    404: "No such thing",
-    413: f"Request body larger than {MAX_BODY_BYTES} bytes",
-    429: "Too many failed attempts from this address; the answer says when to try again",
-}
-
-
-def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """The error answers a route documents: each a JSON object with a `detail` message."""
-    return {code: {"model": ErrorOut, "description": _WHY[code]} for code in codes}
 
 
 # ---------------------------------------------------------------- who is asking
@@ -356,7 +205,10 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return CaAnswer(certificate_pem=coord.ca_pem, fingerprint=coord.ca_fingerprint)
 
     @app.post(
-        c.JOIN, response_model=JoinAnswer, tags=["public"], responses=_errors(400, 403, 413, 429)
+        c.JOIN,
+        response_model=JoinAnswer,
+        tags=["public"],
+        responses=_errors(400, 403, 413, 429),
     )
     def join(body: JoinIn, request: Request) -> JoinAnswer:
         caller = limited(join_limits, request)
@@ -375,7 +227,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     # The 401 is JSON like every error here, though the page itself is plain text.
     refused_json = {"$ref": "#/components/schemas/ErrorOut"}
     metrics_401 = {
-        "description": _WHY[401],
+        "description": ERROR_REASONS[401],
         "content": {"application/json": {"schema": refused_json}},
     }
 
@@ -433,7 +285,12 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
             raise HTTPException(401, "node token required")
         return coord.renew(node_id, authorization[7:], body.csr_pem)
 
-    @app.get(c.TURN, response_model=TurnCredentials, tags=["nodes"], responses=_errors(401, 404))
+    @app.get(
+        c.TURN,
+        response_model=TurnCredentials,
+        tags=["nodes"],
+        responses=_errors(401, 404),
+    )
     def turn(who: NodeId) -> TurnCredentials:
         creds = coord.turn_credentials(who)
         if creds is None:

@@ -13,7 +13,7 @@ from fastapi.encoders import jsonable_encoder
 from coordinator import contract as c
 from coordinator.client.downloads import DownloadError
 from coordinator.errors import CoordinatorError, MalformedAnswer
-from coordinator.server import api
+from coordinator.server import api_models as api
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,178 @@
+"""The coordinator API's request and answer bodies (pydantic models) and the error
+answers its routes document. Shapes only: coordinator/server/api.py routes them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from coordinator.contract import (
+    RouteStage,
+)
+from coordinator.server.invite_book import MAX_USES
+
+MAX_BODY_BYTES = 1 << 20
+MAX_LAYERS = 100_000
+"""Bound on reported layer counts: far above any model, well inside a 32-bit column."""
+
+
+def _storable(value: Any) -> Any:
+    """Refuse what a database column cannot hold: NUL in text (PostgreSQL), NaN or
+    infinity in JSON or float columns. Walks nested dicts and lists without recursion."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str) and "\x00" in v:
+            raise ValueError("text must not contain NUL characters")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("numbers must be finite (no NaN or Infinity)")
+        if isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list | tuple):
+            todo.extend(v)
+    return value
+
+
+class _In(BaseModel):
+    """A request body: every field must be storable (see `_storable`); else 422."""
+
+    @field_validator("*")
+    @classmethod
+    def _storable_fields(cls, value: Any) -> Any:
+        return _storable(value)
+
+
+class InviteIn(_In):
+    role: str = Field(pattern="^(worker|client)$")
+    uses: int = Field(default=1, ge=1, le=MAX_USES)
+    expires: str = Field(
+        default="7d", pattern=r"^[1-9][0-9]{0,5}[dhms]$", description="e.g. 7d, 12h"
+    )
+    note: str = Field(default="", max_length=200)
+
+
+class InviteOut(BaseModel):
+    id: int
+    role: str
+    uses_left: int
+    max_uses: int
+    expires_at: dt.datetime
+    revoked: bool
+    note: str
+    code: str | None = None
+
+
+class JoinIn(_In):
+    secret: str = Field(min_length=1, max_length=200)
+    csr_pem: str = Field(min_length=1, max_length=8000)
+
+
+class RenewIn(_In):
+    csr_pem: str = Field(min_length=1, max_length=8000)
+
+
+class HeartbeatIn(_In):
+    """contract.Heartbeat, with the bounds the database needs (same field names)."""
+
+    address: str = Field(default="", max_length=200)
+    capacity_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    vram_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    rtt_ms: dict[str, float] = Field(default_factory=dict)
+    tokens: int = Field(default=0, ge=0, le=2**31 - 1)  # samples.tokens is 32-bit
+    compute_ms: float = Field(default=0.0, ge=0.0, le=1e9)
+    stats: dict[str, Any] = Field(default_factory=dict)
+    path: str = Field(default="direct", pattern="^(direct|punched|relayed)$")
+    # What runs the node's stage (app.compute.StageCompute); empty while it serves none.
+    backend: str = Field(default="", max_length=200, description='e.g. "CPU (zen4)"')
+    device_bytes_used: int = Field(default=0, ge=0, le=1 << 50)
+    device_cap_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    gpu_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
+    n_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
+    paused: str = Field(default="", max_length=100, description='e.g. "on battery"')
+    # Sessions and KV reserved against the stage's budget (core.admission.Capacity).
+    sessions: int = Field(default=0, ge=0, le=1 << 16)
+    max_sessions: int = Field(default=0, ge=0, le=1 << 16)
+    kv_budget_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    kv_reserved_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    available_until: float = Field(default=0.0, ge=0.0, le=1e11, description="Unix seconds")
+
+    @model_validator(mode="after")
+    def _layers_within_stage(self) -> HeartbeatIn:
+        if self.gpu_layers > self.n_layers:
+            raise ValueError("gpu_layers cannot exceed the stage's n_layers")
+        return self
+
+
+class NodeOut(BaseModel):
+    node_id: str
+    role: str
+    health: str
+    address: str
+    capacity_bytes: int
+    vram_cap_bytes: int
+    hardware: dict[str, Any]
+    stats: dict[str, Any]
+    path: str
+    layers: tuple[int, int] | None
+    last_seen: dt.datetime | None
+    backend: str
+    device_bytes_used: int
+    device_cap_bytes: int
+    gpu_layers: int
+    n_layers: int
+    paused: str = ""
+    """Why the node said it pauses ("on battery", ...); "" when it offers to serve."""
+    sessions: int
+    max_sessions: int
+    kv_budget_bytes: int
+    kv_reserved_bytes: int
+
+
+class SwarmOut(BaseModel):
+    model: str
+    n_layer: int
+    nodes: list[NodeOut]
+    plan: list[RouteStage]
+    spares: list[str]
+    no_spare: list[tuple[int, int]] = []
+    """Layer ranges of stages no spare stands by for."""
+    standby: dict[str, tuple[int, int]] = {}
+    """Spare node id -> the layers it keeps ready."""
+    plan_error: str | None
+    throughput: list[tuple[str, int]]
+
+
+class SignalIn(_In):
+    """contract.SignalPost, checked."""
+
+    kind: str = Field(pattern="^(offer|answer)$")
+    link: str = Field(min_length=1, max_length=64, description="id both ends use for this link")
+    payload: dict[str, Any] = Field(description="ICE ufrag, pwd and candidates")
+
+
+class LoginIn(_In):
+    password: str = Field(min_length=1, max_length=200)
+
+
+class ErrorOut(BaseModel):
+    detail: str
+
+
+ERROR_REASONS = {
+    400: "A body that cannot be parsed, or a request that cannot be done (a bad value)",
+    401: "Missing or wrong credentials",
+    403: "Not allowed (an unusable invite, another node's resource)",
+    404: "No such thing",
+    413: f"Request body larger than {MAX_BODY_BYTES} bytes",
+    429: "Too many failed attempts from this address; the answer says when to try again",
+}
+
+
+def documented_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route documents: each a JSON object with a `detail` message."""
+    return {code: {"model": ErrorOut, "description": ERROR_REASONS[code]} for code in codes}
