@@ -10,6 +10,7 @@ here, the decision there.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -20,6 +21,35 @@ SCRATCH = "\x00calibration"
 """Not a valid wire session id (ids are printable), so it never meets a real one."""
 
 
+def scratch_rows(stage: Stage, n: int) -> StepRequest:
+    """`n` rows from position 0 of the scratch session: token 0 on a first stage, zeros
+    as hidden states further down."""
+    if stage.spec.is_first:
+        return StepRequest(SCRATCH, 0, tokens=np.zeros(n, dtype=np.int32))
+    return StepRequest(SCRATCH, 0, hidden=np.zeros((n, stage.engine.n_embd), dtype=np.float32))
+
+
+def best_step_ms(
+    stage: Stage,
+    req: StepRequest,
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float | None:
+    """The best of `repeats` + 1 timed steps of `req` (the extra first one wakes the
+    threads and warms the kernels for this shape, and is seldom the best), the scratch
+    session's cache rolled back after each; None when the stage cannot take the rows."""
+    best = float("inf")
+    for _ in range(repeats + 1):
+        started = clock()
+        (result,) = stage.step([req])
+        elapsed = (clock() - started) * 1e3
+        stage.rollback(SCRATCH, 0)
+        if isinstance(result, StepFailure):
+            return None
+        best = min(best, elapsed)
+    return best
+
+
 def measure_steps(stage: Stage, repeats: int = 2) -> list[tuple[int, float]]:
     """(rows, best step ms) for each calibration size the stage's batch and cache hold."""
     spec = stage.spec
@@ -28,21 +58,9 @@ def measure_steps(stage: Stage, repeats: int = 2) -> list[tuple[int, float]]:
     stage.open(SCRATCH)
     try:
         for n in sizes:
-            if spec.is_first:
-                req = StepRequest(SCRATCH, 0, tokens=np.zeros(n, dtype=np.int32))
-            else:
-                req = StepRequest(
-                    SCRATCH, 0, hidden=np.zeros((n, stage.engine.n_embd), dtype=np.float32)
-                )
-            best = float("inf")
-            for _ in range(repeats + 1):  # the first run warms the kernels for this shape
-                started = time.perf_counter()
-                (result,) = stage.step([req])
-                elapsed = (time.perf_counter() - started) * 1e3
-                stage.rollback(SCRATCH, 0)
-                if isinstance(result, StepFailure):
-                    return samples
-                best = min(best, elapsed)
+            best = best_step_ms(stage, scratch_rows(stage, n), repeats)
+            if best is None:
+                return samples
             samples.append((n, best))
     finally:
         stage.close(SCRATCH)

@@ -14,12 +14,10 @@ import os
 import time
 from collections.abc import Callable
 
-import numpy as np
-
-from app.serving.calibration import SCRATCH
+from app.serving.calibration import SCRATCH, best_step_ms, scratch_rows
 from core.omp_idle import OmpIdle
 from core.scheduling import choose_threads, thread_candidates
-from core.stage import Stage, StepFailure, StepRequest
+from core.stage import Stage
 
 
 def usable_cpus() -> int:
@@ -37,11 +35,7 @@ def measure_threads(
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[int, float]]:
     """(threads, best one-row step ms) for each candidate count, on a scratch session."""
-    spec = stage.spec
-    if spec.is_first:
-        req = StepRequest(SCRATCH, 0, tokens=np.zeros(1, dtype=np.int32))
-    else:
-        req = StepRequest(SCRATCH, 0, hidden=np.zeros((1, stage.engine.n_embd), np.float32))
+    req = scratch_rows(stage, 1)
     samples: list[tuple[int, float]] = []
     set_threads = _thread_setter(stage)
     if set_threads is None:
@@ -50,15 +44,9 @@ def measure_threads(
     try:
         for n in candidates:
             set_threads(n)
-            best = float("inf")
-            for _ in range(repeats + 1):  # the first step wakes this many threads
-                started = clock()
-                (result,) = stage.step([req])
-                elapsed = (clock() - started) * 1e3
-                stage.rollback(SCRATCH, 0)
-                if isinstance(result, StepFailure):
-                    return samples
-                best = min(best, elapsed)
+            best = best_step_ms(stage, req, repeats, clock)
+            if best is None:
+                return samples
             samples.append((n, best))
     finally:
         stage.close(SCRATCH)
