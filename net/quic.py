@@ -111,14 +111,14 @@ class QuicLink:
         """Datagrams arrived that `flush_received` has not acted on yet."""
         self._inbox: list[bytes] = []
         self._inbox_addr: Addr | None = None
+        """A burst's datagrams not yet given to the library (`receives_bursts`), and
+        where they came from."""
         self._data_at: float | None = None
         self._data_gap: float | None = None
         """When the last data burst arrived, and the time since the one before it."""
         self._ack_held = False
         """An ACK is being held for the next frame (net.ack_policy); the timer is set
         for when it must leave at the latest."""
-        """A burst's datagrams not yet given to the library (`receives_bursts`), and
-        where they came from."""
         self.burst_aware = False
         """True when the path calls `flush_received` at the end of every burst."""
         self._last_activity = time.monotonic()
