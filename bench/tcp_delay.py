@@ -46,6 +46,13 @@ class TcpDelayProxy:
             await self._server.wait_closed()
 
     async def _accept(self, down_r: asyncio.StreamReader, down_w: asyncio.StreamWriter) -> None:
+        # Python 3.11's start_server asks a cancelled handler task for its exception,
+        # which raises and prints a traceback per connection; a handler cancelled at
+        # teardown (delayed_links' end) returns instead.
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._forward(down_r, down_w)
+
+    async def _forward(self, down_r: asyncio.StreamReader, down_w: asyncio.StreamWriter) -> None:
         up_r, up_w = await asyncio.open_connection(*self.target)
         self._next_id += 1
         up, down = (self._next_id, "up"), (self._next_id, "down")
