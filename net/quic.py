@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from net.ack_policy import hold_ack_until
 from net.errors import NetError
+from net.link_timer import keep_armed
 from net.path_mtu import may_probe
 from net.quic_backend import (
     ALPN,
@@ -325,16 +326,8 @@ class QuicLink:
         if held_until is not None and deadline is not None:
             deadline = max(deadline, held_until)  # the held ACK's timer, pushed back
         if self._timer is not None:
-            early = deadline is not None and deadline - self._timer_at > 1e-3
-            if (
-                deadline is not None
-                and self._timer_at <= deadline
-                and not (early and self._timer_held)
-            ):
-                # Already armed for no later: it fires, finds nothing due, re-arms. Cheaper
-                # than a cancel and a new handle on every transmit (the idle deadline moves
-                # with every packet), which also bloat the loop's timer heap.
-                return
+            if keep_armed(now, self._timer_at, deadline, self._timer_held):
+                return  # net.link_timer: early by little, or far away; it fires and re-arms
             self._timer.cancel()
             self._timer = None
         self._timer_held = held_until is not None

@@ -72,7 +72,9 @@ async def _pump(links: list[tuple[QuicLink, _MemPath, QuicLink]]) -> None:
     raise AssertionError("links never went quiet")
 
 
-def _run(tmp_path: Path, tuning: QuicTuning) -> tuple[dict[str, float], dict[str, float], bytes]:
+def _run(
+    tmp_path: Path, tuning: QuicTuning, gap: float = 0.0, frames: int = FRAMES
+) -> tuple[dict[str, float], dict[str, float], bytes]:
     init_ca(tmp_path / "ca")
     for node in ("c", "s"):
         issue_node(tmp_path / "ca", node, "worker", out_dir=tmp_path / node)
@@ -101,7 +103,7 @@ def _run(tmp_path: Path, tuning: QuicTuning) -> tuple[dict[str, float], dict[str
         await _pump(pair)
         c0, s0 = client.counts.snapshot(), server.counts.snapshot()
         got_before = server.bytes_received
-        for i in range(FRAMES):  # one frame at a time, each pumped to quiet, as a chain
+        for i in range(frames):  # one frame at a time, each pumped to quiet, as a chain
             client.send(FRAME)
             # qh3's pacer may hold a frame for a timer of well under a millisecond here
             # (in memory the RTT is ~0): wait for it to arrive before the next is sent.
@@ -111,8 +113,11 @@ def _run(tmp_path: Path, tuning: QuicTuning) -> tuple[dict[str, float], dict[str
                     break
                 await asyncio.sleep(0.0005)
             await _pump(pair)
-        sender = per_frame(c0, client.counts.snapshot(), FRAMES)
-        receiver = per_frame(s0, server.counts.snapshot(), FRAMES)
+            if gap:  # a decode's rhythm: the next token's frame comes much later
+                await asyncio.sleep(gap)
+                await _pump(pair)
+        sender = per_frame(c0, client.counts.snapshot(), frames)
+        receiver = per_frame(s0, server.counts.snapshot(), frames)
         client.close()
         server.close()
         return sender, receiver, b"".join(got)
@@ -139,3 +144,15 @@ def test_without_the_hold_every_frame_has_its_ack(tmp_path: Path) -> None:
     # An ACK a frame, but for those qh3 itself delays past ACK_SOON when the machine is
     # busy (its ACK delay follows the RTT): more than the hold's bound above.
     assert receiver["control_datagrams_sent"] > 0.6
+
+
+def test_frames_far_apart_wake_the_sender_once_each_for_their_ack(tmp_path: Path) -> None:
+    # A chain's decode: one frame every 30 ms. The sender's loss timer, armed when the
+    # frame leaves, must not fire for nothing after the frame's ACK (net.link_timer):
+    # before, it did for 0.88 frames in 1, a wake-up a frame.
+    sender, receiver, got = _run(tmp_path, QuicTuning(library="qh3"), gap=0.03, frames=30)
+    assert got.endswith(FRAME * 30)
+    assert sender["timer_fires"] <= 0.1
+    assert sender["transmits"] <= 2.1  # the frame, and the ACK's arrival
+    assert sender["bursts_received"] == 1.0  # an ACK a frame: far apart, none is held
+    assert receiver["control_datagrams_sent"] == 1.0
