@@ -8,7 +8,8 @@ compared:
 - `swarm`: Gemma 3 270M split 6/6/6 (bench/rpc_compare.py's cuts), one thread a stage,
   repacking off, no delay proxies; CPU per decoded token of every worker thread, from
   /proc/<pid>/task/<tid>/schedstat (time on a CPU, ns): the process's own thread runs
-  the event loop, the busiest other one is the engine thread;
+  the event loop, the busiest other one is the engine thread; and the sleeps a token of
+  both (voluntary context switches, from .../status: each one a wake-up later);
 - `alone`: the same stage files in this process, `Stage.step` of one row a stage and a
   token, the thread's CPU time around each step (`time.thread_time`).
 
@@ -47,6 +48,22 @@ def thread_cpu_ms(pid: int) -> dict[str, float]:
     return out
 
 
+def thread_sleeps(pid: int) -> dict[str, int]:
+    """Voluntary context switches so far of each thread of `pid` (each one a sleep: in
+    epoll, a futex, the GIL), keyed as `thread_cpu_ms` keys them: every sleep is a
+    wake-up later, and on a machine shared by several stages a wake-up waits for a core."""
+    out: dict[str, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # the thread ended
+        line = next(x for x in status.splitlines() if x.startswith("voluntary_ctxt_switches"))
+        out["loop" if int(tid) == pid else f"{name}-{tid}"] = int(line.split()[1])
+    return out
+
+
 def _stage_of(pid: int) -> int:
     """The stage index a worker serves, from its config file's name (stageN.toml)."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -63,8 +80,10 @@ async def swarm_threads(model: Path, tokens: int, rounds: int) -> dict[str, Any]
         best: dict[str, Any] = {}
         for _ in range(rounds):
             before = [thread_cpu_ms(p) for p in workers]
+            sleeps_before = [thread_sleeps(p) for p in workers]
             events = [ev async for ev in client.generate(prompt, tokens + 1)]
             after = [thread_cpu_ms(p) for p in workers]
+            sleeps_after = [thread_sleeps(p) for p in workers]
             n = len(events)
             per_stage = [
                 {k: (v - b.get(k, 0.0)) / n for k, v in a.items() if v - b.get(k, 0.0) > 0}
@@ -74,6 +93,10 @@ async def swarm_threads(model: Path, tokens: int, rounds: int) -> dict[str, Any]
             if not best or total < best["total_ms"]:
                 best = {
                     "threads": per_stage,
+                    "sleeps": [
+                        {k: (v - b.get(k, 0)) / n for k, v in a.items() if v > b.get(k, 0)}
+                        for a, b in zip(sleeps_after, sleeps_before, strict=True)
+                    ],
                     "total_ms": total,
                     "tokens": [t for e in events for t in e.tokens],
                 }
@@ -163,11 +186,14 @@ def main() -> int:
     solo = alone(model, args.tokens, args.rounds)
     load.append(os.getloadavg()[0])
     stages = []
-    for threads, step in zip(swarm["threads"], solo["step_ms"], strict=True):
+    for threads, sleeps, step in zip(
+        swarm["threads"], swarm["sleeps"], solo["step_ms"], strict=True
+    ):
         # The engine thread: the busiest thread besides the loop's (its /proc name is the
         # interpreter's, Python's thread names are not passed to the kernel).
         others = {k: v for k, v in threads.items() if k != "loop"}
         engine = max(others.values(), default=0.0)
+        engine_name = max(others, key=lambda k: others[k], default="")
         stages.append(
             {
                 "engine_ms": engine,
@@ -175,6 +201,8 @@ def main() -> int:
                 "other_threads_ms": sum(others.values()) - engine,
                 "alone_step_ms": step,
                 "engine_beyond_step_ms": engine - step,
+                "loop_sleeps": sleeps.get("loop", 0.0),
+                "engine_sleeps": sleeps.get(engine_name, 0.0),
             }
         )
     n = min(len(swarm["tokens"]), len(solo["tokens"]))
@@ -193,11 +221,15 @@ def main() -> int:
         f"CPU ms a token by thread, {model.name} split {CUTS}, 1 thread, repack 0, "
         f"{args.tokens} tokens; load {' -> '.join(f'{x:.1f}' for x in load)}"
     )
-    print(f"{'stage':5} {'engine':>7} {'loop':>6} {'other':>6} {'alone':>7} {'engine-alone':>13}")
+    print(
+        f"{'stage':5} {'engine':>7} {'loop':>6} {'other':>6} {'alone':>7} {'engine-alone':>13}"
+        f" {'sleeps: loop':>13} {'engine':>7}"
+    )
     for i, s in enumerate(stages):
         print(
             f"{i:5} {s['engine_ms']:7.2f} {s['loop_ms']:6.2f} {s['other_threads_ms']:6.2f} "
             f"{s['alone_step_ms']:7.2f} {s['engine_beyond_step_ms']:13.2f}"
+            f" {s['loop_sleeps']:13.2f} {s['engine_sleeps']:7.2f}"
         )
     print(f"same greedy tokens: {out['same_greedy_tokens']}")
     return 0
