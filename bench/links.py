@@ -30,7 +30,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.models import GEMMA3, bundled_model_path
-from tests.system.test_nat import child_env, cut_worker_paths, run_swarm, swarm_up
+from tests.system.test_nat import (
+    child_env,
+    cut_worker_paths,
+    punched_links,
+    relayed_links,
+    run_swarm,
+    swarm_up,
+)
 from tests.system.topology import home_routers, missing_requirements
 
 LINKS = 4  # client -> stage0 -> stage1 -> stage2 -> client
@@ -50,13 +57,20 @@ def _parse(report: str) -> dict[str, float]:
     }
 
 
+def _empty_dir(parent: Path, name: str) -> Path:
+    """A fresh slices folder for swarm_up (one swarm here: it only fills it)."""
+    (parent / name).mkdir()
+    return parent / name
+
+
 def measure(relay_only: bool, tokens: int) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="sangama-links-") as tmp,
         home_routers(["cone"] * 4) as topo,
     ):
-        gemma = bundled_model_path(GEMMA3)
-        _, paths, report = run_swarm(topo, Path(tmp), gemma, relay_only, tokens)
+        gemma, slices = bundled_model_path(GEMMA3), _empty_dir(Path(tmp), "slices")
+        reported = relayed_links if relay_only else punched_links
+        _, paths, report = run_swarm(topo, Path(tmp), gemma, relay_only, slices, reported, tokens)
     return {"paths": sorted(paths.values()), **_parse(report)}
 
 
@@ -65,7 +79,9 @@ def measure_path_death(tokens: int) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="sangama-links-") as tmp,
         home_routers(["cone"] * 4) as topo,
-        swarm_up(topo, Path(tmp), bundled_model_path(GEMMA3), False) as swarm,
+        swarm_up(
+            topo, Path(tmp), bundled_model_path(GEMMA3), False, _empty_dir(Path(tmp), "slices")
+        ) as swarm,
     ):
         uncut, _ = swarm.chat(tokens)
         chat = subprocess.Popen(
@@ -81,7 +97,7 @@ def measure_path_death(tokens: int) -> dict[str, Any]:
                 cut_worker_paths(topo)
                 cut_at = now
         chat.wait(60)
-        paths = swarm.paths()
+        paths = swarm.paths_once(relayed_links)
     return {
         "stall_s": max(gaps[12:]),
         "answer_unchanged": out.decode(errors="replace").split("\n\n")[0] == uncut,

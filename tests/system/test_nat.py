@@ -2,6 +2,10 @@
 coturn relay on the "public" side. Cone NAT: peers punch through (no relay). Symmetric
 NAT: the relay carries the links. Every hop forced through the relay gives the same
 tokens as the direct run. Bad TURN credentials are refused.
+
+One cone swarm serves the direct run and then the mid-generation cut (which leaves it
+relayed, so it comes right after); the symmetric and the relay-only runs need swarms of
+their own. Paths are read as soon as the heartbeats report them, not after a fixed sleep.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +35,11 @@ pytestmark = [pytest.mark.system, pytest.mark.skipif(_why is not None, reason=st
 TURN_PORT = 3478
 COORD_PORT = 8443
 PROMPT = "The three primary colors are"
+PATHS_TIMEOUT_S = 30.0
+"""How long to wait for the workers' heartbeats to report the paths a test asserts (they
+beat every 2 s; the path of a link is reported once the link is up)."""
+
+Paths = dict[str, str]
 
 
 def _ns(ns: str, *args: str) -> list[str]:
@@ -50,6 +60,24 @@ def _wait_ready(proc: subprocess.Popen[str], what: str, timeout: float = 120.0) 
         if line.startswith("READY"):
             return line.strip()
     raise AssertionError(f"{what} not ready after {timeout:.0f} s")
+
+
+def _drain(proc: subprocess.Popen[str], log: Path) -> None:
+    """Copy a child's output after READY to `log`: a child whose pipe nobody reads blocks
+    once the pipe is full, and the log says what a failed test's workers did."""
+
+    def copy() -> None:
+        assert proc.stdout is not None
+        with log.open("a") as f:
+            for line in proc.stdout:
+                f.write(line)
+                f.flush()
+
+    threading.Thread(target=copy, daemon=True).start()
+
+
+def count(paths: Paths, kind: str) -> int:
+    return sorted(paths.values()).count(kind)
 
 
 def _relay(topo: Topology, run_dir: Path, secret: str) -> subprocess.Popen[str]:
@@ -76,6 +104,7 @@ def _relay(topo: Topology, run_dir: Path, secret: str) -> subprocess.Popen[str]:
         env=child_env(),
     )
     _wait_ready(proc, "relay")
+    _drain(proc, run_dir / "sangama-relay.log")
     return proc
 
 
@@ -91,9 +120,11 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def model(gemma_path: Path) -> Path:
-    # The default model: the client needs a real tokenizer (tiny test models have none).
-    return gemma_path
+def model(smollm2_path: Path) -> Path:
+    # A real model with a tokenizer (the client needs one; tiny test models have none).
+    # SmolLM2, not Gemma: these tests are about the links, and Gemma's 262k-token
+    # vocabulary makes every start parse a huge GGUF header (first stage, client) in Python.
+    return smollm2_path
 
 
 @dataclass
@@ -103,6 +134,11 @@ class Swarm:
     topo: Topology
     wd: Path
     data: Path
+    procs: list[subprocess.Popen[str]]
+
+    def stop(self) -> None:
+        """Stop the swarm's processes now (the topology stays until its fixture ends)."""
+        _stop(self.procs)
 
     def chat_command(self, max_tokens: int) -> list[str]:
         return _ns(
@@ -129,19 +165,35 @@ class Swarm:
         assert chat.returncode == 0, chat.stderr[-2000:]
         return chat.stdout.split("\n\n")[0], chat.stdout
 
-    def paths(self) -> dict[str, str]:
-        """The path each worker reported for its link to the next stage."""
-        time.sleep(5)  # two heartbeats: each worker reports its next-hop path
+    def paths(self) -> Paths:
+        """The path each worker last reported for its link to the next stage."""
         store = Store(f"sqlite:///{self.data / 'coordinator.db'}")
         with store.session() as s:
             paths = {n.node_id: n.path for n in s.query(Node).filter(Node.role == "worker")}
         store.close()
         return paths
 
+    def paths_once(self, reported: Callable[[Paths], bool]) -> Paths:
+        """The workers' paths as soon as `reported` holds for them (each worker reports its
+        next-hop path with its heartbeat), or as they are after PATHS_TIMEOUT_S: the
+        caller asserts on them either way. Polls instead of sleeping a fixed time."""
+        deadline = time.monotonic() + PATHS_TIMEOUT_S
+        while True:
+            paths = self.paths()
+            if reported(paths) or time.monotonic() > deadline:
+                return paths
+            time.sleep(0.25)
+
 
 @contextmanager
-def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterator[Swarm]:
-    """Run relay, coordinator, 3 workers (homes 1-3) and join a client (home 4)."""
+def swarm_up(
+    topo: Topology, wd: Path, model: Path, relay_only: bool, slices: Path
+) -> Iterator[Swarm]:
+    """Run relay, coordinator, 3 workers (homes 1-3) and join a client (home 4).
+
+    `slices` keeps the coordinator's cut of the model between swarms (hard links): the
+    coordinator reuses a cut whose manifest it finds (core.models.sliced_model), as a
+    restarted coordinator does, so only the first swarm pays for slicing."""
     procs: list[subprocess.Popen[str]] = []
     secret = wd / "turn-secret"
     secret.write_text("system-test-secret\n")
@@ -149,6 +201,8 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
         relay = _relay(topo, wd / "relay", "system-test-secret")
         procs.append(relay)
         data = wd / "coordinator"
+        if any(slices.iterdir()):
+            shutil.copytree(slices, data / "models", copy_function=os.link)
         coord = subprocess.Popen(
             _ns(
                 topo.public,
@@ -177,9 +231,12 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
         )
         procs.append(coord)
         _wait_ready(coord, "coordinator")
+        _drain(coord, wd / "coordinator.log")
+        if not any(slices.iterdir()):
+            shutil.copytree(data / "models", slices, dirs_exist_ok=True, copy_function=os.link)
         url = f"https://{PUBLIC_IP}:{COORD_PORT}"
 
-        def invite(role: str) -> str:
+        def invite(role: str, uses: int = 1) -> str:
             r = subprocess.run(
                 [
                     sys.executable,
@@ -189,6 +246,8 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
                     "create",
                     "--role",
                     role,
+                    "--uses",
+                    str(uses),
                     "--data",
                     str(data),
                     "--coordinator",
@@ -201,11 +260,12 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
             return r.stdout.strip().splitlines()[-1]
 
         workers = []
+        code = invite("worker", uses=3)  # one code for the three: one CLI start, not three
         for home in topo.homes[:3]:
             args = [
                 "worker",
                 "--join",
-                invite("worker"),
+                code,
                 "--identity-dir",
                 str(wd / home.host),
                 "--listen",
@@ -220,8 +280,8 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
             )
             procs.append(w)
             workers.append(w)
-        for i, w in enumerate(workers):
-            _wait_ready(w, f"worker {i}", timeout=180)
+        # The client joins while the workers load their stages (it needs only the
+        # coordinator), then the workers' READY lines are awaited together.
         subprocess.run(
             _ns(topo.homes[3].host, "join", invite("client"), "--identity", str(wd / "client")),
             check=True,
@@ -229,53 +289,66 @@ def swarm_up(topo: Topology, wd: Path, model: Path, relay_only: bool) -> Iterato
             text=True,
             env=child_env(),
         )
-        yield Swarm(topo, wd, data)
+        for i, w in enumerate(workers):
+            _wait_ready(w, f"worker {i}", timeout=180)
+            _drain(w, wd / f"worker-{i}.log")
+        yield Swarm(topo, wd, data, procs)
     finally:
         _stop(procs)
 
 
+def relayed_links(paths: Paths) -> bool:
+    return count(paths, "relayed") >= 2
+
+
+def punched_links(paths: Paths) -> bool:
+    return count(paths, "punched") >= 2
+
+
 def run_swarm(
-    topo: Topology, wd: Path, model: Path, relay_only: bool, max_tokens: int = 8
-) -> tuple[str, dict[str, str], str]:
-    """One chat through a fresh swarm: the answer, each worker's next-hop path, the output."""
-    with swarm_up(topo, wd, model, relay_only) as swarm:
+    topo: Topology,
+    wd: Path,
+    model: Path,
+    relay_only: bool,
+    slices: Path,
+    reported: Callable[[Paths], bool],
+    max_tokens: int = 8,
+) -> tuple[str, Paths, str]:
+    """One chat through a fresh swarm: the answer, each worker's next-hop path (once
+    `reported` holds, or as they are after PATHS_TIMEOUT_S), the output."""
+    with swarm_up(topo, wd, model, relay_only, slices) as swarm:
         answer, output = swarm.chat(max_tokens)
-        return answer, swarm.paths(), output
+        return answer, swarm.paths_once(reported), output
 
 
 @pytest.fixture(scope="module")
-def direct_cone(
-    model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, dict[str, str]]]:
-    with home_routers(["cone"] * 4) as topo:
-        yield run_swarm(topo, tmp_path_factory.mktemp("cone"), model, relay_only=False)[:2]
+def slices(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("slices")
 
 
-def test_cone_nat_links_are_punched_not_relayed(direct_cone: tuple[str, dict[str, str]]) -> None:
+@pytest.fixture(scope="module")
+def cone_swarm(
+    model: Path, slices: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Swarm]:
+    """One cone-NAT swarm for the direct run and, last, for the mid-generation cut (which
+    asks for `direct_cone` first, so the direct run is always taken before the cut)."""
+    wd = tmp_path_factory.mktemp("cone")
+    with home_routers(["cone"] * 4) as topo, swarm_up(topo, wd, model, False, slices) as swarm:
+        yield swarm
+
+
+@pytest.fixture(scope="module")
+def direct_cone(cone_swarm: Swarm) -> tuple[str, Paths]:
+    answer, _ = cone_swarm.chat(8)
+    return answer, cone_swarm.paths_once(punched_links)
+
+
+def test_cone_nat_links_are_punched_not_relayed(direct_cone: tuple[str, Paths]) -> None:
     answer, paths = direct_cone
     assert answer.strip()
-    kinds = sorted(paths.values())
     # Two links between stages (the last stage has no next hop and reports "direct").
-    assert kinds.count("relayed") == 0, paths
-    assert kinds.count("punched") >= 2, paths
-
-
-def test_symmetric_nat_falls_back_to_the_relay(
-    model: Path, tmp_path: Path, direct_cone: tuple[str, dict[str, str]]
-) -> None:
-    with home_routers(["symmetric"] * 4) as topo:
-        answer, paths, _ = run_swarm(topo, tmp_path, model, relay_only=False)
-    assert sorted(paths.values()).count("relayed") >= 2, paths
-    assert answer == direct_cone[0]
-
-
-def test_every_hop_through_the_relay_gives_the_same_tokens(
-    model: Path, tmp_path: Path, direct_cone: tuple[str, dict[str, str]]
-) -> None:
-    with home_routers(["cone"] * 4) as topo:
-        answer, paths, _ = run_swarm(topo, tmp_path, model, relay_only=True)
-    assert sorted(paths.values()).count("relayed") >= 2, paths
-    assert answer == direct_cone[0]
+    assert count(paths, "relayed") == 0, paths
+    assert count(paths, "punched") >= 2, paths
 
 
 def cut_worker_paths(topo: Topology) -> None:
@@ -296,14 +369,17 @@ def cut_worker_paths(topo: Topology) -> None:
 
 
 def test_dead_punched_paths_fall_back_to_the_relay_mid_generation(
-    model: Path, tmp_path: Path
+    cone_swarm: Swarm, direct_cone: tuple[str, Paths]
 ) -> None:
     """Links between workers are punched; mid-answer those paths die. Each link is
-    re-established through the relay and the answer goes on, the same as uncut."""
+    re-established through the relay and the answer goes on, the same as uncut.
+    Runs on the direct run's swarm, right after it (the cut leaves that swarm relayed):
+    the punched links are minutes younger here than after the other swarms' tests."""
     n = 48
-    with home_routers(["cone"] * 4) as topo, swarm_up(topo, tmp_path, model, False) as swarm:
+    swarm = cone_swarm
+    try:
         uncut, _ = swarm.chat(n)
-        before = swarm.paths()
+        before = swarm.paths_once(punched_links)
         chat = subprocess.Popen(
             swarm.chat_command(n),
             stdout=subprocess.PIPE,
@@ -317,14 +393,34 @@ def test_dead_punched_paths_fall_back_to_the_relay_mid_generation(
             byte = chat.stdout.read(1)
             assert byte, f"chat ended early: {chat.stderr.read() if chat.stderr else b''!r}"
             streamed += byte
-        cut_worker_paths(topo)
+        cut_worker_paths(swarm.topo)
         out, err = chat.communicate(timeout=180)
         assert chat.returncode == 0, err.decode(errors="replace")[-2000:]
         answer = (streamed + out).decode().split("\n\n")[0]
-        after = swarm.paths()
-    assert sorted(before.values()).count("punched") >= 2, before
+        after = swarm.paths_once(relayed_links)
+    finally:
+        swarm.stop()  # cut, the swarm serves no other test: free the CPU for the next ones
+    assert count(before, "punched") >= 2, before
     assert answer == uncut
-    assert sorted(after.values()).count("relayed") >= 2, after
+    assert count(after, "relayed") >= 2, after
+
+
+def test_symmetric_nat_falls_back_to_the_relay(
+    model: Path, slices: Path, tmp_path: Path, direct_cone: tuple[str, Paths]
+) -> None:
+    with home_routers(["symmetric"] * 4) as topo:
+        answer, paths, _ = run_swarm(topo, tmp_path, model, False, slices, relayed_links)
+    assert count(paths, "relayed") >= 2, paths
+    assert answer == direct_cone[0]
+
+
+def test_every_hop_through_the_relay_gives_the_same_tokens(
+    model: Path, slices: Path, tmp_path: Path, direct_cone: tuple[str, Paths]
+) -> None:
+    with home_routers(["cone"] * 4) as topo:
+        answer, paths, _ = run_swarm(topo, tmp_path, model, True, slices, relayed_links)
+    assert count(paths, "relayed") >= 2, paths
+    assert answer == direct_cone[0]
 
 
 def _allocate(server: tuple[str, int], username: str, password: str) -> int:
