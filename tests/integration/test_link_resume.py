@@ -29,10 +29,22 @@ IDLE_S = 2.0
 """Short QUIC idle timeout, so the dead path is noticed quickly."""
 
 
-def _whole_model_tokens(gemma: Path, prompt: list[int], n: int) -> list[int]:
-    whole = build_pipeline([gemma], [LayerRange(0, 18)], 18, 1024, 64, 2, False)
+@pytest.fixture(scope="module")
+def prompt(gemma_path: Path) -> list[int]:
+    tok = Tokenizer.from_gguf(gemma_path)
     try:
-        return list(whole.generate(prompt, n).tokens)
+        return tok.encode(PROMPT)
+    finally:
+        tok.close()
+
+
+@pytest.fixture(scope="module")
+def expected(gemma_path: Path, prompt: list[int]) -> list[int]:
+    """The whole model's greedy tokens, once for the module: both cuts must give them
+    (loading the whole model reads its GGUF header, 20-70 s of Gemma's vocabulary)."""
+    whole = build_pipeline([gemma_path], [LayerRange(0, 18)], 18, 1024, 64, 2, False)
+    try:
+        return list(whole.generate(prompt, N_TOKENS).tokens)
     finally:
         whole.shutdown()
 
@@ -48,15 +60,13 @@ def _whole_model_tokens(gemma: Path, prompt: list[int], n: int) -> list[int]:
 )
 def test_dead_paths_are_replaced_and_the_session_continues(
     gemma_path: Path,
+    prompt: list[int],
+    expected: list[int],
     cut: str,
     resumed: tuple[int, ...],
     relinks: tuple[int, ...],
     client_relinks: int,
 ) -> None:
-    tok = Tokenizer.from_gguf(gemma_path)
-    prompt = tok.encode(PROMPT)
-    tok.close()
-    expected = _whole_model_tokens(gemma_path, prompt, N_TOKENS)
 
     async def scenario() -> tuple[list[int], int, int, list[str]]:
         # Every link through a (zero-delay) userspace proxy, so any can be cut:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -124,9 +125,12 @@ class CoordinatorProcess:
         extra_args: Sequence[str] = (),
         timeout: float = 120.0,
         env: dict[str, str] | None = None,
+        cut_pieces: bool = True,
     ) -> CoordinatorProcess:
         port = port or free_port(host)
         data_dir.mkdir(parents=True, exist_ok=True)
+        if not cut_pieces:
+            seed_pieces(data_dir, model)
         cmd = [
             sys.executable,
             "-m",
@@ -200,6 +204,22 @@ class CoordinatorProcess:
         self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def seed_pieces(data_dir: Path, model: Path | str) -> None:
+    """Put the model's pieces, cut once per machine in the user cache (as LocalSwarm and
+    `stage_files` keep them), where the coordinator looks first (DATA/models), so it starts
+    without cutting the model again: the cut reads the whole GGUF with gguf's Python reader,
+    and Gemma's 262k-token vocabulary alone takes 20-70 s of it. For tests about what
+    comes after the start; the cut itself is tested in tests/unit and by coordinators
+    started with cut_pieces=True."""
+    from core.models import resolve_model, sliced_model
+
+    pieces, _manifest = sliced_model(resolve_model(str(model)))
+    target = data_dir / "models" / pieces.name
+    if not target.exists():
+        # A copy, not links: nothing the coordinator does can touch the shared cache.
+        shutil.copytree(pieces, target, ignore=shutil.ignore_patterns("stages"))
 
 
 def wait_settled(
