@@ -27,6 +27,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from core import gguf_layout as layout
 from core.errors import CutNotAllowedError, SliceError
+from core.gguf_reader import open_gguf
 from core.manifest import (
     BLOCK,
     EMBEDDING,
@@ -205,7 +206,7 @@ def slice_model(model_path: Path, out_dir: Path, name: str = "") -> Manifest:
     """Cut `model_path` into pieces under `out_dir` and write manifest.json there."""
     model_path, out_dir = Path(model_path), Path(out_dir)
     try:
-        reader = GGUFReader(str(model_path))
+        reader = open_gguf(model_path)
     except (OSError, ValueError) as exc:
         raise SliceError(f"cannot read GGUF {model_path}: {exc}") from exc
     facts = read_facts(reader, name or model_path.stem)
@@ -366,7 +367,7 @@ def assemble_stage(
     check_cuts(facts, layers)
     needed = manifest.pieces_for(layers)
     paths = {p.name: verify_piece(Path(pieces_dir), p) for p in needed}  # all checks first
-    readers = {name: GGUFReader(str(path)) for name, path in paths.items()}
+    readers = {name: open_gguf(path) for name, path in paths.items()}
 
     first, last = layers.start == 0, layers.stop == facts.n_layer
     arch = facts.architecture
@@ -430,7 +431,7 @@ def assemble_stage(
 
 def has_mtp_block(path: Path) -> bool:
     """Does this GGUF (a whole model or a last stage) carry an MTP block llama.cpp runs?"""
-    reader = GGUFReader(str(path))
+    reader = open_gguf(path)
     arch = _arch(reader)
     return arch in layout.MTP_ARCHS and int(_value(reader, f"{arch}.nextn_predict_layers", 0)) > 0
 

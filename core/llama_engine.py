@@ -10,6 +10,7 @@ skipped. The last stage returns logits. Recipe and builds: docs/engine.md.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -26,7 +27,7 @@ from core.backends import device_handle, ensure_backends, lib_path
 from core.capture_lib import load_capture_lib
 from core.errors import DecodeError, EngineLayoutError, ModelLoadError, TokenizerError
 from core.offload import StageSizes, plan_offload
-from core.types import BackendReport, OffloadPlan
+from core.types import BackendReport, ModelFacts, OffloadPlan
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +140,21 @@ def c_capture_available() -> bool:
 # ---------------------------------------------------------------- engine
 
 
-def stage_sizes(path: Path, with_head: bool) -> StageSizes:
-    """Per-block weights and KV per position of a stage GGUF, for the offload plan."""
-    from gguf import GGUFReader
-
+@functools.lru_cache(maxsize=8)
+def _facts_of(path: str, _mtime_ns: int, _size: int) -> ModelFacts:
+    """The facts of a GGUF, read once per file version: a worker's start asks twice (the
+    offload plan, then admission) and a first stage's file holds the whole vocabulary,
+    seconds to parse (core/gguf_reader.py)."""
+    from core.gguf_reader import open_gguf
     from core.gguf_slices import read_facts
 
-    facts = read_facts(GGUFReader(str(path)))
+    return read_facts(open_gguf(path))
+
+
+def stage_sizes(path: Path, with_head: bool) -> StageSizes:
+    """Per-block weights and KV per position of a stage GGUF, for the offload plan."""
+    stat = path.stat()
+    facts = _facts_of(str(path), stat.st_mtime_ns, stat.st_size)
     head = facts.head_bytes + (facts.embedding_bytes if facts.tied_output else 0)
     return StageSizes(
         block_bytes=facts.bytes_per_layer,
