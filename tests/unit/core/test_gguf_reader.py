@@ -28,7 +28,10 @@ def test_same_fields_tensors_and_bytes(tiny: Path) -> None:
     for name, field in stock.fields.items():
         other = fast.fields[name]
         assert other.types == field.types and other.data == field.data and other.offset == field.offset
-        assert all(np.array_equal(a, b) for a, b in zip(other.parts, field.parts, strict=True))
+        assert all(
+            np.array_equal(a, b) and a.dtype == b.dtype and a.shape == b.shape
+            for a, b in zip(other.parts, field.parts, strict=True)
+        )
     assert [t.name for t in fast.tensors] == [t.name for t in stock.tensors]
     for a, b in zip(fast.tensors, stock.tensors, strict=True):
         assert a.tensor_type == b.tensor_type and list(a.shape) == list(b.shape)
