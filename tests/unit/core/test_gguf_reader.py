@@ -27,7 +27,8 @@ def test_same_fields_tensors_and_bytes(tiny: Path) -> None:
     assert list(fast.fields) == list(stock.fields)
     for name, field in stock.fields.items():
         other = fast.fields[name]
-        assert other.types == field.types and other.data == field.data and other.offset == field.offset
+        assert other.types == field.types and other.data == field.data
+        assert other.offset == field.offset
         assert all(
             np.array_equal(a, b) and a.dtype == b.dtype and a.shape == b.shape
             for a, b in zip(other.parts, field.parts, strict=True)
