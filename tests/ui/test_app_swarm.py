@@ -151,9 +151,9 @@ def test_pause_lets_a_running_answer_finish_then_frees_the_stage(
         pieces: list[str] = []
         chat.text.connect(pieces.append)
         try:
-            # Enough that the pause surely lands mid-answer (after 5 pieces) and that the
-            # answer is long (> 40 tokens); more only costs time.
-            chat.send(STORY, SamplingParams(), max_tokens=80)
+            # Long enough that the pause lands well before the answer ends (after 5 pieces;
+            # the node reports "finishing" a moment later): 80 tokens once ended first in CI.
+            chat.send(STORY, SamplingParams(), max_tokens=160)
             if while_answering is not None:
                 while_answering(pieces)
             qtbot.waitUntil(lambda: bool(ended), timeout=180000)
