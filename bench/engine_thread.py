@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,34 +35,37 @@ from bench.rpc_compare import CUTS, prompt_ids, sangama_swarm
 from bench.token_parts import _children
 
 
-def thread_cpu_ms(pid: int) -> dict[str, float]:
-    """CPU time so far of each thread of `pid`, ms, keyed `name-tid` (the main thread:
-    `loop`, the worker's event loop)."""
+def _per_thread(pid: int, read: Callable[[Path], float]) -> dict[str, float]:
+    """`read(task_dir)` of each thread of `pid`, keyed `name-tid` (the main thread:
+    `loop`, the worker's event loop); threads that end meanwhile are left out."""
     out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
+        task = Path(f"/proc/{pid}/task/{tid}")
         try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            on_cpu_ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            name = (task / "comm").read_text().strip()
+            value = read(task)
         except OSError:
             continue  # the thread ended
-        out["loop" if int(tid) == pid else f"{name}-{tid}"] = on_cpu_ns / 1e6
+        out["loop" if int(tid) == pid else f"{name}-{tid}"] = value
     return out
 
 
-def thread_sleeps(pid: int) -> dict[str, int]:
+def thread_cpu_ms(pid: int) -> dict[str, float]:
+    """CPU time so far of each thread of `pid`, ms (schedstat: time on a CPU, ns)."""
+    return _per_thread(pid, lambda task: int((task / "schedstat").read_text().split()[0]) / 1e6)
+
+
+def _voluntary_switches(task: Path) -> float:
+    status = (task / "status").read_text()
+    line = next(x for x in status.splitlines() if x.startswith("voluntary_ctxt_switches"))
+    return float(line.split()[1])
+
+
+def thread_sleeps(pid: int) -> dict[str, float]:
     """Voluntary context switches so far of each thread of `pid` (each one a sleep: in
-    epoll, a futex, the GIL), keyed as `thread_cpu_ms` keys them: every sleep is a
-    wake-up later, and on a machine shared by several stages a wake-up waits for a core."""
-    out: dict[str, int] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:
-            continue  # the thread ended
-        line = next(x for x in status.splitlines() if x.startswith("voluntary_ctxt_switches"))
-        out["loop" if int(tid) == pid else f"{name}-{tid}"] = int(line.split()[1])
-    return out
+    epoll, a futex, the GIL): every sleep is a wake-up later, and on a machine shared by
+    several stages a wake-up waits for a core."""
+    return _per_thread(pid, _voluntary_switches)
 
 
 def _stage_of(pid: int) -> int:

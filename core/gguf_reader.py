@@ -40,16 +40,19 @@ class _PlainViewReader(GGUFReader):
         count: int = 1,
         override_order: Literal["I", "S", "<"] | None = None,
     ) -> npt.NDArray[Any]:
-        plain = self.__dict__.get("_plain_view")
-        if plain is None:
-            # A view, not a copy: it shares the mapping (and keeps the memmap alive).
-            plain = self.__dict__["_plain_view"] = self.data.view(np.ndarray)
         count = int(count)
         dt = np.dtype(dtype)
-        arr = plain[offset : offset + dt.itemsize * count].view(dtype=dt)[:count]
+        arr = self._plain()[offset : offset + dt.itemsize * count].view(dtype=dt)[:count]
         order = self.byte_order if override_order is None else override_order
         return arr.view(arr.dtype.newbyteorder(order))
 
+    def _plain(self) -> npt.NDArray[np.uint8]:
+        """The whole file as a plain uint8 array: a view, not a copy, of the memmap
+        (which it keeps alive), made once."""
+        plain: npt.NDArray[np.uint8] | None = self.__dict__.get("_plain_view")
+        if plain is None:
+            plain = self.__dict__["_plain_view"] = self.data.view(np.ndarray)
+        return plain
 
     def _get_field_parts(
         self, orig_offs: int, raw_type: int
@@ -64,7 +67,7 @@ class _PlainViewReader(GGUFReader):
         nptype = self.gguf_scalar_to_np.get(GGUFValueType(itype))
         if itype != GGUFValueType.STRING and nptype is None:  # nested arrays: as gguf-py does
             return super()._get_field_parts(orig_offs, raw_type)
-        plain = self._get(0, np.uint8, self.data.size)
+        plain = self._plain()
         offs = orig_offs + 12
         parts: list[npt.NDArray[Any]] = [raw_itype, alen]
         types = [GGUFValueType.ARRAY] + ([GGUFValueType(itype)] if n else [])

@@ -209,8 +209,8 @@ class CoordinatorProcess:
 def seed_pieces(data_dir: Path, model: Path | str) -> None:
     """Put the model's pieces, cut once per machine in the user cache (as LocalSwarm and
     `stage_files` keep them), where the coordinator looks first (DATA/models), so it starts
-    without cutting the model again: the cut reads the whole GGUF with gguf's Python reader,
-    and Gemma's 262k-token vocabulary alone takes 20-70 s of it. For tests about what
+    without cutting the model again: the cut reads and rewrites the whole GGUF (Gemma's
+    embedding alone is 176 MiB). For tests about what
     comes after the start; the cut itself is tested in tests/unit and by coordinators
     started with cut_pieces=True."""
     from core.models import resolve_model, sliced_model

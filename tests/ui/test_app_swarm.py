@@ -80,7 +80,7 @@ def desk(
         )
         try:
             # A hang guard, not a speed check: the download, the stage's assembly and two
-            # reads of Gemma's GGUF header (its 262k-token vocabulary) took 174 s in a
+            # reads of Gemma's GGUF header (before core/gguf_reader.py) took 174 s in a
             # clean-clone CI and more on a loaded 2-core machine.
             _wait("serving", lambda: d.node.status.state is ServeState.SERVING, 420)
             assert d.node.status.layers == (0, 18)
