@@ -6,18 +6,24 @@
 (c) a 20-stage chain of the tiny model, each link given 1-56 ms one way by the delay
     proxy (the seeds' 20-PC fleet), against the bound sum(compute) + sum(delays).
 
-    .venv/bin/python bench/swarm.py [--json] [--tokens 48] [--quick]
+Part (a) loads the whole model and every swarm at once and runs one generation of each
+per round, in turn, so each ratio is taken seconds apart; the medians are reported.
+
+    .venv/bin/python bench/swarm.py [--json] [--tokens 48] [--rounds 7] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import random
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,44 +54,138 @@ def whole_model_tps(model: Path, prompt: list[int], tokens: int, threads: int) -
     return max(runs)
 
 
+async def one_generation(client: SwarmClient, prompt: list[int], tokens: int) -> dict[str, Any]:
+    """One swarm generation's decode figures (the first event, the prompt, left out)."""
+    decode = [ev async for ev in client.generate(prompt, tokens)][1:]
+    trip = statistics.median(e.trip_ms for e in decode)
+    compute = statistics.median(sum(t.compute_ms for t in e.timings) for e in decode)
+    queue = statistics.median(sum(t.queue_ms for t in e.timings) for e in decode)
+    return {
+        "tokens_per_s": len(decode) / (sum(e.trip_ms for e in decode) / 1e3),
+        "trip_ms": trip,
+        "compute_ms": compute,
+        "queue_ms": queue,
+        "per_stage_compute_ms": [
+            statistics.median(e.timings[i].compute_ms for e in decode)
+            for i in range(len(decode[0].timings))
+        ],
+        "network_and_handling_ms": trip - compute - queue,
+        "per_hop_ms": (trip - compute - queue) / (len(decode[0].timings) + 1),
+    }
+
+
+def _swarm(model: Path, threads: int, library: str, **options: Any) -> LocalSwarm:
+    return LocalSwarm(
+        model=str(model), cuts=[0, 6, 12, 18], threads=threads, quic_library=library, **options
+    )
+
+
 async def swarm_tps(
     model: Path, prompt: list[int], tokens: int, threads: int, library: str, **options: Any
 ) -> dict[str, Any]:
-    swarm = LocalSwarm(
-        model=str(model), cuts=[0, 6, 12, 18], threads=threads, quic_library=library, **options
-    )
+    """The best of 3 generations of one swarm (the first warms caches and windows)."""
+    swarm = _swarm(model, threads, library, **options)
     await swarm.start()
     try:
         assert swarm.route is not None and swarm.client_credentials is not None
         async with SwarmClient(swarm.client_credentials, swarm.route, swarm.tuning) as client:
-            best: dict[str, Any] = {}
-            for _ in range(3):  # first run warms caches and congestion windows
-                events = [ev async for ev in client.generate(prompt, tokens)]
-                decode = events[1:]
-                total_ms = sum(e.trip_ms for e in decode)
-                tps = len(decode) / (total_ms / 1e3)
-                if tps > best.get("tokens_per_s", 0):
-                    compute = [sum(t.compute_ms for t in e.timings) for e in decode]
-                    queue = [sum(t.queue_ms for t in e.timings) for e in decode]
-                    trip = statistics.median(e.trip_ms for e in decode)
-                    best = {
-                        "tokens_per_s": tps,
-                        "trip_ms": trip,
-                        "compute_ms": statistics.median(compute),
-                        "queue_ms": statistics.median(queue),
-                        "per_stage_compute_ms": [
-                            statistics.median(e.timings[i].compute_ms for e in decode)
-                            for i in range(len(decode[0].timings))
-                        ],
-                    }
-            best["network_and_handling_ms"] = (
-                best["trip_ms"] - best["compute_ms"] - best["queue_ms"]
-            )
-            best["per_hop_ms"] = best["network_and_handling_ms"] / (len(swarm.workers) + 1)
-            return best
+            runs = [await one_generation(client, prompt, tokens) for _ in range(3)]
+        return max(runs, key=lambda r: float(r["tokens_per_s"]))
     finally:
         await swarm.stop()
         swarm.cleanup()
+
+
+@contextlib.contextmanager
+def worker_environment(env: dict[str, str | None]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key, the median over runs (lists element by element)."""
+    out: dict[str, Any] = {}
+    for key, first in runs[0].items():
+        if isinstance(first, list):
+            out[key] = [statistics.median(r[key][i] for r in runs) for i in range(len(first))]
+        else:
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
+async def paired_rounds(
+    model: Path,
+    prompt: list[int],
+    tokens: int,
+    swarms: dict[str, dict[str, Any]],
+    rounds: int,
+) -> dict[str, Any]:
+    """Each swarm in turn against the whole model loaded beside it: per round one
+    generation of the whole model (1 and 2 threads), then one of the swarm. This VM's
+    speed moves 2x between minutes (bench/README.md, "Eighth pass"), so a swarm is
+    divided by the whole model of its own round, seconds apart, and the medians of those
+    ratios are reported. `swarms`: name -> `_swarm` arguments (threads, library,
+    LocalSwarm options) and optionally `env`, variables its workers start with (None:
+    unset); one swarm runs at a time, so idle workers disturb nothing."""
+    whole = {t: build_pipeline([model], [LayerRange(0, 18)], 18, 1024, 64, t, True) for t in (1, 2)}
+    table: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for pipe in whole.values():
+            pipe.generate(prompt, 8)  # warm-up
+        for name, kw in swarms.items():
+            options = {k: v for k, v in kw.items() if k != "env"}
+            swarm = _swarm(model, **options)
+            with worker_environment(kw.get("env", {})):  # the workers inherit it at start
+                await swarm.start()
+            try:
+                assert swarm.route is not None and swarm.client_credentials is not None
+                async with SwarmClient(
+                    swarm.client_credentials, swarm.route, swarm.tuning
+                ) as client:
+                    await one_generation(client, prompt, tokens)  # warm-up
+                    table[name] = [
+                        await _one_round(whole, client, prompt, tokens, kw["threads"])
+                        for _ in range(rounds)
+                    ]
+            finally:
+                await swarm.stop()
+                swarm.cleanup()
+    finally:
+        for pipe in whole.values():
+            pipe.shutdown()
+    every = [r for runs in table.values() for r in runs]
+    return {
+        "rounds": table,
+        "whole_model_tokens_per_s": statistics.median(r["whole_2_threads"] for r in every),
+        "whole_model_1_thread_tokens_per_s": statistics.median(r["whole_1_threads"] for r in every),
+        "swarm": {name: _medians(runs) for name, runs in table.items()},
+    }
+
+
+async def _one_round(
+    whole: dict[int, Any], client: SwarmClient, prompt: list[int], tokens: int, threads: int
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"load_average": os.getloadavg()[0]}
+    for t, pipe in whole.items():
+        # In a thread, so the swarm client's links keep being served meanwhile.
+        gen = await asyncio.to_thread(pipe.generate, prompt, tokens)
+        row[f"whole_{t}_threads"] = gen.decode_tokens_per_s
+    row.update(await one_generation(client, prompt, tokens))
+    row["swarm_vs_mono"] = row["tokens_per_s"] / row[f"whole_{threads}_threads"]
+    row["swarm_vs_mono_2_threads"] = row["tokens_per_s"] / row["whole_2_threads"]
+    return row
 
 
 async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:
@@ -153,10 +253,11 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--hop-frames", type=int, default=200)
-    ap.add_argument("--quick", action="store_true", help="fewer tokens and frames")
+    ap.add_argument("--rounds", type=int, default=7, help="paired rounds of part (a)")
+    ap.add_argument("--quick", action="store_true", help="fewer tokens, frames and rounds")
     args = ap.parse_args()
     if args.quick:
-        args.tokens, args.hop_frames = 16, 50
+        args.tokens, args.hop_frames, args.rounds = 16, 50, 5
 
     model = resolve_model("gemma-3-270m")
     tok = Tokenizer.from_gguf(model)
@@ -167,35 +268,36 @@ def main() -> int:
     out["loop"] = event_loop.loop_name()
     out["quic_library"] = DEFAULT_LIBRARY
     out["load_average_start"] = os.getloadavg()[0]
-    whole = whole_model_tps(model, prompt, args.tokens, threads=2)
-    # Like with like as well: on a busy machine two threads can collapse (bench/README.md).
-    whole_1 = whole_model_tps(model, prompt, args.tokens, threads=1)
     other = "aioquic" if DEFAULT_LIBRARY == "qh3" else "qh3"
-    configs = [(1, DEFAULT_LIBRARY), (2, DEFAULT_LIBRARY), (2, other)]
-    swarm_runs = {
-        f"{lib}_threads_{t}": event_loop.run(swarm_tps(model, prompt, args.tokens, t, lib))
-        for t, lib in configs
+    configs: dict[str, dict[str, Any]] = {
+        f"{DEFAULT_LIBRARY}_threads_1": {"threads": 1, "library": DEFAULT_LIBRARY},
+        f"{DEFAULT_LIBRARY}_threads_2": {"threads": 2, "library": DEFAULT_LIBRARY},
+        f"{other}_threads_2": {"threads": 2, "library": other},
+        # Decode steps on the event loop's thread instead of the engine thread
+        # (WorkerConfig.inline_step_ms; off by default: see bench/README.md).
+        "inline": {"threads": 2, "library": DEFAULT_LIBRARY, "inline_step_ms": 50.0},
     }
-    # Decode steps run on the event loop's thread instead of the engine thread
-    # (WorkerConfig.inline_step_ms; off by default: see bench/README.md).
-    inline = event_loop.run(
-        swarm_tps(model, prompt, args.tokens, 2, DEFAULT_LIBRARY, inline_step_ms=50.0)
-    )
+    paired = event_loop.run(paired_rounds(model, prompt, args.tokens, configs, args.rounds))
+    swarm_runs = paired["swarm"]
+    inline = swarm_runs.pop("inline")
     default = max(
         (k for k in swarm_runs if k.startswith(DEFAULT_LIBRARY)),
-        key=lambda k: swarm_runs[k]["tokens_per_s"],
+        key=lambda k: swarm_runs[k]["swarm_vs_mono_2_threads"],
     )
+    whole = paired["whole_model_tokens_per_s"]
     out["whole_model_tokens_per_s"] = whole
-    out["whole_model_1_thread_tokens_per_s"] = whole_1
+    out["whole_model_1_thread_tokens_per_s"] = paired["whole_model_1_thread_tokens_per_s"]
+    out["rounds"] = paired["rounds"]
     out["swarm"] = swarm_runs
-    out["swarm_vs_mono"] = swarm_runs[default]["tokens_per_s"] / whole
+    # Medians of per-round ratios: a swarm over the whole model of its own round.
+    out["swarm_vs_mono"] = swarm_runs[default]["swarm_vs_mono_2_threads"]
     out["swarm_vs_mono_by_threads"] = {
-        "1": swarm_runs[f"{DEFAULT_LIBRARY}_threads_1"]["tokens_per_s"] / whole_1,
-        "2": swarm_runs[f"{DEFAULT_LIBRARY}_threads_2"]["tokens_per_s"] / whole,
+        "1": swarm_runs[f"{DEFAULT_LIBRARY}_threads_1"]["swarm_vs_mono"],
+        "2": swarm_runs[f"{DEFAULT_LIBRARY}_threads_2"]["swarm_vs_mono"],
     }
     out["swarm_inline"] = inline
-    out["swarm_vs_mono_inline"] = inline["tokens_per_s"] / whole
-    out[f"swarm_vs_mono_{other}"] = swarm_runs[f"{other}_threads_2"]["tokens_per_s"] / whole
+    out["swarm_vs_mono_inline"] = inline["swarm_vs_mono_2_threads"]
+    out[f"swarm_vs_mono_{other}"] = swarm_runs[f"{other}_threads_2"]["swarm_vs_mono_2_threads"]
 
     hops: dict[str, dict[str, float]] = {}
     for transport in ("quic", other, "tcp"):  # quic = the default library
@@ -218,9 +320,15 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"(a) decode, {model.name}, {args.tokens} tokens")
+    print(
+        f"(a) decode, {model.name}, {args.tokens} tokens, medians of {args.rounds} rounds "
+        "(each swarm against the whole model of its own round)"
+    )
     print(f"  whole model (1 process, 2 threads)   {whole:7.1f} tok/s")
-    print(f"  whole model (1 process, 1 thread)    {whole_1:7.1f} tok/s")
+    print(
+        "  whole model (1 process, 1 thread)    "
+        f"{out['whole_model_1_thread_tokens_per_s']:7.1f} tok/s"
+    )
     for name, r in swarm_runs.items():
         print(
             f"  swarm, 3 processes, {name:18} {r['tokens_per_s']:7.1f} tok/s   "

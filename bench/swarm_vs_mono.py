@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.serving.thread_calibration import PARK_ENV
-from bench.swarm import PROMPT, swarm_tps, whole_model_tps
+from bench.swarm import PROMPT, swarm_tps, whole_model_tps, worker_environment
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from net import event_loop
@@ -60,20 +60,8 @@ def run_swarm(model: Path, prompt: list[int], tokens: int, swarm: Swarm) -> Any:
     threads, spin, park = swarm
     # The workers inherit this environment (spin: libgomp reads it when ggml loads it).
     env = {"GOMP_SPINCOUNT": None if spin == "default" else spin, PARK_ENV: "1" if park else None}
-    saved = {k: os.environ.get(k) for k in env}
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)  # the worker's own default applies
-        else:
-            os.environ[k] = v
-    try:
+    with worker_environment(env):
         return event_loop.run(swarm_tps(model, prompt, tokens, threads, DEFAULT_LIBRARY))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main() -> int:
