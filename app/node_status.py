@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from app.compute import StageCompute
 
@@ -81,6 +81,25 @@ class NodeStatus:
         if s in (ServeState.PAUSED, ServeState.PAUSING) and self.paused_reason:
             return f"Sangama: {s.value} ({self.paused_reason})"
         return f"Sangama: {s.value}"
+
+
+_STILL_RUNNING = (
+    ServeState.WAITING,
+    ServeState.DOWNLOADING,
+    ServeState.LOADING,
+    ServeState.SERVING,
+)
+
+
+def shown_while_pausing(reported: NodeStatus) -> NodeStatus:
+    """What the UI shows of a report from the serve loop after the volunteer asked to
+    pause. The loop sees the stop only at its next turn, and a heartbeat report made
+    before then still says SERVING; shown as it is, it would overwrite the UI's own
+    PAUSING for a moment. Such a report is shown as PAUSING, finishing its sessions;
+    PAUSING, PAUSED, ERROR and the rest pass unchanged."""
+    if reported.state not in _STILL_RUNNING:
+        return reported
+    return replace(reported, state=ServeState.PAUSING, finishing=reported.sessions)
 
 
 StatusReport = Callable[[NodeStatus], None]

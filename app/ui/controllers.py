@@ -29,7 +29,7 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from app.client.connect import ChatConnection, ChatConnector
 from app.client.route import fetch_route
 from app.identity import IDENTITY_FILE, Identity, coordinator_problem, join_swarm
-from app.node_status import NodeStatus, ServeState, plain_reason
+from app.node_status import NodeStatus, ServeState, plain_reason, shown_while_pausing
 from app.serving.coordinated import CoordinatedOptions
 from app.serving.guest import serve_as_guest
 from app.serving.guest_policy import GuestSettings
@@ -165,6 +165,8 @@ class NodeController(QObject):
         self._task: concurrent.futures.Future[None] | None = None
         self._stop: asyncio.Event | None = None
         self._restarting = False
+        self._pause_asked = False
+        """pause() was called and the loop has not ended yet (see shown_while_pausing)."""
         self._status = NodeStatus()
         self._mailbox = Mailbox(self._apply, self)
         if self.joined:
@@ -199,6 +201,11 @@ class NodeController(QObject):
             self.join_finished.emit(item.ok, item.message)
             return
         assert isinstance(item, NodeStatus)
+        if self._pause_asked:
+            if item.state in (ServeState.PAUSED, ServeState.ERROR, ServeState.NOT_JOINED):
+                self._pause_asked = False
+            else:
+                item = shown_while_pausing(item)
         self._status = item
         self.status_changed.emit(item)
 
@@ -291,6 +298,7 @@ class NodeController(QObject):
         self.runner.submit(again())
 
     def _start_serving(self) -> None:
+        self._pause_asked = False
         stop = asyncio.Event()
         guest = self.guest
         options = replace(
@@ -323,6 +331,7 @@ class NodeController(QObject):
             state = ServeState.PAUSED if self.joined else ServeState.NOT_JOINED
             self._apply(NodeStatus(state=state, node_id=self._status.node_id))
             return
+        self._pause_asked = True
         self._apply(replace(self._status, state=ServeState.PAUSING, finishing=0, error=""))
         self.runner.loop.call_soon_threadsafe(stop.set)
 

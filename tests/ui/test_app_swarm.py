@@ -189,6 +189,11 @@ def test_pause_lets_a_running_answer_finish_then_frees_the_stage(
 
     qtbot.waitUntil(lambda: desk.node.status.state is ServeState.PAUSED, timeout=60000)
     assert not desk.node.serving
+    # Once pausing, the tray never went back to "serving" before it said "paused" (a
+    # heartbeat report made before the loop saw the stop used to overwrite it).
+    states = [s.state for s, _ in seen]
+    after = states[states.index(ServeState.PAUSING) :]
+    assert ServeState.SERVING not in after[: after.index(ServeState.PAUSED)], states
     # The stage is freed: its UDP port can be taken again.
     host, port = address.rsplit(":", 1)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

@@ -8,7 +8,7 @@ import pytest
 
 from app.errors import ConfigError
 from app.identity import coordinator_url
-from app.node_status import NodeStatus, ServeState
+from app.node_status import NodeStatus, ServeState, shown_while_pausing
 from app.ui.controllers import validate_code, validate_coordinator
 from app.ui.history import Conversation, History
 from app.ui.settings import (
@@ -95,6 +95,19 @@ def test_status_summary_words() -> None:
     s = NodeStatus(state=ServeState.MOVING, finishing=1)
     assert s.summary == "Sangama: changing stage, finishing 1 session"
     assert NodeStatus(state=ServeState.PAUSING).summary == "Sangama: pausing"
+
+
+def test_after_pause_is_asked_a_running_report_shows_as_pausing() -> None:
+    serving = NodeStatus(state=ServeState.SERVING, layers=(0, 6), sessions=2)
+    shown = shown_while_pausing(serving)
+    assert shown.state is ServeState.PAUSING and shown.finishing == 2
+    assert shown.summary == "Sangama: pausing, finishing 2 sessions"
+    assert shown.layers == (0, 6)  # the rest of the report is kept
+    for state in (ServeState.WAITING, ServeState.DOWNLOADING, ServeState.LOADING):
+        assert shown_while_pausing(NodeStatus(state=state)).state is ServeState.PAUSING
+    for state in (ServeState.PAUSING, ServeState.PAUSED, ServeState.ERROR, ServeState.MOVING):
+        status = NodeStatus(state=state, finishing=1)
+        assert shown_while_pausing(status) is status
 
 
 @pytest.mark.parametrize(
