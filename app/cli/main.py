@@ -33,6 +33,17 @@ def _parse_cuts(text: str) -> list[int]:
         ) from None
 
 
+def _parse_row_budget(text: str) -> int:
+    """Rows per engine step: 1..llama.cpp's batch (WorkerConfig.row_budget's default)."""
+    from app.config import WorkerConfig  # here: it loads the QUIC library
+
+    most = WorkerConfig.row_budget
+    value = int(text) if text.strip().isdigit() else 0
+    if not 1 <= value <= most:
+        raise argparse.ArgumentTypeError(f"row budget must be 1..{most}, not {text!r}")
+    return value
+
+
 def _parse_threads(text: str) -> int:
     """A thread count, or "auto" (0: the worker measures which count is fastest)."""
     if text.strip().lower() == "auto":
@@ -193,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--reproducible",
         action="store_true",
         help="each session decoded on its own: the same tokens as alone (costs batching)",
+    )
+    p.add_argument(
+        "--row-budget",
+        type=_parse_row_budget,
+        default=0,
+        metavar="ROWS",
+        help="rows per engine step, instead of timing a few batch sizes at start",
     )
 
     p = sub.add_parser("chat", help="ask the swarm; stream the answer")
@@ -393,6 +411,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             download_bytes_per_s=guest.download_bytes_per_s,
             upload_bytes_per_s=guest.upload_bytes_per_s,
             reproducible=args.reproducible,
+            row_budget=args.row_budget,
         ),
         guest,
     )

@@ -97,6 +97,9 @@ class CoordinatedOptions:
     reproducible: bool = False
     """Each session's rows in a llama_decode of their own (WorkerConfig.reproducible):
     a greedy answer equals the one it gives alone, whatever else the stage batches."""
+    row_budget: int = 0
+    """Rows per engine step, as the volunteer set it (WorkerConfig.row_budget, not
+    measured at start); 0: measured at start."""
 
 
 def stage_sizing(assignment: Assignment, most: int) -> tuple[int, int]:
@@ -271,7 +274,7 @@ async def serve_coordinated(
         pieces = await prepare_pieces(
             identity, client, ready, lambda _p: None, options.download_bytes_per_s
         )
-        return await standby_stage.preload(_stage_config(options, identity, port, ready, pieces))
+        return await standby_stage.preload(stage_config(options, identity, port, ready, pieces))
 
     while not stop.is_set():
         assignment, loaded = await _wait_for_assignment(
@@ -310,7 +313,7 @@ async def serve_coordinated(
             return
         report(replace(status, state=ServeState.LOADING, progress=1.0))
         hop = assignment.next_hop
-        config = _stage_config(options, identity, port, assignment, pieces_dir)
+        config = stage_config(options, identity, port, assignment, pieces_dir)
         if loaded is not None and not loaded.fits(config):
             standby_stage.free(loaded)
             loaded = None
@@ -384,7 +387,7 @@ async def serve_coordinated(
                 on_stopped(worker)
 
 
-def _stage_config(
+def stage_config(
     options: CoordinatedOptions,
     identity: Identity,
     port: int,
@@ -408,6 +411,8 @@ def _stage_config(
         device_cap_bytes=options.vram_cap_bytes,
         upload_bytes_per_s=options.upload_bytes_per_s,
         reproducible=options.reproducible,
+        row_budget=options.row_budget or WorkerConfig.row_budget,
+        calibrate_budget=options.row_budget == 0,
     )
 
 

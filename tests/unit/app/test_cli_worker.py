@@ -80,3 +80,40 @@ def test_a_bad_thread_count_is_refused_by_the_parser(
         main(["worker", "--identity", str(tmp_path), "--threads", bad])
     assert exit_.value.code == 2
     assert "threads must be auto or >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("given", "budget"), [([], 0), (["--row-budget", "32"], 32)])
+def test_a_row_budget_reaches_the_stage_and_skips_its_timing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str], budget: int
+) -> None:
+    import app.serving.guest as guest
+    from app.config import WorkerConfig
+    from app.serving.coordinated import stage_config
+    from coordinator.contract import Assignment
+
+    seen: list[Any] = []
+
+    def run_guest(options: Any, _settings: Any) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(guest, "run_guest", run_guest)
+    assert main(["worker", "--identity", str(tmp_path), *given]) == 0
+    (options,) = seen
+    assert options.row_budget == budget
+    identity = type("Identity", (), {"node_id": "n1", "directory": tmp_path})()
+    assignment = Assignment("m", (0, 6), None, "/manifest", "/pieces")
+    config = stage_config(options, identity, 7000, assignment, tmp_path)
+    # Set: used as it is; not set: the default ceiling, measured at start.
+    assert config.row_budget == (budget or WorkerConfig.row_budget)
+    assert config.calibrate_budget is (budget == 0)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "257", "many"])
+def test_a_bad_row_budget_is_refused_by_the_parser(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["worker", "--identity", str(tmp_path), "--row-budget", bad])
+    assert exit_.value.code == 2
+    assert "row budget must be 1..256" in capsys.readouterr().err
