@@ -387,14 +387,19 @@ def test_dead_punched_paths_fall_back_to_the_relay_mid_generation(
             env=child_env(),
             bufsize=0,  # read(1) must not buffer ahead of communicate()
         )
-        assert chat.stdout is not None
-        streamed = b""
-        while len(streamed) < 12:  # a few tokens in: the session is running
-            byte = chat.stdout.read(1)
-            assert byte, f"chat ended early: {chat.stderr.read() if chat.stderr else b''!r}"
-            streamed += byte
-        cut_worker_paths(swarm.topo)
-        out, err = chat.communicate(timeout=180)
+        try:
+            assert chat.stdout is not None
+            streamed = b""
+            while len(streamed) < 12:  # a few tokens in: the session is running
+                byte = chat.stdout.read(1)
+                assert byte, f"chat ended early: {chat.stderr.read() if chat.stderr else b''!r}"
+                streamed += byte
+            cut_worker_paths(swarm.topo)
+            out, err = chat.communicate(timeout=180)
+        finally:  # a failed assertion or a timeout above must not leave the chat running
+            if chat.poll() is None:
+                chat.kill()
+                chat.communicate()
         assert chat.returncode == 0, err.decode(errors="replace")[-2000:]
         answer = (streamed + out).decode().split("\n\n")[0]
         after = swarm.paths_once(relayed_links)
