@@ -60,7 +60,8 @@ from coordinator.server.invite_book import InviteRecord
 from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.operator_logins import OperatorLogins
-from coordinator.server.service import Coordinator, hash_token
+from coordinator.server.secret_hashes import hash_token
+from coordinator.server.service import Coordinator
 from coordinator.server.store import as_utc
 
 _TOO_BIG = f"request body larger than {MAX_BODY_BYTES} bytes"

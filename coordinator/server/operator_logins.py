@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 
-from coordinator.server.service import hash_token
+from coordinator.server.secret_hashes import hash_token
 from coordinator.server.store import Store, utcnow
 
 LOGIN_HOURS = 12

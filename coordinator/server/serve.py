@@ -14,13 +14,8 @@ import platformdirs
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from coordinator.server.service import (
-    ADMIN_PASSWORD,
-    Coordinator,
-    HostedModel,
-    Settings,
-    hash_token,
-)
+from coordinator.server.secret_hashes import hash_token
+from coordinator.server.service import ADMIN_PASSWORD, Coordinator, HostedModel, Settings
 from coordinator.server.store import Store, migrate
 from core.models import resolve_model, sliced_model
 from net import auth

@@ -6,7 +6,6 @@ about requests or responses.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import hmac
 import logging
 import secrets
@@ -42,6 +41,7 @@ from coordinator.server.liveness import confirmed_gone, nothing_listens
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
 from coordinator.server.routes import StageLoad, pick_chain, plan_chains
+from coordinator.server.secret_hashes import check_password, hash_password, hash_token
 from coordinator.server.spare_policy import Standby
 from coordinator.server.standby import standby_assignment, standby_of, warm_layers
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
@@ -55,24 +55,6 @@ NODE_CERT_HOURS = 24
 MAX_PENDING_SIGNALS = 64
 ADMIN_PASSWORD = "admin_password_hash"
 CA_CERT = "ca_certificate_pem"
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(b"sangama-token/1\0" + token.encode()).hexdigest()
-
-
-def hash_password(password: str, salt: bytes | None = None) -> str:
-    salt = salt or secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1)
-    return f"scrypt${salt.hex()}${digest.hex()}"
-
-
-def check_password(password: str, stored: str) -> bool:
-    try:
-        _, salt_hex, _digest_hex = stored.split("$")
-    except ValueError:
-        return False
-    return hmac.compare_digest(hash_password(password, bytes.fromhex(salt_hex)), stored)
 
 
 @dataclass(frozen=True)

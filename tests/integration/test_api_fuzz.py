@@ -30,7 +30,8 @@ from schemathesis.checks import (
 from coordinator import invites as inv
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.api_models import MAX_BODY_BYTES
-from coordinator.server.service import Coordinator, HostedModel, Settings, hash_token
+from coordinator.server.secret_hashes import hash_token
+from coordinator.server.service import Coordinator, HostedModel, Settings
 from coordinator.server.store import Store, migrate
 from core.gguf_slices import slice_model
 from net import auth

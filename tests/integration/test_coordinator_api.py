@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from coordinator import invites as inv
 from coordinator.contract import HeartbeatAnswer
 from coordinator.server.api import ADMIN_TOKEN, create_app
-from coordinator.server.service import Coordinator, HostedModel, Settings, hash_token
+from coordinator.server.secret_hashes import hash_token
+from coordinator.server.service import Coordinator, HostedModel, Settings
 from coordinator.server.store import Invite, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth

@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
 from coordinator.server.api import ADMIN_TOKEN, create_app
-from coordinator.server.service import Coordinator, HostedModel, Settings, hash_token
+from coordinator.server.secret_hashes import hash_token
+from coordinator.server.service import Coordinator, HostedModel, Settings
 from coordinator.server.store import Node, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
