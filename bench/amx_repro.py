@@ -58,7 +58,9 @@ print("OK")
 def run_case(model: str, extra_bufts: bool) -> dict[str, object]:
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, model, "1" if extra_bufts else "0"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     crashed = proc.returncode < 0
     buffers = [ln.strip() for ln in proc.stderr.splitlines() if "model buffer size" in ln]

@@ -194,15 +194,26 @@ def _builds() -> list[tuple[str, str, dict[str, str]]]:
 
 def _all_builds(args: argparse.Namespace) -> int:
     passthrough = [
-        "--model", args.model, "--cuts", args.cuts, "--tokens", str(args.tokens),
-        "--repeats", str(args.repeats), "--threads", str(args.threads),
+        "--model",
+        args.model,
+        "--cuts",
+        args.cuts,
+        "--tokens",
+        str(args.tokens),
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(args.threads),
     ]
     reports = []
     for label, python, extra in _builds():
         env = {**os.environ, **extra}
         out = subprocess.run(
             [python, __file__, "--one-build", "--json", *passthrough],
-            check=True, capture_output=True, text=True, env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
         ).stdout
         report = json.loads(out)
         report["label"] = label

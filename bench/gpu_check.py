@@ -35,8 +35,13 @@ def _model(arg: str, scratch: Path) -> Path:
 
     scratch.mkdir(parents=True, exist_ok=True)
     return write_tiny_model(
-        scratch / "gpu-check.gguf", n_layer=18, n_embd=1024, n_head=16, n_head_kv=4,
-        n_ff=4096, n_vocab=8192,
+        scratch / "gpu-check.gguf",
+        n_layer=18,
+        n_embd=1024,
+        n_head=16,
+        n_head_kv=4,
+        n_ff=4096,
+        n_vocab=8192,
     )
 
 
@@ -122,11 +127,15 @@ def main() -> int:
         print(f"GPU check: {model.name}, cuts {cuts}, CPU variant {report.cpu_variant}")
         for label in ("cpu", "gpu"):
             r = result[label]
-            print(f"  {label}: {r['tokens_per_s']:.1f} tok/s; device MiB taken "
-                  f"{ {k: round(v) for k, v in r['device_mib_taken'].items()} }")
+            print(
+                f"  {label}: {r['tokens_per_s']:.1f} tok/s; device MiB taken "
+                f"{ {k: round(v) for k, v in r['device_mib_taken'].items()} }"
+            )
             for row in r["stages"]:
-                print(f"    {row['layers']:>10}  {row['backend']:48} "
-                      f"planned {row['planned_device_mib']:.0f} MiB")
+                print(
+                    f"    {row['layers']:>10}  {row['backend']:48} "
+                    f"planned {row['planned_device_mib']:.0f} MiB"
+                )
         print(f"  greedy tokens equal: {same}; every stage on the GPU: {on_gpu}")
     return 0 if same and on_gpu else 1
 

@@ -74,9 +74,7 @@ def _peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def _one(
-    client: SwarmClient, prompt: list[int], tokens: int, t0: float
-) -> dict[str, Any]:
+async def _one(client: SwarmClient, prompt: list[int], tokens: int, t0: float) -> dict[str, Any]:
     events: list[TokenEvent] = []
     stamps: list[float] = []
     try:

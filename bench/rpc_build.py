@@ -48,8 +48,13 @@ RECIPES = (
     # build Sangama runs, and nothing but the module is compiled.
     (
         "libggml-rpc.so",
-        (*COMMON, "-DGGML_BACKEND_DL=ON", "-DGGML_CPU=OFF", "-DGGML_NATIVE=OFF",
-         "-DBUILD_SHARED_LIBS=ON"),
+        (
+            *COMMON,
+            "-DGGML_BACKEND_DL=ON",
+            "-DGGML_CPU=OFF",
+            "-DGGML_NATIVE=OFF",
+            "-DBUILD_SHARED_LIBS=ON",
+        ),
         "ggml-rpc",
         "bin/libggml-rpc.so",
     ),
@@ -82,8 +87,19 @@ def binaries(directory: Path | None = None) -> dict[str, Path] | None:
 
 def _source(tmp: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-         ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(tmp)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+            "-d",
+            str(tmp),
+        ],
         check=True,
     )
     sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))

@@ -142,11 +142,24 @@ def rpc_run(
         delayed_links(targets, delay_ms) as links,
     ):
         cmd = [
-            sys.executable, str(Path(__file__).with_name("rpc_client.py")),
-            "--module", str(module), "--rpc", ",".join(f"{h}:{p}" for h, p in links),
-            "--model", str(model), "--prompt", PROMPT, "--tokens", str(tokens),
-            "--threads", str(threads), "--repack", str(repack),
-            "--watch-pids", ",".join(str(p) for p in pids),
+            sys.executable,
+            str(Path(__file__).with_name("rpc_client.py")),
+            "--module",
+            str(module),
+            "--rpc",
+            ",".join(f"{h}:{p}" for h, p in links),
+            "--model",
+            str(model),
+            "--prompt",
+            PROMPT,
+            "--tokens",
+            str(tokens),
+            "--threads",
+            str(threads),
+            "--repack",
+            str(repack),
+            "--watch-pids",
+            ",".join(str(p) for p in pids),
         ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -234,8 +247,13 @@ def main() -> int:
         # Alternate the two at each delay so drift on a shared machine hits both alike.
         ours, our_tokens = asyncio.run(sangama_tps(model, delay, args.tokens, args.threads))
         result = rpc_run(
-            binaries["libggml-rpc.so"], binaries["ggml-rpc-server"], model, delay,
-            args.tokens, args.threads, args.repack,
+            binaries["libggml-rpc.so"],
+            binaries["ggml-rpc-server"],
+            model,
+            delay,
+            args.tokens,
+            args.threads,
+            args.repack,
         )
         theirs, their_tokens = float(result["tokens_per_s"]), [int(t) for t in result["tokens"]]
         rows.append(Row(delay, ours, theirs))

@@ -63,8 +63,12 @@ class StageServer:
         from core.types import LayerRange, StageSpec
 
         spec = StageSpec(
-            LayerRange(job.start, job.end), job.n_layer, n_ctx=job.n_ctx, n_batch=64,
-            n_seq_max=1, n_threads=job.threads,
+            LayerRange(job.start, job.end),
+            job.n_layer,
+            n_ctx=job.n_ctx,
+            n_batch=64,
+            n_seq_max=1,
+            n_threads=job.threads,
         )
         self.stage = Stage.from_file(Path(job.path), spec)
         self.is_last = spec.is_last
@@ -89,7 +93,8 @@ class StageServer:
             return {}
         tokens = msg.get("tokens")
         req = StepRequest(
-            "b", msg["start"],
+            "b",
+            msg["start"],
             tokens=None if tokens is None else np.asarray(tokens, dtype=np.int32),
             hidden=msg.get("hidden"),
         )

@@ -104,9 +104,7 @@ async def sangama_parts(model: Path, delay_ms: float, tokens: int, threads: int)
             n_ev = len(events)
             cpu = {
                 "client_and_proxies": (time.process_time() - c0) * 1e3 / n_ev,
-                "workers": sorted(
-                    (cpu_ms(p) - w) / n_ev for p, w in zip(workers, w0, strict=True)
-                ),
+                "workers": sorted((cpu_ms(p) - w) / n_ev for p, w in zip(workers, w0, strict=True)),
             }
             decode = events[1:]
             n_stages = len(decode[0].timings)

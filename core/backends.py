@@ -186,9 +186,9 @@ def _devices(ggml: Any) -> list[ComputeDevice]:
         out.append(
             ComputeDevice(
                 name=(ggml.ggml_backend_dev_name(dev) or b"?").decode(errors="replace"),
-                description=(ggml.ggml_backend_dev_description(dev) or b"").decode(
-                    errors="replace"
-                ).strip(),
+                description=(ggml.ggml_backend_dev_description(dev) or b"")
+                .decode(errors="replace")
+                .strip(),
                 kind=_DEVICE_KINDS.get(int(ggml.ggml_backend_dev_type(dev)), "other"),
                 total_bytes=int(total.value),
                 free_bytes=int(free.value),

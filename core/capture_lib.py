@@ -93,8 +93,18 @@ def _compile(out: Path) -> None:
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     try:
         subprocess.run(
-            [cc, "-O2", "-shared", "-fPIC", str(c_file), "-o", str(tmp),
-             f"-L{base.parent}", "-lggml-base", f"-Wl,-rpath,{base.parent}"],
+            [
+                cc,
+                "-O2",
+                "-shared",
+                "-fPIC",
+                str(c_file),
+                "-o",
+                str(tmp),
+                f"-L{base.parent}",
+                "-lggml-base",
+                f"-Wl,-rpath,{base.parent}",
+            ],
             check=True,
             capture_output=True,
             timeout=120,

@@ -164,7 +164,6 @@ def stage_sizes(path: Path, with_head: bool) -> StageSizes:
     )
 
 
-
 @dataclass(frozen=True)
 class EngineConfig:
     n_ctx: int = 2048

@@ -25,9 +25,7 @@ FAR = 1.0
 idle period, and re-arming it on every transmit would cost more."""
 
 
-def keep_armed(
-    now: float, armed_at: float, deadline: float | None, armed_for_hold: bool
-) -> bool:
+def keep_armed(now: float, armed_at: float, deadline: float | None, armed_for_hold: bool) -> bool:
     """Whether the timer armed for `armed_at` can stay for the library's `deadline`.
 
     Never when there is no deadline (nothing may fire) or the deadline is earlier (it

@@ -31,7 +31,14 @@ LLAMA_CPP_PYTHON = "0.3.36"
 # Bump when a change here changes the binary without changing a flag or a variant.
 RECIPE_REVISION = 1
 KEPT_VARIANTS = (
-    "x64", "sse42", "sandybridge", "haswell", "skylakex", "icelake", "zen4", "alderlake",
+    "x64",
+    "sse42",
+    "sandybridge",
+    "haswell",
+    "skylakex",
+    "icelake",
+    "zen4",
+    "alderlake",
 )
 DROPPED_VARIANTS = (
     "ivybridge",
@@ -147,8 +154,19 @@ def build(gpu: tuple[str, ...], jobs: int, native: bool = False) -> Path:
     with tempfile.TemporaryDirectory(prefix="sangama-engine-") as tmp_name:
         tmp = Path(tmp_name)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-             ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(tmp)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+                "-d",
+                str(tmp),
+            ],
             check=True,
         )
         sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
@@ -164,8 +182,17 @@ def build(gpu: tuple[str, ...], jobs: int, native: bool = False) -> Path:
         env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs)
         staging = tmp / "wheels"
         subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
-             str(src), "-w", str(staging)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-cache-dir",
+                "--no-deps",
+                str(src),
+                "-w",
+                str(staging),
+            ],
             check=True,
             env=env,
         )

@@ -137,9 +137,18 @@ def compile_capture_lib(engine_wheel: Path, out_dir: Path) -> Path:
         # The loader finds libggml-base in the same process (capture_lib opens it first);
         # the rpath, relative to /usr/lib/sangama/app/core/prebuilt, is for tools like ldd.
         _run(
-            ["gcc", "-O2", "-shared", "-fPIC", str(ROOT / "core/csrc/capture_cb.c"),
-             "-o", str(out), f"-L{lib_dir}", "-lggml-base",
-             "-Wl,-rpath,$ORIGIN/../../../app_packages/llama_cpp/lib"]
+            [
+                "gcc",
+                "-O2",
+                "-shared",
+                "-fPIC",
+                str(ROOT / "core/csrc/capture_cb.c"),
+                "-o",
+                str(out),
+                f"-L{lib_dir}",
+                "-lggml-base",
+                "-Wl,-rpath,$ORIGIN/../../../app_packages/llama_cpp/lib",
+            ]
         )
     return out
 
@@ -177,8 +186,11 @@ def stage(project: Path, engine_wheel: Path) -> None:
     shutil.copy(HERE / "CHANGELOG", project / "CHANGELOG")
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     pyproject = {
-        "project": {"name": meta["name"], "version": meta["version"],
-                    "description": meta["description"]},
+        "project": {
+            "name": meta["name"],
+            "version": meta["version"],
+            "description": meta["description"],
+        },
         "tool": briefcase_settings(engine_wheel),
     }
     (project / "pyproject.toml").write_text(to_toml(pyproject), encoding="utf-8")
@@ -204,8 +216,9 @@ def add_maintainer_scripts(deb: Path) -> None:
     """
     with tempfile.TemporaryDirectory(prefix="sangama-deb-", dir=deb.parent) as tmp:
         t = Path(tmp)
-        members = subprocess.run(["ar", "t", str(deb)], capture_output=True, text=True,
-                                 check=True).stdout.split()
+        members = subprocess.run(
+            ["ar", "t", str(deb)], capture_output=True, text=True, check=True
+        ).stdout.split()
         data = next(m for m in members if m.startswith("data.tar"))
         _run(["ar", "x", str(deb), "debian-binary", data], cwd=t)
         control = t / "control"
@@ -216,9 +229,22 @@ def add_maintainer_scripts(deb: Path) -> None:
             shutil.copy(script, target)
             target.chmod(0o755)
         names = sorted(p.name for p in control.iterdir())
-        _run(["tar", "--create", "--xz", "--file", str(t / "control.tar.xz"),
-              "--owner=0", "--group=0", "--numeric-owner", "--sort=name", "-C", str(control),
-              *[f"./{n}" for n in names]])
+        _run(
+            [
+                "tar",
+                "--create",
+                "--xz",
+                "--file",
+                str(t / "control.tar.xz"),
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "--sort=name",
+                "-C",
+                str(control),
+                *[f"./{n}" for n in names],
+            ]
+        )
         rebuilt = t / deb.name
         _run(["ar", "rcD", str(rebuilt), "debian-binary", "control.tar.xz", data], cwd=t)
         rebuilt.replace(deb)

@@ -58,8 +58,13 @@ def base_tarball(today: dt.date | None = None) -> Path:
     tmp = tar.with_suffix(".partial.tar")
     mirrors = [str(SOURCES)] if SOURCES.exists() else []
     cmd = [
-        "mmdebstrap", "--variant=minbase", "--quiet",
-        f"--include={','.join(EXTRA_PACKAGES)}", SUITE, str(tmp), *mirrors,
+        "mmdebstrap",
+        "--variant=minbase",
+        "--quiet",
+        f"--include={','.join(EXTRA_PACKAGES)}",
+        SUITE,
+        str(tmp),
+        *mirrors,
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -92,8 +97,9 @@ class DebianRoot:
     def _bind(self, source: Path, target: str, *extra: str) -> None:
         dest = self.path / target.lstrip("/")
         dest.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(["mount", *extra, "--bind", str(source), str(dest)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", *extra, "--bind", str(source), str(dest)], capture_output=True, text=True
+        )
         if r.returncode != 0:
             raise RootError(f"mount {source} on {dest}: {r.stderr.strip()}")
         self.mounts.append(dest)
@@ -101,8 +107,9 @@ class DebianRoot:
     def _mount_all(self) -> None:
         proc = self.path / "proc"
         proc.mkdir(exist_ok=True)
-        r = subprocess.run(["mount", "-t", "proc", "proc", str(proc)], capture_output=True,
-                           text=True)
+        r = subprocess.run(
+            ["mount", "-t", "proc", "proc", str(proc)], capture_output=True, text=True
+        )
         if r.returncode != 0:
             raise RootError(f"mount proc: {r.stderr.strip()}")
         self.mounts.append(proc)
@@ -136,8 +143,9 @@ class DebianRoot:
             self.command(cmd, user, env), capture_output=True, text=True, timeout=timeout
         )
         if check and r.returncode != 0:
-            raise RootError(f"{' '.join(cmd)} -> {r.returncode}\n{r.stdout[-3000:]}\n"
-                            f"{r.stderr[-3000:]}")
+            raise RootError(
+                f"{' '.join(cmd)} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+            )
         return r
 
     def command(
@@ -153,8 +161,15 @@ class DebianRoot:
             **(env or {}),
         }
         spec = [f"--userspec={user}:{user}"] if user else []
-        return ["chroot", *spec, str(self.path), "env", "-i",
-                *(f"{k}={v}" for k, v in base.items()), *cmd]
+        return [
+            "chroot",
+            *spec,
+            str(self.path),
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in base.items()),
+            *cmd,
+        ]
 
     def add_user(self, name: str = USER, uid: int = UID) -> Path:
         self.run(["useradd", "--create-home", "--uid", str(uid), "--shell", "/bin/sh", name])

@@ -53,13 +53,29 @@ TREE_LINE = re.compile(
 
 
 def build_deb() -> Path:
-    wheel = subprocess.run(
-        ["python3.11", str(ROOT / "installers/engine/build_wheel.py"), "--gpu", "vulkan",
-         "--print-wheel"], capture_output=True, text=True, check=True, cwd=ROOT,
-    ).stdout.strip().splitlines()[-1]
+    wheel = (
+        subprocess.run(
+            [
+                "python3.11",
+                str(ROOT / "installers/engine/build_wheel.py"),
+                "--gpu",
+                "vulkan",
+                "--print-wheel",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     r = subprocess.run(
         [sys.executable, str(ROOT / "installers/linux/build.py"), "--engine-wheel", wheel],
-        capture_output=True, text=True, cwd=ROOT, timeout=1500,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1500,
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return Path(r.stdout.strip().splitlines()[-1])
@@ -86,22 +102,27 @@ class Screen:
         self.taken: list[Path] = []
 
     def x(self, *args: str) -> str:
-        r = subprocess.run(["xdotool", *args], env=self.env, capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run(
+            ["xdotool", *args], env=self.env, capture_output=True, text=True, timeout=60
+        )
         return r.stdout.strip() if r.returncode == 0 else ""
 
     def window(self, name: str) -> str:
         """The id of the first mapped window whose title matches `name` (or "")."""
         for wid in self.x("search", "--name", name).split():
-            if "IsViewable" in subprocess.run(
-                ["xwininfo", "-id", wid], env=self.env, capture_output=True, text=True
-            ).stdout:
+            if (
+                "IsViewable"
+                in subprocess.run(
+                    ["xwininfo", "-id", wid], env=self.env, capture_output=True, text=True
+                ).stdout
+            ):
                 return wid
         return ""
 
     def tree(self) -> str:
-        return subprocess.run(["xwininfo", "-root", "-tree"], env=self.env,
-                              capture_output=True, text=True, timeout=30).stdout
+        return subprocess.run(
+            ["xwininfo", "-root", "-tree"], env=self.env, capture_output=True, text=True, timeout=30
+        ).stdout
 
     def tray_icon(self) -> tuple[int, int, int, int] | None:
         """Where the app's icon sits in tint2's tray (absolute x, y, w, h), or None.
@@ -113,8 +134,12 @@ class Screen:
         """
         for m in TREE_LINE.finditer(self.tree()):
             klass, w, h, x, y = m["klass"], *(int(m[k]) for k in ("w", "h", "ax", "ay"))
-            if ("Sangama" in klass or "sangama-app" in klass) and 0 < w <= 64 \
-                    and 0 < h <= 64 and y >= 700:
+            if (
+                ("Sangama" in klass or "sangama-app" in klass)
+                and 0 < w <= 64
+                and 0 < h <= 64
+                and y >= 700
+            ):
                 return x, y, w, h
         return None
 
@@ -141,12 +166,20 @@ class Screen:
 
 @pytest.fixture
 def screen(tmp_path: Path, artifacts_dir: Path) -> Iterator[Screen]:
-    n = next(n for n in range(150, 199) if not Path(f"/tmp/.X11-unix/X{n}").exists()
-             and not Path(f"/tmp/.X{n}-lock").exists())
+    n = next(
+        n
+        for n in range(150, 199)
+        if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists()
+    )
     display = f":{n}"
     log = (tmp_path / "x.log").open("wb")
-    procs = [subprocess.Popen(["Xvfb", display, "-screen", "0", "1280x800x24", "-nolisten",
-                               "tcp"], stdout=log, stderr=log)]
+    procs = [
+        subprocess.Popen(
+            ["Xvfb", display, "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
+            stdout=log,
+            stderr=log,
+        )
+    ]
     try:
         wait_for("Xvfb", lambda: Path(f"/tmp/.X11-unix/X{n}").exists(), 15, 0.1)
         env = {**os.environ, "DISPLAY": display}
@@ -188,8 +221,10 @@ def _install(root: DebianRoot, deb: Path) -> float:
     shutil.copy(deb, root.path / "tmp" / deb.name)
     t0 = time.monotonic()
     root.run(["apt-get", "update", "-qq"])
-    root.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-              f"/tmp/{deb.name}"], timeout=900)
+    root.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", f"/tmp/{deb.name}"],
+        timeout=900,
+    )
     took = time.monotonic() - t0
     (root.path / "tmp" / deb.name).unlink()
     return took
@@ -199,10 +234,17 @@ def _start_app(root: DebianRoot, screen: Screen, tmp_path: Path) -> subprocess.P
     """The installed tray app inside the root, started as its menu entry starts it."""
     app_log = (tmp_path / "app.log").open("wb")
     return subprocess.Popen(
-        root.command(["/usr/bin/sangama-app"], user=USER,
-                     env={"DISPLAY": screen.display, "QT_QPA_PLATFORM": "xcb",
-                          "XDG_RUNTIME_DIR": f"/tmp/runtime-{USER}"}),
-        stdout=app_log, stderr=app_log,
+        root.command(
+            ["/usr/bin/sangama-app"],
+            user=USER,
+            env={
+                "DISPLAY": screen.display,
+                "QT_QPA_PLATFORM": "xcb",
+                "XDG_RUNTIME_DIR": f"/tmp/runtime-{USER}",
+            },
+        ),
+        stdout=app_log,
+        stderr=app_log,
     )
 
 
@@ -242,21 +284,31 @@ def test_deb_installs_starts_and_uninstalls_cleanly(
             home = root.add_user()
             figures["install_seconds"] = round(_install(root, deb), 1)
             files = root.files_of("sangama")
-            for needed in ("/usr/bin/sangama", "/usr/bin/sangama-app",
-                           "/usr/share/applications/org.sangama.sangama.desktop",
-                           "/usr/share/icons/hicolor/64x64/apps/org.sangama.sangama.png"):
+            for needed in (
+                "/usr/bin/sangama",
+                "/usr/bin/sangama-app",
+                "/usr/share/applications/org.sangama.sangama.desktop",
+                "/usr/share/icons/hicolor/64x64/apps/org.sangama.sangama.png",
+            ):
                 assert needed in files, needed
-            outside_policy = [f for f in files if not f.startswith(
-                ("/usr/lib/sangama", "/usr/bin/", "/usr/share/", "/."))
-                and f not in ("/usr", "/usr/lib", "/usr/bin", "/usr/share")]
+            outside_policy = [
+                f
+                for f in files
+                if not f.startswith(("/usr/lib/sangama", "/usr/bin/", "/usr/share/", "/."))
+                and f not in ("/usr", "/usr/lib", "/usr/bin", "/usr/share")
+            ]
             assert outside_policy == [], outside_policy
             prebuilt = [f for f in files if "/core/prebuilt/capture_cb-" in f]
             assert prebuilt, "the capture callback is not shipped prebuilt"
             # no C compiler in the clean root, yet the shipped callback loads
             assert root.run(["sh", "-c", "command -v cc gcc || true"]).stdout.strip() == ""
-            probe = root.run(_installed_python(
-                "from core.capture_lib import load_capture_lib, prebuilt_capture_lib\n"
-                "print(prebuilt_capture_lib(), load_capture_lib() is not None)"), user=USER)
+            probe = root.run(
+                _installed_python(
+                    "from core.capture_lib import load_capture_lib, prebuilt_capture_lib\n"
+                    "print(prebuilt_capture_lib(), load_capture_lib() is not None)"
+                ),
+                user=USER,
+            )
             assert "core/prebuilt/capture_cb-" in probe.stdout and "True" in probe.stdout, probe
             help_text = root.run(["sangama", "--help"], user=USER).stdout
             assert "usage" in help_text.lower()
@@ -277,9 +329,13 @@ def test_deb_installs_starts_and_uninstalls_cleanly(
             app = None
 
             # -- what the app leaves in the home folder, as it would write it -------------
-            root.run(_installed_python(
-                "from app.ui.settings import set_start_on_login\n"
-                "set_start_on_login(True, '/usr/bin/sangama-app')"), user=USER)
+            root.run(
+                _installed_python(
+                    "from app.ui.settings import set_start_on_login\n"
+                    "set_start_on_login(True, '/usr/bin/sangama-app')"
+                ),
+                user=USER,
+            )
             autostart = home / ".config/autostart/sangama-app.desktop"
             assert autostart.exists()
             other_entry = home / ".config/autostart/other.desktop"
@@ -302,7 +358,8 @@ def test_deb_installs_starts_and_uninstalls_cleanly(
             assert other_entry.exists(), "apt remove took another program's autostart entry"
             assert not (root.path / "usr/bin/sangama-app").exists()
             assert not (root.path / LIB.lstrip("/")).exists(), list(
-                (root.path / LIB.lstrip("/")).rglob("*"))[:10]
+                (root.path / LIB.lstrip("/")).rglob("*")
+            )[:10]
             assert piece.exists(), "remove must keep the pieces"
 
             # -- purge without the marker keeps the pieces; with it, they go ---------------
@@ -368,9 +425,15 @@ def test_deb_joins_serves_and_answers_through_its_windows(
         print("FIGURES", json.dumps(figures))
 
 
-def _drive(screen: Screen, root: DebianRoot, coord: CoordinatorProcess,
-           app: subprocess.Popen[bytes], home: Path, tmp_path: Path,
-           figures: dict[str, object]) -> None:
+def _drive(
+    screen: Screen,
+    root: DebianRoot,
+    coord: CoordinatorProcess,
+    app: subprocess.Popen[bytes],
+    home: Path,
+    tmp_path: Path,
+    figures: dict[str, object],
+) -> None:
     def alive() -> None:
         assert app.poll() is None, "the app exited"
 
@@ -380,6 +443,7 @@ def _drive(screen: Screen, root: DebianRoot, coord: CoordinatorProcess,
         return screen.window("Sangama: first start")
 
     first = str(wait_for("the first-start window", wizard, 120))
+
     def tray_pos() -> tuple[int, int, int, int] | None:
         alive()
         return screen.tray_icon()
@@ -424,8 +488,7 @@ def _drive(screen: Screen, root: DebianRoot, coord: CoordinatorProcess,
     screen.shoot("first_start_serving")  # the whole screen: the notification too
     screen.x("windowactivate", "--sync", first)
     screen.x("key", "Return")  # Finish: closing it keeps serving
-    wait_for("the walk-through to close", lambda: not screen.window("Sangama: first start"),
-             20)
+    wait_for("the walk-through to close", lambda: not screen.window("Sangama: first start"), 20)
     screen.x("mousemove", cx, cy)
     time.sleep(2.0)
     screen.shoot("tray_serving", (tx - 420, ty - 80, 540, 110))
@@ -462,16 +525,23 @@ def _x_dump(screen: Screen, root: DebianRoot, out: Path) -> str:
     tree = screen.tree()
     (out / "failure_xwininfo.txt").write_text(tree)
     by_class = screen.x("search", "--class", "sangama-app")
-    probe = root.run(_installed_python(
-        "from PySide6.QtWidgets import QApplication, QSystemTrayIcon\n"
-        "app = QApplication(['probe'])\n"
-        "print('tray available:', QSystemTrayIcon.isSystemTrayAvailable())"),
-        user=USER, env={"DISPLAY": screen.display, "QT_QPA_PLATFORM": "xcb"},
-        check=False, timeout=60)
-    return (f"--- xdotool search --class sangama-app: {by_class!r}\n"
-            f"--- in the root: {probe.stdout.strip()} {probe.stderr.strip()[-500:]}\n"
-            f"--- xwininfo -root -tree (artifacts/installer/failure_xwininfo.txt):\n"
-            f"{tree[-3000:]}")
+    probe = root.run(
+        _installed_python(
+            "from PySide6.QtWidgets import QApplication, QSystemTrayIcon\n"
+            "app = QApplication(['probe'])\n"
+            "print('tray available:', QSystemTrayIcon.isSystemTrayAvailable())"
+        ),
+        user=USER,
+        env={"DISPLAY": screen.display, "QT_QPA_PLATFORM": "xcb"},
+        check=False,
+        timeout=60,
+    )
+    return (
+        f"--- xdotool search --class sangama-app: {by_class!r}\n"
+        f"--- in the root: {probe.stdout.strip()} {probe.stderr.strip()[-500:]}\n"
+        f"--- xwininfo -root -tree (artifacts/installer/failure_xwininfo.txt):\n"
+        f"{tree[-3000:]}"
+    )
 
 
 def _installed_python(code: str) -> list[str]:
@@ -482,7 +552,8 @@ def _installed_python(code: str) -> list[str]:
 
 def _app_tail(home: Path, tmp: Path) -> str:
     logs = sorted((home / ".local/state/sangama").rglob("*.log")) + sorted(
-        (home / ".cache/sangama").rglob("*.log"))
+        (home / ".cache/sangama").rglob("*.log")
+    )
     text = (tmp / "app.log").read_text(errors="replace")[-2000:]
     for log in logs:
         text += f"\n--- {log}\n" + log.read_text(errors="replace")[-2000:]
@@ -492,14 +563,16 @@ def _app_tail(home: Path, tmp: Path) -> str:
 def _root_serves(coord: CoordinatorProcess) -> bool:
     """The root's app reports a loaded stage."""
     nodes = coord.admin.swarm()["nodes"]
-    return any(n["role"] == "worker" and n["n_layers"] > 0 and n["health"] == "healthy"
-               for n in nodes)
+    return any(
+        n["role"] == "worker" and n["n_layers"] > 0 and n["health"] == "healthy" for n in nodes
+    )
 
 
 def _answer(home: Path) -> str:
     """The assistant's text in the newest saved conversation, once it is complete."""
-    chats = sorted((home / ".local/share/sangama/chats").glob("*.json"),
-                   key=lambda p: p.stat().st_mtime)
+    chats = sorted(
+        (home / ".local/share/sangama/chats").glob("*.json"), key=lambda p: p.stat().st_mtime
+    )
     for path in reversed(chats):
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))

@@ -14,8 +14,16 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_VARIANTS = {"x64", "sse42", "sandybridge", "haswell", "skylakex", "icelake", "zen4",
-                    "alderlake"}
+SHIPPED_VARIANTS = {
+    "x64",
+    "sse42",
+    "sandybridge",
+    "haswell",
+    "skylakex",
+    "icelake",
+    "zen4",
+    "alderlake",
+}
 
 # Loads a model in a fresh process (the refusal acts before the first load of a process)
 # and prints what the backend report and llama.cpp's own load lines say.
@@ -41,8 +49,13 @@ engine.close()
 
 def _probe(**env: str) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=ROOT, env={**os.environ, **env},
-        capture_output=True, text=True, timeout=300, check=True,
+        [sys.executable, "-c", PROBE],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -80,8 +93,12 @@ def test_capture_library_is_built_once_by_concurrent_processes(tmp_path: Path) -
         "print(build_capture_lib(Path(sys.argv[1])))"
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT,
-                         stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(3)
     ]
     paths = {p.communicate(timeout=180)[0].strip() for p in procs}
@@ -91,6 +108,11 @@ def test_capture_library_is_built_once_by_concurrent_processes(tmp_path: Path) -
     assert len(built) == 1
     assert not list(tmp_path.glob("*.tmp")), "no temporary file left behind"
     # The name is a digest of the source: stable across processes (unlike hash()).
-    again = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    again = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert again in paths

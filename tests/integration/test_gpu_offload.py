@@ -87,8 +87,12 @@ def _run(mode: str, cap_blocks: int = 0) -> dict[str, object]:
     env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": "0"}
     env.pop("SANGAMA_DEVICE", None)
     out = subprocess.run(
-        [sys.executable, "-c", CHAIN, mode, str(cap_blocks)], cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", CHAIN, mode, str(cap_blocks)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -62,7 +62,8 @@ def test_256_sessions_run_together_and_the_257th_is_told_to_retry(tiny: Path) ->
             assert swarm.route is not None and swarm.client_credentials is not None
             async with SwarmClient(swarm.client_credentials, swarm.route) as client:
                 gens: list[AsyncGenerator[TokenEvent, None]] = [
-                    client.generate(_prompt(k), NEW) for k in range(SESSIONS)  # type: ignore[misc]
+                    client.generate(_prompt(k), NEW)  # type: ignore[misc]
+                    for k in range(SESSIONS)
                 ]
                 # A first token means the session is open on every stage of the chain.
                 firsts = await asyncio.gather(*(g.__anext__() for g in gens))

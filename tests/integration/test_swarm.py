@@ -90,8 +90,10 @@ def test_swarm_equals_whole_model_and_bf16_keeps_the_answer(
     cosine = float(
         (bf16_logits[0] @ same[0]) / (np.linalg.norm(bf16_logits[0]) * np.linalg.norm(same[0]))
     )
-    print(f"bf16 wire: {agree}/{n} tokens equal; max |logit deviation| {deviation:.3f} while"
-          f" equal; first-step cosine {cosine:.5f}")
+    print(
+        f"bf16 wire: {agree}/{n} tokens equal; max |logit deviation| {deviation:.3f} while"
+        f" equal; first-step cosine {cosine:.5f}"
+    )
     assert deviation > 0.0, "the bf16 wire must really round the hidden states"
     assert cosine > 0.99
 

@@ -33,7 +33,9 @@ def test_rows_read_in_place_equal_the_copied_logits_row_for_row(tiny_llama: Path
             assert np.array_equal(v, copied[row][i])
         # the copy outlives the next decode; the view is the next decode's
         engine.decode(
-            np.array([8], dtype=np.int32), np.zeros(1, dtype=np.int32), np.ones(1, np.bool_),
+            np.array([8], dtype=np.int32),
+            np.zeros(1, dtype=np.int32),
+            np.ones(1, np.bool_),
             tokens=np.array([11], dtype=np.int32),
         )
         assert engine.logits_view().shape == (1, engine.n_vocab)

@@ -41,9 +41,7 @@ def _run(engine: LlamaStageEngine, threads: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("capture_hidden", [False, True], ids=["logits", "hidden"])
-def test_one_and_several_threads_give_the_same_bits(
-    tiny_llama: Path, capture_hidden: bool
-) -> None:
+def test_one_and_several_threads_give_the_same_bits(tiny_llama: Path, capture_hidden: bool) -> None:
     config = EngineConfig(n_ctx=64, n_batch=16, n_threads=1, capture_hidden=capture_hidden)
     engine = LlamaStageEngine(tiny_llama, config)
     try:

@@ -88,7 +88,10 @@ def test_not_one_block_fits() -> None:
 
 def test_discrete_gpu_preferred_over_integrated_then_most_free() -> None:
     devices = [
-        CPU, gpu("Vulkan0", 30 * GIB, "igpu"), gpu("Vulkan1", 6 * GIB), gpu("CUDA0", 12 * GIB)
+        CPU,
+        gpu("Vulkan0", 30 * GIB, "igpu"),
+        gpu("Vulkan1", 6 * GIB),
+        gpu("CUDA0", 12 * GIB),
     ]
     plan = plan_offload(devices, SIZES, n_ctx=256, n_batch=256)
     assert plan.device == "CUDA0"
