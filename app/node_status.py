@@ -91,15 +91,17 @@ _STILL_RUNNING = (
 )
 
 
-def shown_while_pausing(reported: NodeStatus) -> NodeStatus:
+def shown_while_pausing(reported: NodeStatus, shown: NodeStatus) -> NodeStatus:
     """What the UI shows of a report from the serve loop after the volunteer asked to
-    pause. The loop sees the stop only at its next turn, and a heartbeat report made
-    before then still says SERVING; shown as it is, it would overwrite the UI's own
-    PAUSING for a moment. Such a report is shown as PAUSING, finishing its sessions;
-    PAUSING, PAUSED, ERROR and the rest pass unchanged."""
+    pause, `shown` being what it shows now. The loop sees the stop only at its next turn,
+    and a heartbeat report made before then still says SERVING; shown as it is, it would
+    overwrite the UI's own PAUSING for a moment. Such a report is shown as PAUSING with
+    the sessions `shown` said were finishing (the report's own count also holds sessions
+    kept only for a resume, which the pause does not wait for); PAUSING, PAUSED, ERROR
+    and the rest pass unchanged."""
     if reported.state not in _STILL_RUNNING:
         return reported
-    return replace(reported, state=ServeState.PAUSING, finishing=reported.sessions)
+    return replace(reported, state=ServeState.PAUSING, finishing=shown.finishing)
 
 
 StatusReport = Callable[[NodeStatus], None]

@@ -205,7 +205,7 @@ class NodeController(QObject):
             if item.state in (ServeState.PAUSED, ServeState.ERROR, ServeState.NOT_JOINED):
                 self._pause_asked = False
             else:
-                item = shown_while_pausing(item)
+                item = shown_while_pausing(item, self._status)
         self._status = item
         self.status_changed.emit(item)
 

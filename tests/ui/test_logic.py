@@ -98,16 +98,19 @@ def test_status_summary_words() -> None:
 
 
 def test_after_pause_is_asked_a_running_report_shows_as_pausing() -> None:
+    shown = NodeStatus(state=ServeState.PAUSING, finishing=1)
     serving = NodeStatus(state=ServeState.SERVING, layers=(0, 6), sessions=2)
-    shown = shown_while_pausing(serving)
-    assert shown.state is ServeState.PAUSING and shown.finishing == 2
-    assert shown.summary == "Sangama: pausing, finishing 2 sessions"
-    assert shown.layers == (0, 6)  # the rest of the report is kept
+    now = shown_while_pausing(serving, shown)
+    # Still pausing, finishing what the UI said (not the report's count, which holds
+    # sessions kept only for a resume); the rest of the report is kept.
+    assert now.state is ServeState.PAUSING and now.finishing == 1
+    assert now.summary == "Sangama: pausing, finishing 1 session"
+    assert now.layers == (0, 6)
     for state in (ServeState.WAITING, ServeState.DOWNLOADING, ServeState.LOADING):
-        assert shown_while_pausing(NodeStatus(state=state)).state is ServeState.PAUSING
+        assert shown_while_pausing(NodeStatus(state=state), shown).state is ServeState.PAUSING
     for state in (ServeState.PAUSING, ServeState.PAUSED, ServeState.ERROR, ServeState.MOVING):
-        status = NodeStatus(state=state, finishing=1)
-        assert shown_while_pausing(status) is status
+        status = NodeStatus(state=state, finishing=3)
+        assert shown_while_pausing(status, shown) is status
 
 
 @pytest.mark.parametrize(
