@@ -97,7 +97,7 @@ async def swarm_tps(
 
 
 @contextlib.contextmanager
-def worker_environment(env: dict[str, str | None]) -> Iterator[None]:
+def _worker_environment(env: dict[str, str | None]) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in env}
     try:
         for k, v in env.items():
@@ -147,7 +147,7 @@ async def paired_rounds(
         for name, kw in swarms.items():
             options = {k: v for k, v in kw.items() if k != "env"}
             swarm = _swarm(model, **options)
-            with worker_environment(kw.get("env", {})):  # the workers inherit it at start
+            with _worker_environment(kw.get("env", {})):  # the workers inherit it at start
                 await swarm.start()
             try:
                 assert swarm.route is not None and swarm.client_credentials is not None

@@ -3,12 +3,14 @@
 workers' OpenMP spin count as a variable (prints a table; --json prints one object).
 
 `swarm_vs_mono` = a swarm's tok/s / the whole model's at 2 threads (one process, OpenMP
-defaults), measured in the same round; rounds alternate whole model and swarms so a
-shared machine's drift hits both. Each worker reads GOMP_SPINCOUNT from its environment
-(app/serving/serve.py sets the shipped default where it is unset); the whole model runs
-in this process, whose OpenMP runtime was set up before any swarm.
+defaults) of the same round, seconds apart (bench/swarm.py's `paired_rounds`: one swarm
+at a time, each round one generation of the whole model, then one of the swarm), so a
+shared machine's drift hits both; medians over the rounds. Each worker reads
+GOMP_SPINCOUNT from its environment (app/serving/serve.py sets the shipped default where
+it is unset); the whole model runs in this process, whose OpenMP runtime was set up
+before any swarm.
 
-    .venv/bin/python bench/swarm_vs_mono.py [--json] [--tokens 32] [--rounds 2]
+    .venv/bin/python bench/swarm_vs_mono.py [--json] [--tokens 32] [--rounds 5]
         [--swarm 2 --swarm 2:10000 --swarm 2:default:park --swarm 1]
         # THREADS[:GOMP_SPINCOUNT|default[:park|nopark]]; park: SANGAMA_OMP_PARK=1
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.serving.thread_calibration import PARK_ENV
-from bench.swarm import PROMPT, swarm_tps, whole_model_tps, worker_environment
+from bench.swarm import PROMPT, paired_rounds
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from net import event_loop
@@ -56,12 +57,13 @@ def name_of(swarm: Swarm) -> str:
     return f"{threads}:{spin}" + (":park" if park else "")
 
 
-def run_swarm(model: Path, prompt: list[int], tokens: int, swarm: Swarm) -> Any:
+def options_of(swarm: Swarm) -> dict[str, Any]:
+    """`paired_rounds` arguments of one swarm: its threads, and the workers' environment
+    (spin: libgomp reads GOMP_SPINCOUNT when ggml loads it; unset: the worker's own
+    default, app/serving/serve.py)."""
     threads, spin, park = swarm
-    # The workers inherit this environment (spin: libgomp reads it when ggml loads it).
     env = {"GOMP_SPINCOUNT": None if spin == "default" else spin, PARK_ENV: "1" if park else None}
-    with worker_environment(env):
-        return event_loop.run(swarm_tps(model, prompt, tokens, threads, DEFAULT_LIBRARY))
+    return {"threads": threads, "library": DEFAULT_LIBRARY, "env": env}
 
 
 def main() -> int:
@@ -70,7 +72,7 @@ def main() -> int:
     )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--swarm", type=parse_swarm, action="append")
     args = ap.parse_args()
     swarms: list[Swarm] = args.swarm or [(2, "default", False), (1, "default", False)]
@@ -80,42 +82,34 @@ def main() -> int:
     prompt = tok.encode(PROMPT)
     tok.close()
     load = [os.getloadavg()[0]]
-    rounds: list[dict[str, Any]] = []
-    for _ in range(args.rounds):
-        whole = whole_model_tps(model, prompt, args.tokens, threads=2)
-        row: dict[str, Any] = {"whole_model_tokens_per_s": whole, "swarms": {}}
-        for swarm in swarms:
-            r = run_swarm(model, prompt, args.tokens, swarm)
-            r["swarm_vs_mono"] = r["tokens_per_s"] / whole
-            row["swarms"][name_of(swarm)] = r
-        row["load_average"] = os.getloadavg()[0]
-        rounds.append(row)
+    configs = {name_of(s): options_of(s) for s in swarms}
+    paired = event_loop.run(paired_rounds(model, prompt, args.tokens, configs, args.rounds))
     load.append(os.getloadavg()[0])
-    names = [name_of(s) for s in swarms]
     out: dict[str, Any] = {
         "model": model.name,
         "decode_tokens": args.tokens,
         "load_average": load,
-        "rounds": rounds,
-        "swarm_vs_mono_median": {
-            n: statistics.median(r["swarms"][n]["swarm_vs_mono"] for r in rounds) for n in names
-        },
+        "rounds": paired["rounds"],
+        "swarm_vs_mono_median": {n: paired["swarm"][n]["swarm_vs_mono_2_threads"] for n in configs},
+        "swarm": paired["swarm"],
     }
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{model.name}, {args.tokens} tokens, swarms as threads:GOMP_SPINCOUNT")
-    for i, r in enumerate(rounds):
-        print(f"round {i + 1}: whole model, 2 threads {r['whole_model_tokens_per_s']:.1f} tok/s")
-        for n in names:
-            s = r["swarms"][n]
-            stages = " / ".join(f"{x:.2f}" for x in s["per_stage_compute_ms"])
+    print(
+        f"{model.name}, {args.tokens} tokens, swarms as threads:GOMP_SPINCOUNT; each round "
+        "one generation of the whole model (2 threads), then one of the swarm"
+    )
+    for n, runs in paired["rounds"].items():
+        print(f"swarm {n}")
+        for r in runs:
+            stages = " / ".join(f"{x:.2f}" for x in r["per_stage_compute_ms"])
             print(
-                f"  swarm {n:12} {s['tokens_per_s']:6.1f} tok/s  vs mono {s['swarm_vs_mono']:.3f}"
-                f"  trip {s['trip_ms']:.1f} ms = compute {stages} + links/handling "
-                f"{s['network_and_handling_ms']:.1f}"
+                f"  whole {r['whole_2_threads']:6.1f} tok/s, swarm {r['tokens_per_s']:6.1f}"
+                f"  vs mono {r['swarm_vs_mono_2_threads']:.3f}  trip {r['trip_ms']:.1f} ms ="
+                f" compute {stages} + links/handling {r['network_and_handling_ms']:.1f}"
+                f"  (load {r['load_average']:.2f})"
             )
-        print(f"  load average {r['load_average']:.2f}")
     med = ", ".join(f"{n} {v:.3f}" for n, v in out["swarm_vs_mono_median"].items())
     print(f"swarm_vs_mono, median of rounds: {med}; load {load[0]:.2f} -> {load[1]:.2f}")
     return 0
