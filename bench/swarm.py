@@ -6,8 +6,9 @@
 (c) a 20-stage chain of the tiny model, each link given 1-56 ms one way by the delay
     proxy (the seeds' 20-PC fleet), against the bound sum(compute) + sum(delays).
 
-Part (a) loads the whole model and every swarm at once and runs one generation of each
-per round, in turn, so each ratio is taken seconds apart; the medians are reported.
+Part (a) keeps the whole model loaded beside one swarm at a time and alternates, one
+generation of each per round, so each ratio is taken seconds apart; the medians over the
+rounds are reported.
 
     .venv/bin/python bench/swarm.py [--json] [--tokens 48] [--rounds 7] [--quick]
 """
@@ -44,16 +45,6 @@ from net.tensors import WireDtype
 PROMPT = "Write a short story about a lighthouse keeper who befriends a whale."
 
 
-def whole_model_tps(model: Path, prompt: list[int], tokens: int, threads: int) -> float:
-    pipe = build_pipeline([model], [LayerRange(0, 18)], 18, 1024, 64, threads, True)
-    try:
-        pipe.generate(prompt, 8)  # warm-up
-        runs = [pipe.generate(prompt, tokens).decode_tokens_per_s for _ in range(2)]
-    finally:
-        pipe.shutdown()
-    return max(runs)
-
-
 async def one_generation(client: SwarmClient, prompt: list[int], tokens: int) -> dict[str, Any]:
     """One swarm generation's decode figures (the first event, the prompt, left out)."""
     decode = [ev async for ev in client.generate(prompt, tokens)][1:]
@@ -74,44 +65,23 @@ async def one_generation(client: SwarmClient, prompt: list[int], tokens: int) ->
     }
 
 
-def _swarm(model: Path, threads: int, library: str, **options: Any) -> LocalSwarm:
-    return LocalSwarm(
-        model=str(model), cuts=[0, 6, 12, 18], threads=threads, quic_library=library, **options
-    )
-
-
-async def swarm_tps(
-    model: Path, prompt: list[int], tokens: int, threads: int, library: str, **options: Any
-) -> dict[str, Any]:
-    """The best of 3 generations of one swarm (the first warms caches and windows)."""
-    swarm = _swarm(model, threads, library, **options)
-    await swarm.start()
-    try:
-        assert swarm.route is not None and swarm.client_credentials is not None
-        async with SwarmClient(swarm.client_credentials, swarm.route, swarm.tuning) as client:
-            runs = [await one_generation(client, prompt, tokens) for _ in range(3)]
-        return max(runs, key=lambda r: float(r["tokens_per_s"]))
-    finally:
-        await swarm.stop()
-        swarm.cleanup()
+def _set_environment(values: dict[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @contextlib.contextmanager
 def _worker_environment(env: dict[str, str | None]) -> Iterator[None]:
+    """`env` set (None: unset) while the block runs, as it was afterwards."""
     saved = {k: os.environ.get(k) for k in env}
     try:
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environment(env)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environment(saved)
 
 
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -136,8 +106,8 @@ async def paired_rounds(
     generation of the whole model (1 and 2 threads), then one of the swarm. This VM's
     speed moves 2x between minutes (bench/README.md, "Eighth pass"), so a swarm is
     divided by the whole model of its own round, seconds apart, and the medians of those
-    ratios are reported. `swarms`: name -> `_swarm` arguments (threads, library,
-    LocalSwarm options) and optionally `env`, variables its workers start with (None:
+    ratios are reported. `swarms`: name -> threads, library, other LocalSwarm
+    options and optionally `env`, variables its workers start with (None:
     unset); one swarm runs at a time, so idle workers disturb nothing."""
     whole = {t: build_pipeline([model], [LayerRange(0, 18)], 18, 1024, 64, t, True) for t in (1, 2)}
     table: dict[str, list[dict[str, Any]]] = {}
@@ -145,8 +115,14 @@ async def paired_rounds(
         for pipe in whole.values():
             pipe.generate(prompt, 8)  # warm-up
         for name, kw in swarms.items():
-            options = {k: v for k, v in kw.items() if k != "env"}
-            swarm = _swarm(model, **options)
+            options = {k: v for k, v in kw.items() if k not in ("threads", "library", "env")}
+            swarm = LocalSwarm(
+                model=str(model),
+                cuts=[0, 6, 12, 18],
+                threads=kw["threads"],
+                quic_library=kw["library"],
+                **options,
+            )
             with _worker_environment(kw.get("env", {})):  # the workers inherit it at start
                 await swarm.start()
             try:

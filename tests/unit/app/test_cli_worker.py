@@ -12,6 +12,21 @@ from app.cli.main import main
 pytestmark = pytest.mark.unit
 
 
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The options `sangama worker` hands the coordinated worker, which is not started."""
+    import app.serving.guest as guest
+
+    options: list[Any] = []
+
+    def run_guest(given: Any, _settings: Any) -> int:
+        options.append(given)
+        return 0
+
+    monkeypatch.setattr(guest, "run_guest", run_guest)
+    return options
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
@@ -36,17 +51,8 @@ def test_worker_refuses_bad_options(
 
 @pytest.mark.parametrize("flag", [True, False])
 def test_reproducible_reaches_the_coordinated_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: bool
+    tmp_path: Path, seen: list[Any], flag: bool
 ) -> None:
-    import app.serving.guest as guest
-
-    seen: list[Any] = []
-
-    def run_guest(options: Any, _settings: Any) -> int:
-        seen.append(options)
-        return 0
-
-    monkeypatch.setattr(guest, "run_guest", run_guest)
     extra = ["--reproducible"] if flag else []
     assert main(["worker", "--identity", str(tmp_path), *extra]) == 0
     assert [o.reproducible for o in seen] == [flag]
@@ -56,18 +62,9 @@ def test_reproducible_reaches_the_coordinated_worker(
     ("given", "threads"), [([], 1), (["--threads", "auto"], 0), (["--threads", "3"], 3)]
 )
 def test_threads_reach_the_coordinated_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str], threads: int
+    tmp_path: Path, seen: list[Any], given: list[str], threads: int
 ) -> None:
     """0 is `auto`: the worker times its step at 1..n threads (app/serving/thread_calibration)."""
-    import app.serving.guest as guest
-
-    seen: list[Any] = []
-
-    def run_guest(options: Any, _settings: Any) -> int:
-        seen.append(options)
-        return 0
-
-    monkeypatch.setattr(guest, "run_guest", run_guest)
     assert main(["worker", "--identity", str(tmp_path), *given]) == 0
     assert [o.threads for o in seen] == [threads]
 
@@ -84,20 +81,12 @@ def test_a_bad_thread_count_is_refused_by_the_parser(
 
 @pytest.mark.parametrize(("given", "budget"), [([], 0), (["--row-budget", "32"], 32)])
 def test_a_row_budget_reaches_the_stage_and_skips_its_timing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str], budget: int
+    tmp_path: Path, seen: list[Any], given: list[str], budget: int
 ) -> None:
-    import app.serving.guest as guest
     from app.config import WorkerConfig
     from app.serving.coordinated import stage_config
     from coordinator.contract import Assignment
 
-    seen: list[Any] = []
-
-    def run_guest(options: Any, _settings: Any) -> int:
-        seen.append(options)
-        return 0
-
-    monkeypatch.setattr(guest, "run_guest", run_guest)
     assert main(["worker", "--identity", str(tmp_path), *given]) == 0
     (options,) = seen
     assert options.row_budget == budget
