@@ -9,6 +9,10 @@ QUIC links are the real authenticated channels (net.channel); TCP links carry th
 same frames on plain asyncio streams, without TLS or authentication. `mtu` is the QUIC
 links' path-MTU probing ceiling (net.path_mtu): 1200 turns probing off, every datagram
 1200 bytes, as before path MTU discovery; `measure` runs both side by side.
+
+Back to back (the default) every forwarder stays warm. `--gap-ms` pauses before each
+frame, as a swarm's processes idle between tokens: each hop then also pays a wake-up
+from sleep and caches gone cold, on TCP as on QUIC (bench/README.md, "Tenth pass").
 """
 
 from __future__ import annotations
@@ -173,9 +177,12 @@ async def measure(
     n: int,
     mtu: int,
     ack_hold: float = ACK_HOLD,
+    gap_s: float = 0.0,
 ) -> dict[str, float]:
     """Round trips of `n` one-row STEP frames through `hops` forwarders; `ack_hold` is the
-    QUIC links' (net.ack_policy; 0: every ACK at once, as before the fourth pass)."""
+    QUIC links' (net.ack_policy; 0: every ACK at once, as before the fourth pass); `gap_s`:
+    a pause before each frame (a decode's cadence: every process idle between frames, as
+    a swarm's are between tokens, so each hop pays a wake-up from sleep)."""
     tmp = tempfile.TemporaryDirectory(prefix="sangama-ring-")
     wd = Path(tmp.name)
     init_ca(wd / "ca")
@@ -241,6 +248,8 @@ async def measure(
         for i in range(n + 20):
             if i == 20:  # warm-up done: handshakes, congestion windows, caches
                 cpu0 = sum(_cpu_s(f) for f in forwarders)
+            if gap_s:
+                await asyncio.sleep(gap_s)
             t0 = time.perf_counter()
             send(frame)
             t1 = await asyncio.wait_for(arrived.get(), 10)
@@ -442,6 +451,13 @@ def main() -> None:
     m.add_argument("--width", type=int, default=640)
     m.add_argument("--json", action="store_true")
     m.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="a pause before each frame (e.g. 25: a decode's cadence, every hop woken from "
+        "sleep as in a swarm between tokens); 0: back to back",
+    )
+    m.add_argument(
         "--pairs",
         type=int,
         default=0,
@@ -468,10 +484,24 @@ def main() -> None:
         return
     # quic@1200: the default library with probing off (every datagram 1200 bytes).
     runs = [(t, PROBE_CEILING, t) for t in TRANSPORTS] + [("quic", 1200, "quic@1200")]
-    results: dict[str, Any] = {"load_average": load, "loop": event_loop.loop_name()}
+    results: dict[str, Any] = {
+        "load_average": load,
+        "loop": event_loop.loop_name(),
+        "gap_ms": args.gap_ms,
+    }
     for transport, mtu, label in runs:
         for dtype in (WireDtype.F32, WireDtype.BF16):
-            r = event_loop.run(measure(transport, args.hops, dtype, args.width, args.n, mtu))
+            r = event_loop.run(
+                measure(
+                    transport,
+                    args.hops,
+                    dtype,
+                    args.width,
+                    args.n,
+                    mtu,
+                    gap_s=args.gap_ms / 1e3,
+                )
+            )
             results[f"{label}_{dtype.name.lower()}"] = r
             if not args.json:
                 print(f"{label:9} {dtype.name:5} {r}")

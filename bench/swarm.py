@@ -2,7 +2,10 @@
 
 (a) whole model vs a 3-process swarm on loopback, decode tokens/s, Gemma 3 270M;
 (b) per-hop software cost, QUIC vs plain TCP carrying the same STEP frames, f32 and bf16
-    (bench/hop_ring.py: forwarder processes, zero compute);
+    (bench/hop_ring.py: forwarder processes, zero compute), back to back and paced as
+    the swarm's decode (each hop woken from sleep), and what (a)'s swarm would reach if
+    every hop cost what plain TCP's does at that pace (`swarm_vs_mono_tcp_bound`) or
+    nothing (`swarm_vs_mono_free_links`: its stages' compute alone);
 (c) a 20-stage chain of the tiny model, each link given 1-56 ms one way by the delay
     proxy (the seeds' 20-PC fleet), against the bound sum(compute) + sum(delays).
 
@@ -63,6 +66,16 @@ async def one_generation(client: SwarmClient, prompt: list[int], tokens: int) ->
         "network_and_handling_ms": trip - compute - queue,
         "per_hop_ms": (trip - compute - queue) / (len(decode[0].timings) + 1),
     }
+
+
+def bound_at_hop_cost(whole_ms: float, swarm: dict[str, Any], hop_ms: float) -> float:
+    """The `swarm_vs_mono` a swarm would reach with its measured compute and waiting but
+    every hop costing `hop_ms` (plain TCP's at the same cadence: what any transport
+    between processes costs on this machine), against a whole model at `whole_ms` a
+    token."""
+    hops = len(swarm["per_stage_compute_ms"]) + 1
+    stages_ms = float(swarm["compute_ms"]) + float(swarm["queue_ms"])
+    return whole_ms / (stages_ms + hops * hop_ms)
 
 
 def _set_environment(values: dict[str, str | None]) -> None:
@@ -287,6 +300,30 @@ def main() -> int:
     out[f"hop_ms_{other}"] = hops[f"{other}_f32"]["hop_ms"]
     out["hop_cpu_ms_quic"] = hops["quic_f32"]["cpu_ms_per_hop"]
     out["hop_cpu_ms_tcp"] = hops["tcp_f32"]["cpu_ms_per_hop"]
+    # The same ring paced as the default swarm's decode (one frame a trip): every hop is
+    # then woken from sleep, as a swarm's are between tokens.
+    chosen = swarm_runs[default]
+    gap_ms = chosen["trip_ms"]
+    cadence = {
+        transport: event_loop.run(
+            measure_hops(
+                transport,
+                3,
+                WireDtype.F32,
+                640,
+                args.hop_frames // 2,
+                PROBE_CEILING,
+                gap_s=gap_ms / 1e3,
+            )
+        )
+        for transport in ("quic", "tcp")
+    }
+    out["cadence"] = {"gap_ms": gap_ms, **cadence}
+    out["hop_ms_quic_cadence"] = cadence["quic"]["hop_ms"]
+    out["hop_ms_tcp_cadence"] = cadence["tcp"]["hop_ms"]
+    whole_ms = 1e3 / statistics.median(r["whole_2_threads"] for r in paired["rounds"][default])
+    out["swarm_vs_mono_tcp_bound"] = bound_at_hop_cost(whole_ms, chosen, cadence["tcp"]["hop_ms"])
+    out["swarm_vs_mono_free_links"] = bound_at_hop_cost(whole_ms, chosen, 0.0)
 
     w = event_loop.run(wan20(args.tokens))
     out["load_average_end"] = os.getloadavg()[0]
@@ -328,6 +365,15 @@ def main() -> int:
             f"  {k:12} {r['hop_ms']:.3f} ms per hop, {r['cpu_ms_per_hop']:.3f} ms CPU "
             f"({r['frame_bytes']} B frames)"
         )
+    c = out["cadence"]
+    print(
+        f"  paced as the swarm's decode (a frame every {c['gap_ms']:.1f} ms, each hop woken "
+        f"from sleep): quic {c['quic']['hop_ms']:.3f} ms per hop "
+        f"({c['quic']['cpu_ms_per_hop']:.3f} CPU), tcp {c['tcp']['hop_ms']:.3f} "
+        f"({c['tcp']['cpu_ms_per_hop']:.3f} CPU); (a)'s swarm with every hop at tcp's cost: "
+        f"swarm_vs_mono {out['swarm_vs_mono_tcp_bound']:.2f}, with free links "
+        f"{out['swarm_vs_mono_free_links']:.2f}"
+    )
     print("(c) 20 stages, tiny model, 1-56 ms per link")
     print(
         f"  trip {w['trip_ms']:.1f} ms; bound {w['bound_ms']:.1f} ms "
