@@ -21,7 +21,9 @@ Opt-in (SANGAMA_OMP_PARK=1, app/serving/thread_calibration.idle_parker): it does
 the spin (a stage's idle thread 3.8-4.3 ms of CPU after a step without, 0.02 with), but
 a swarm of three 2-thread stages on a busy 2-core machine made 9.9-10.9 tok/s with it
 and 25.7-27.4 without: a parked thread has given up its core and waits for one when the
-next graph wakes it, the very wait the spin exists to avoid (bench/README.md).
+next graph wakes it, the very wait the spin exists to avoid (bench/README.md). Those
+figures were taken at a 100000-turn spin; workers now spin 1000 turns (~37 us,
+app/serving/serve.py), so an idle thread sleeps almost at once anyway.
 """
 
 from __future__ import annotations
