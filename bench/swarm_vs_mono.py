@@ -76,6 +76,9 @@ def main() -> int:
     ap.add_argument("--swarm", type=parse_swarm, action="append")
     args = ap.parse_args()
     swarms: list[Swarm] = args.swarm or [(2, "default", False), (1, "default", False)]
+    if len({name_of(s) for s in swarms}) < len(swarms):
+        # Each swarm's rounds are keyed by its name: a repeat would merge into the first.
+        ap.error("each --swarm may be given once")
 
     model = resolve_model("gemma-3-270m")
     tok = Tokenizer.from_gguf(model)
