@@ -70,9 +70,9 @@ async def one_generation(client: SwarmClient, prompt: list[int], tokens: int) ->
 
 def bound_at_hop_cost(whole_ms: float, swarm: dict[str, Any], hop_ms: float) -> float:
     """The `swarm_vs_mono` a swarm would reach with its measured compute and waiting but
-    every hop costing `hop_ms` (plain TCP's at the same cadence: what any transport
-    between processes costs on this machine), against a whole model at `whole_ms` a
-    token."""
+    every hop costing `hop_ms` (plain TCP's at the same pace: what any transport between
+    processes costs on this machine; 0: free links), against a whole model at
+    `whole_ms` a token."""
     hops = len(swarm["per_stage_compute_ms"]) + 1
     stages_ms = float(swarm["compute_ms"]) + float(swarm["queue_ms"])
     return whole_ms / (stages_ms + hops * hop_ms)

@@ -30,15 +30,11 @@ log = logging.getLogger(__name__)
 
 # How long an OpenMP thread spins before it sleeps: at each of the hundreds of barriers of
 # one token's graph, and after the graph, in libgomp's idle dock. Short (1000 turns, ~37
-# us here), because every measured case of a shared machine was fastest so (bench/README,
-# "Tenth pass"): a thread whose partner is preempted soon gives its core back instead of
+# us here): a thread whose partner is preempted soon gives its core back instead of
 # spinning on it, and an idle stage stops spinning before the next stage of the same
-# machine computes. 2-thread stages, ms a token, 1000 against the former 100000: a
-# 3-stage swarm on a quiet 2-core machine 27.4-27.8 against 28.9-32.8, beside a test
-# suite 54-63 against 254-259; three stage processes beside four busy loops 92 against
-# 1758; one whole-model process there 88-102 against 103. 10000 is the worst of both (it
-# spins long enough to take the core and still sleeps: 330-354 beside the busy loops),
-# which is what made the third pass choose the long spin.
+# machine computes. Every shared-machine case measured side by side was fastest so; the
+# former 100000 made a 2-thread stage 4-5x slower beside a test suite, and 10000 is the
+# worst of both (it holds the core and still sleeps): bench/README.md, "Tenth pass".
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
