@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +123,11 @@ async def paired_rounds(
     ratios are reported. `swarms`: name -> threads, library, other LocalSwarm
     options and optionally `env`, variables its workers start with (None:
     unset); one swarm runs at a time, so idle workers disturb nothing."""
-    whole = {t: build_pipeline([model], [LayerRange(0, 18)], 18, 1024, 64, t, True) for t in (1, 2)}
+    whole = {t: await WholeModel.load(model, t) for t in (1, 2)}
     table: dict[str, list[dict[str, Any]]] = {}
     try:
         for pipe in whole.values():
-            pipe.generate(prompt, 8)  # warm-up
+            await pipe.generate(prompt, 8)  # warm-up
         for name, kw in swarms.items():
             options = {k: v for k, v in kw.items() if k not in ("threads", "library", "env")}
             swarm = LocalSwarm(
@@ -153,7 +154,7 @@ async def paired_rounds(
                 swarm.cleanup()
     finally:
         for pipe in whole.values():
-            pipe.shutdown()
+            await pipe.shutdown()
     every = [r for runs in table.values() for r in runs]
     return {
         "rounds": table,
@@ -163,13 +164,44 @@ async def paired_rounds(
     }
 
 
+class WholeModel:
+    """The whole model in this process, loaded, warmed and run on one thread of its own,
+    so the swarm client's links keep being served while it generates.
+
+    One thread, because libgomp keeps a pool of OpenMP threads per thread that starts a
+    parallel region, and once the threads it manages outnumber the CPUs every barrier
+    spins only 100 turns before it sleeps. Warmed up on the main thread and run on
+    another, the whole model had two pools: on a 2-core VM that cut it from 53 to 31
+    tok/s at 2 threads, and flattered every `swarm_vs_mono` measured so (bench/README.md,
+    "Eleventh pass")."""
+
+    def __init__(self, pipe: Any, thread: ThreadPoolExecutor) -> None:
+        self._pipe = pipe
+        self._thread = thread
+
+    @classmethod
+    async def load(cls, model: Path, threads: int) -> WholeModel:
+        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"whole-{threads}")
+        pipe = await asyncio.get_running_loop().run_in_executor(
+            thread, build_pipeline, [model], [LayerRange(0, 18)], 18, 1024, 64, threads, True
+        )
+        return cls(pipe, thread)
+
+    async def generate(self, prompt: list[int], tokens: int) -> Any:
+        run = self._pipe.generate
+        return await asyncio.get_running_loop().run_in_executor(self._thread, run, prompt, tokens)
+
+    async def shutdown(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._pipe.shutdown)
+        self._thread.shutdown()
+
+
 async def _one_round(
-    whole: dict[int, Any], client: SwarmClient, prompt: list[int], tokens: int, threads: int
+    whole: dict[int, WholeModel], client: SwarmClient, prompt: list[int], tokens: int, threads: int
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"load_average": os.getloadavg()[0]}
     for t, pipe in whole.items():
-        # In a thread, so the swarm client's links keep being served meanwhile.
-        gen = await asyncio.to_thread(pipe.generate, prompt, tokens)
+        gen = await pipe.generate(prompt, tokens)
         row[f"whole_{t}_threads"] = gen.decode_tokens_per_s
     row.update(await one_generation(client, prompt, tokens))
     row["swarm_vs_mono"] = row["tokens_per_s"] / row[f"whole_{threads}_threads"]

@@ -98,5 +98,5 @@ class EngineCalls:
         if alone:  # a queued call goes first: its graph keeps the threads busy anyway
             hook()
 
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=True)
+    def shutdown(self, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from app.config import WorkerConfig, format_address
 from app.credentials import load_credentials
+from app.serving.engine_calls import EngineCalls
 from core.admission import AdmissionPolicy, kv_bytes_per_token
 from core.gguf_slices import assemble_stage, stage_file_name
 from core.manifest import MANIFEST_FILE, Manifest
@@ -36,6 +37,13 @@ log = logging.getLogger(__name__)
 # former 100000 made a 2-thread stage 4-5x slower beside a test suite, and 10000 is the
 # worst of both (it holds the core and still sleeps): bench/README.md, "Tenth pass".
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# libgomp spins less than that once the threads it manages outnumber the CPUs: 100 turns
+# unless the wait policy is active, then 1000 (its "throttled" count, never above the one
+# above). A second pool of OpenMP threads is enough to get there (one per thread that
+# starts a parallel region: a step run inline on the loop thread), and on a 2-core VM the
+# whole model slowed from 53 to 31 tok/s with it (bench/README.md, "Eleventh pass").
+# Active here changes only that count: GOMP_SPINCOUNT sets the other one.
+os.environ.setdefault("OMP_WAIT_POLICY", "active")
 
 
 def prepare_stage_file(config: WorkerConfig) -> tuple[Path, int]:
@@ -65,6 +73,11 @@ class LoadedStage:
     admission: AdmissionPolicy | None = None
     """What a session costs here, read while standing by: the first stage's file carries
     the tokenizer, and parsing it took 13.9 s of a 14.5 s warm takeover (SmolLM2, load 7)."""
+    calls: EngineCalls | None = None
+    """The stage's engine thread, which built it and ran its calibrations; the worker
+    serving it keeps stepping there. One thread, so one pool of OpenMP threads: libgomp
+    keeps a pool per thread that starts a parallel region, and more pooled threads than
+    CPUs cut its spin at every barrier (see GOMP_SPINCOUNT above)."""
 
     def fits(self, config: WorkerConfig) -> bool:
         """Whether `config` would build this very stage (its next hop may differ)."""
@@ -95,13 +108,16 @@ async def load_stage(config: WorkerConfig) -> LoadedStage:
         device_cap_bytes=config.device_cap_bytes,
         reproducible=config.reproducible,
     )
-    stage = await asyncio.get_running_loop().run_in_executor(None, Stage.from_file, path, spec)
-    if config.threads == 0:  # "auto": measured before the row budget, which then uses it
-        threads, samples = await asyncio.get_running_loop().run_in_executor(
-            None, calibrated_threads, stage
-        )
-        log.info("threads %d from one-row step times %s", threads, samples)
-    return LoadedStage(config, path, spec, stage)
+    calls = EngineCalls()
+    try:
+        stage = await calls.run(Stage.from_file, path, spec)
+        if config.threads == 0:  # "auto": measured before the row budget, which then uses it
+            threads, samples = await calls.run(calibrated_threads, stage)
+            log.info("threads %d from one-row step times %s", threads, samples)
+    except BaseException:
+        calls.shutdown(wait=False)
+        raise
+    return LoadedStage(config, path, spec, stage, calls=calls)
 
 
 async def start_worker(
@@ -121,7 +137,7 @@ async def start_worker(
     admission = loaded.admission or await asyncio.get_running_loop().run_in_executor(
         None, admission_policy, loaded.path, loaded.spec
     )  # in a thread: GGUF parsing in Python, seconds for a file holding the tokenizer
-    worker = StageWorker(config, loaded.stage, creds, dialer, admission)
+    worker = StageWorker(config, loaded.stage, creds, dialer, admission, loaded.calls)
     if measured is not None:
         worker.row_budget, worker.step_samples = measured[0], list(measured[1])
     log.info("worker built (row budget %s)", "measured" if measured else "to measure")

@@ -89,7 +89,10 @@ class StageWorker:
         creds: NodeCredentials,
         dialer: Dialer | None = None,
         admission: AdmissionPolicy | None = None,
+        engine_calls: EngineCalls | None = None,
     ) -> None:
+        """`engine_calls`: the thread that built `stage` (app.serving.serve.LoadedStage),
+        to keep its steps on it; None: a thread of its own."""
         self.config = config
         self.stage = stage
         self.creds = creds
@@ -125,7 +128,7 @@ class StageWorker:
             if config.next_hop is not None
             else None
         )
-        self._engine_calls = EngineCalls()
+        self._engine_calls = engine_calls or EngineCalls()
         self._inline = InlinePolicy(config.inline_step_ms)
         self._last_short_step_ms: float | None = None
         spec = stage.spec
