@@ -107,6 +107,7 @@ class QuicLink:
         """When `_timer` fires (wall clock, as the QUIC library's deadlines)."""
         self._keepalive: asyncio.TimerHandle | None = None
         self._transmit_scheduled = False
+        self._transmit_handle: asyncio.Handle | None = None
         self._deferred: asyncio.TimerHandle | None = None
         self._received = False
         """Datagrams arrived that `flush_received` has not acted on yet."""
@@ -259,14 +260,24 @@ class QuicLink:
         self._stream_queued = True
         self._schedule_transmit()
 
+    def flush(self) -> None:
+        """Transmit what was sent during this loop turn now, not at its end: a stage's
+        output then leaves ahead of the ACKs its other links queued earlier in the turn
+        (each ACK is a send and a wake-up of its peer, on the critical path when it goes
+        first). A transmit held by the upload throttle stays held."""
+        if self._transmit_handle is not None and self._deferred is None:
+            self._transmit_handle.cancel()
+            self._transmit()
+
     def _schedule_transmit(self) -> None:
         if not self._transmit_scheduled:
             # Coalesce: everything sent during this loop turn leaves in one transmit.
             self._transmit_scheduled = True
-            self._loop.call_soon(self._transmit)
+            self._transmit_handle = self._loop.call_soon(self._transmit)
 
     def _transmit(self, force: bool = False) -> None:
         self._transmit_scheduled = False
+        self._transmit_handle = None
         throttle = self._tuning.send_throttle
         if throttle is not None and not force:
             if self._deferred is not None:

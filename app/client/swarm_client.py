@@ -220,6 +220,8 @@ class SwarmClient:
         self._sent.record(frame)
         if self._first is not None and not self._first.closed.done():
             self._first.send(frame)
+            if isinstance(frame, wire.Step):
+                self._first.flush()  # now, ahead of the ACK to the last stage queued before
 
     async def close(self) -> None:
         self._closing = True

@@ -107,6 +107,11 @@ class Downstream:
         if self.waiting:
             self._on_waiting()
 
+    def flush(self) -> None:
+        """What was sent to the next stage leaves now (net.channel.Channel.flush)."""
+        if self.connected and self._channel is not None:
+            self._channel.flush()
+
     def end_session(self, session: str, reason: str) -> None:
         """Tell the next stage a session ended here (now, or once the link is back)."""
         dialling = self._connecting is not None and not self._connecting.done()

@@ -129,6 +129,7 @@ class StageWorker:
             else None
         )
         self._engine_calls = engine_calls or EngineCalls()
+        self._replied_on: set[Channel] = set()
         self._inline = InlinePolicy(config.inline_step_ms)
         self._last_short_step_ms: float | None = None
         spec = stage.spec
@@ -480,6 +481,17 @@ class StageWorker:
                 self.stats.rows += sum(p.request.n_rows for p in batch)
                 for i, (p, result) in enumerate(zip(batch, results, strict=True)):
                     self._emit(p, result, compute_ms, (started - p.arrived) * 1e3, verdicts.get(i))
+                self._flush_outputs()
+
+    def _flush_outputs(self) -> None:
+        """A step's frames and replies leave now, ahead of the ACKs that this turn's
+        links queued before them (those follow at the end of the turn)."""
+        if self._downstream is not None:
+            self._downstream.flush()
+        for channel in self._replied_on:
+            if not channel.closed.done():
+                channel.flush()
+        self._replied_on.clear()
 
     def _checks(self, batch: list[PendingStep]) -> dict[int, tuple[int, RowByRow]]:
         """Row-by-row verifiers for the batch's steps that carry guesses (verify_rows)."""
@@ -629,9 +641,10 @@ class StageWorker:
         with contextlib.suppress(CoreError):  # never opened here (open failed): nothing to free
             self.stage.close(name)
 
-    @staticmethod
-    def _send(channel: Channel, frame: wire.Frame) -> None:
+    def _send(self, channel: Channel, frame: wire.Frame) -> None:
         if not channel.closed.done():
+            if isinstance(frame, wire.Tokens):
+                self._replied_on.add(channel)  # flushed after the step (_flush_outputs)
             try:
                 channel.send(frame)
             except Exception as exc:  # a dying link must not take the worker down
