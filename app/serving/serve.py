@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,7 +73,7 @@ class LoadedStage:
     admission: AdmissionPolicy | None = None
     """What a session costs here, read while standing by: the first stage's file carries
     the tokenizer, and parsing it took 13.9 s of a 14.5 s warm takeover (SmolLM2, load 7)."""
-    calls: EngineCalls | None = None
+    calls: EngineCalls = field(default_factory=EngineCalls)
     """The stage's engine thread, which built it and ran its calibrations; the worker
     serving it keeps stepping there. One thread, so one pool of OpenMP threads: libgomp
     keeps a pool per thread that starts a parallel region, and more pooled threads than

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from app.compute import stage_compute
 from app.config import WorkerConfig
@@ -25,7 +24,6 @@ from app.serving.vram_check import check_within_cap
 from core.hardware import memory_in_use
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 async def preload(config: WorkerConfig) -> LoadedStage | None:
@@ -55,7 +53,7 @@ async def preload(config: WorkerConfig) -> LoadedStage | None:
         # does not wait for it.
         from app.serving.calibration import calibrated_row_budget
 
-        budget = await _engine_run(loaded, calibrated_row_budget, loaded.stage)
+        budget = await loaded.calls.run(calibrated_row_budget, loaded.stage)  # where it steps
         loaded = replace(loaded, calibration=budget)
     # Read now, not at promotion (see LoadedStage.admission).
     admission = await loop.run_in_executor(None, admission_policy, loaded.path, loaded.spec)
@@ -69,19 +67,9 @@ def _free_when_built(building: asyncio.Future[LoadedStage]) -> None:
         free(building.result())
 
 
-async def _engine_run(loaded: LoadedStage, fn: Callable[..., T], *args: object) -> T:
-    """On the stage's engine thread (LoadedStage.calls), where its worker will step."""
-    if loaded.calls is None:
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
-    return await loaded.calls.run(fn, *args)
-
-
 def free(loaded: LoadedStage | None) -> None:
     """Free a pre-loaded stage that will not be served (its native memory, at once)."""
     if loaded is None:
-        return
-    if loaded.calls is None:
-        loaded.stage.shutdown()
         return
     loaded.calls.submit(loaded.stage.shutdown)
     loaded.calls.shutdown()  # waits for the shutdown queued just before
