@@ -12,7 +12,10 @@ side by side in one run, per token, split into:
 Two layouts: `inproc` (every stage in this process, one after the other: the engine's
 own overhead) and `procs` (one process per stage, hidden states passed over pipes, as a
 swarm on one machine runs them: adds what the processes cost each other, e.g. idle
-threads spinning). Greedy and seeded top-k sampling are both measured.
+threads spinning). Every process of `procs`, the whole model's too, waits for OpenMP
+threads as a swarm's workers do (app.serving.omp_settings: before that, its chain ran on
+libgomp's default spin, 1.35x the whole model instead of 1.09x). Greedy and seeded top-k
+sampling are both measured.
 
     .venv/bin/python bench/stage_compute.py [--json] [--tokens 32] [--threads 1] [--layout both]
 """
@@ -122,6 +125,9 @@ class StageServer:
 
 
 def _serve(job: StageJob, conn: Connection) -> None:
+    from app.serving.omp_settings import apply_stage_omp_settings
+
+    apply_stage_omp_settings()  # before llama.cpp loads: threads wait as a worker's do
     server = StageServer(job)
     conn.send("ready")
     while True:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 from dataclasses import dataclass, field, replace
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 from app.config import WorkerConfig, format_address
 from app.credentials import load_credentials
 from app.serving.engine_calls import EngineCalls
+from app.serving.omp_settings import apply_stage_omp_settings
 from core.admission import AdmissionPolicy, kv_bytes_per_token
 from core.gguf_slices import assemble_stage, stage_file_name
 from core.manifest import MANIFEST_FILE, Manifest
@@ -29,21 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How long an OpenMP thread spins before it sleeps: at each of the hundreds of barriers of
-# one token's graph, and after the graph, in libgomp's idle dock. Short (1000 turns, ~37
-# us here): a thread whose partner is preempted soon gives its core back instead of
-# spinning on it, and an idle stage stops spinning before the next stage of the same
-# machine computes. Every shared-machine case measured side by side was fastest so; the
-# former 100000 made a 2-thread stage 4-5x slower beside a test suite, and 10000 is the
-# worst of both (it holds the core and still sleeps): bench/README.md, "Tenth pass".
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
-# libgomp spins less than that once the threads it manages outnumber the CPUs: 100 turns
-# unless the wait policy is active, then 1000 (its "throttled" count, never above the one
-# above). A second pool of OpenMP threads is enough to get there (one per thread that
-# starts a parallel region: a step run inline on the loop thread), and on a 2-core VM the
-# whole model slowed from 53 to 31 tok/s with it (bench/README.md, "Eleventh pass").
-# Active here changes only that count: GOMP_SPINCOUNT sets the other one.
-os.environ.setdefault("OMP_WAIT_POLICY", "active")
+apply_stage_omp_settings()  # before anything loads llama.cpp (and with it libgomp)
 
 
 def prepare_stage_file(config: WorkerConfig) -> tuple[Path, int]:
@@ -77,7 +63,7 @@ class LoadedStage:
     """The stage's engine thread, which built it and ran its calibrations; the worker
     serving it keeps stepping there. One thread, so one pool of OpenMP threads: libgomp
     keeps a pool per thread that starts a parallel region, and more pooled threads than
-    CPUs cut its spin at every barrier (see GOMP_SPINCOUNT above)."""
+    CPUs cut its spin at every barrier (app.serving.omp_settings)."""
 
     def fits(self, config: WorkerConfig) -> bool:
         """Whether `config` would build this very stage (its next hop may differ)."""

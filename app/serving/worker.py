@@ -32,10 +32,8 @@ from app.serving.mtp_guesses import (
     gate_open,
     gate_step,
     guess,
-    observe_results,
 )
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
-from app.serving.replay_rows import rows_one_by_one, step_apart
 from app.serving.replies import choose_tokens, onward_step, tokens_reply
 from app.serving.resume_rules import extend_history, rows_to_skip, trimmed
 from app.serving.session_rules import Action as RuleAction
@@ -61,22 +59,22 @@ from app.serving.session_rules import (
     TokensReady,
 )
 from app.serving.session_rules import Event as RuleEvent
+from app.serving.stage_steps import StageSteps, guess_checks, step_request
 from app.serving.thread_calibration import idle_parker
-from app.serving.verify_rows import step_guesses_alone, step_verifying
 from app.serving.worker_state import PendingStep, ServedSession, WorkerStats, guesses_of
 from app.wire_convert import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
-from core.draft_acceptance import RowByRow, Verdict
+from core.draft_acceptance import Verdict
 from core.errors import CoreError, PositionError
 from core.sampling import make_rng
 from core.scheduling import Queued, select_batch
-from core.stage import Stage, StepFailure, StepRequest, StepResult
+from core.stage import Stage, StepFailure, StepResult
 from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials
 from net.errors import ErrorCode, FrameError
 from net.quic import QuicTuning
 from net.rate import upload_throttle
-from net.tensors import WireDtype, decode_rows
+from net.tensors import WireDtype
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +97,7 @@ class StageWorker:
         self.is_first = stage.spec.is_first
         self.is_last = stage.spec.is_last
         self._recurrent = bool(getattr(stage.engine, "recurrent", False))
-        """Recurrent layers undo a cut from per-token snapshots of one decode only, so
-        their guessed rows stay in one decode (exact_guesses does not apply)."""
+        self._steps = StageSteps(stage, config.exact_guesses, self._recurrent)
         self.n_embd = stage.engine.n_embd
         self.stats = WorkerStats()
         tuning = QuicTuning(
@@ -412,29 +409,7 @@ class StageWorker:
             frame = trimmed(frame, skip)
         if frame.one_by_one:
             self.stats.rows_one_by_one += frame.n_rows
-        if self.is_first:
-            if frame.hidden is not None:
-                raise FrameError(ErrorCode.BAD_SHAPE, "the first stage takes tokens")
-            request = StepRequest(
-                frame.session,
-                frame.start,
-                tokens=np.asarray(frame.tokens, dtype=np.int32),
-                all_logits=bool(frame.drafts),
-                keep_until=frame.keep_until,
-            )
-        else:
-            if frame.hidden is None or frame.width != self.n_embd:
-                raise FrameError(
-                    ErrorCode.BAD_SHAPE, f"this stage takes hidden rows of width {self.n_embd}"
-                )
-            rows = decode_rows(frame.hidden, WireDtype(frame.wire_dtype), frame.n_rows, frame.width)
-            request = StepRequest(
-                frame.session,
-                frame.start,
-                hidden=rows,
-                all_logits=bool(frame.drafts),
-                keep_until=frame.keep_until,
-            )
+        request = step_request(frame, self.is_first, self.n_embd)
         self._pending.append(PendingStep(frame, request, time.perf_counter()))
         self._wake.set()
 
@@ -466,9 +441,9 @@ class StageWorker:
                 rows = sum(p.request.n_rows for p in batch)
                 inline = runs_inline(self._inline, rows, self._last_short_step_ms)
                 started = time.perf_counter()
-                checks = self._checks(batch) if self.is_last else {}
+                checks = guess_checks(batch, self._sessions) if self.is_last else {}
                 results, verdicts = await self._engine_calls.run_step(
-                    inline, self._stage_step, batch, checks
+                    inline, self._steps.run, batch, checks
                 )
                 compute_ms = (time.perf_counter() - started) * 1e3
                 if rows <= self._inline.max_rows:
@@ -492,52 +467,6 @@ class StageWorker:
             if not channel.closed.done():
                 channel.flush()
         self._replied_on.clear()
-
-    def _checks(self, batch: list[PendingStep]) -> dict[int, tuple[int, RowByRow]]:
-        """Row-by-row verifiers for the batch's steps that carry guesses (verify_rows)."""
-        checks: dict[int, tuple[int, RowByRow]] = {}
-        for i, p in enumerate(batch):
-            session = self._sessions.get(p.step.session)
-            drafts = p.step.drafts
-            if not drafts or session is None or session.rng is None or session.params is None:
-                continue
-            # The penalty's history as _sample_and_reply will hold it, without the guesses.
-            history = [*session.history[: p.step.keep_until], *p.step.tokens[: -len(drafts)]]
-            checks[i] = (len(drafts), RowByRow(drafts, session.params, session.rng, history))
-        return checks
-
-    def _stage_step(
-        self, batch: list[PendingStep], checks: dict[int, tuple[int, RowByRow]]
-    ) -> tuple[list[StepResult | StepFailure], dict[int, Verdict]]:
-        """On the engine thread: evaluate (steps with guesses row by row, verify_rows),
-        then feed the MTP head (last stage with one)."""
-        if any(p.step.one_by_one for p in batch):  # a replay's rows, each alone (replay_rows)
-            return step_apart(
-                batch, lambda p: p.step.one_by_one, checks, self._stage_step, self._step_alone
-            )
-        requests = [p.request for p in batch]
-        verdicts: dict[int, Verdict] = {}
-        guessed = (
-            {i: len(p.step.drafts) for i, p in enumerate(batch) if p.step.drafts}
-            if self.config.exact_guesses and not self.is_last and not self._recurrent
-            else {}
-        )
-        if checks:  # guesses: the head only for rows that can still matter
-            results, verdicts = step_verifying(self.stage, requests, checks)
-        elif guessed:  # each guessed row as plain decoding computes it
-            results = step_guesses_alone(self.stage, requests, guessed)
-        else:
-            results = self.stage.step(requests)
-        if self.stage.mtp is not None:
-            observe_results(self.stage.mtp, [p.step for p in batch], results)
-        return results, verdicts
-
-    def _step_alone(self, p: PendingStep) -> StepResult | StepFailure:
-        """On the engine thread: a step whose rows go one at a time (replay_rows)."""
-        result = rows_one_by_one(self.stage, p.request)
-        if self.stage.mtp is not None:
-            observe_results(self.stage.mtp, [p.step], [result])
-        return result
 
     def _emit(
         self,
