@@ -116,7 +116,11 @@ class WorkerConfig:
     """A decode step (a few rows) runs on the event loop's thread, without the hand-off
     to the engine thread, while such steps take at most this long; 0 (default): never.
     Off because on a busy PC the loop thread, charged with the compute, loses the
-    scheduler's wake-up preference and every hop waits longer (bench/README.md)."""
+    scheduler's wake-up preference and every hop waits longer (bench/README.md). Only
+    with `threads` = 1: at more, a step on the loop thread starts a second pool of OpenMP
+    threads beside the engine thread's, and libgomp then cuts every barrier's spin
+    (bench/README.md, "Eleventh pass"); the same steps with everything on the loop thread
+    (one pool) measured no faster than the hand-off ("Twelfth pass")."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
@@ -127,6 +131,11 @@ class WorkerConfig:
             raise ConfigError("mtp_guesses must be in 0..8 and mtp_p_min in [0, 1]")
         if not (isinstance(self.inline_step_ms, int | float) and self.inline_step_ms >= 0):
             raise ConfigError(f"inline_step_ms must be >= 0, not {self.inline_step_ms!r}")
+        if self.inline_step_ms > 0 and self.threads != 1:
+            raise ConfigError(
+                "inline_step_ms needs threads = 1: a step on the event loop's thread beside "
+                "the engine thread's would make a second pool of OpenMP threads"
+            )
         for name in ("idle_timeout", "relink_timeout", "resume_grace"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 < value < 86400):

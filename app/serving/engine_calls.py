@@ -9,7 +9,9 @@ engine thread: only the loop thread makes calls, so nothing can overtake it then
 Which steps count as short is `runs_inline`, a pure policy: few rows, and the last such
 step took no longer than the loop may stop serving its links. Off by default
 (WorkerConfig.inline_step_ms = 0): measured on a busy 2-core machine, a worker whose
-loop thread does the compute waits longer for every wake-up (bench/README.md).
+loop thread does the compute waits longer for every wake-up (bench/README.md). And only
+for 1-thread stages (WorkerConfig refuses it otherwise): a step on the loop thread at
+more threads starts a second pool of OpenMP threads beside the engine thread's.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,22 @@ def test_worker_config_inline_setting_round_trips() -> None:
         WorkerConfig(
             "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), cfg.credentials, inline_step_ms=-1
         )
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_steps_inline_only_with_one_thread(threads: int) -> None:
+    # At more threads (or auto), a step on the loop thread starts a second OpenMP pool.
+    with pytest.raises(ConfigError, match="threads = 1"):
+        WorkerConfig(
+            "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), Path("/c"),
+            threads=threads, inline_step_ms=30,
+        )  # fmt: skip
+    assert (
+        WorkerConfig(
+            "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), Path("/c"), threads=threads
+        ).inline_step_ms
+        == 0.0
+    )
 
 
 def test_after_steps_runs_on_the_engine_thread_only_when_nothing_is_queued() -> None:
