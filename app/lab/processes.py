@@ -15,6 +15,9 @@ from pathlib import Path
 from app.errors import AppError
 from app.parent_watch import PARENT_WATCH_ENV, child_preexec
 
+LOG_TAIL_LINES = 12
+"""Lines of a child's log quoted when it exits before it is ready."""
+
 
 @dataclass
 class Child:
@@ -51,6 +54,17 @@ async def _drain(stream: asyncio.StreamReader, log_path: Path) -> None:
             f.flush()
 
 
+def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a child's log, to quote in an error: a temporary work folder
+    (app.lab.local_swarm) is gone by the time anyone reads the path."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "; it ended with:\n" + "\n".join(kept) if kept else ""
+
+
 async def spawn_sangama(
     name: str, args: list[str], log_path: Path, timeout: float, wait_ready: bool = True
 ) -> Child:
@@ -79,8 +93,10 @@ async def spawn_sangama(
         while True:
             line = await asyncio.wait_for(proc.stdout.readline(), timeout)
             if not line:
-                await child.stop()
-                raise AppError(f"{name} exited before it was ready; see {log_path}")
+                await child.stop()  # waits for its stderr to reach the log
+                raise AppError(
+                    f"{name} exited before it was ready; see {log_path}{log_tail(log_path)}"
+                )
             if line.startswith(b"READY"):
                 child.ready_line = line.decode().strip()
                 return child
