@@ -371,16 +371,13 @@ class SwarmClient:
         """The TOKENS answering `step_id`; earlier ones sent again after a relink are
         dropped."""
         while True:
-            if queue.empty():
-                try:
-                    # asyncio.timeout, not wait_for: wait_for wraps the get in a task of
-                    # its own, a task and two loop turns more on every token's path.
-                    async with asyncio.timeout(timeout):
-                        item = await queue.get()
-                except TimeoutError:
-                    raise StageTimeout(f"no answer from the route within {timeout:.0f} s") from None
-            else:
-                item = queue.get_nowait()
+            try:
+                # asyncio.timeout, not wait_for: wait_for wraps the get in a task of its
+                # own, a task and two loop turns more on every token's path.
+                async with asyncio.timeout(timeout):
+                    item = await queue.get()
+            except TimeoutError:
+                raise StageTimeout(f"no answer from the route within {timeout:.0f} s") from None
             if isinstance(item, _Failure):
                 raise item.error
             answer = answer_to(item, step_id)
