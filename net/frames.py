@@ -36,6 +36,32 @@ class StageTiming:
 
 
 @dataclass(frozen=True)
+class Loop:
+    """Where a session's plain decode steps go round: the last stage sends the step of
+    each token it chose straight to the first stage (and TOKENS to the client, off the
+    token's path), instead of the client sending it after TOKENS came back."""
+
+    first_node: str
+    """The first stage, which the last stage dials (authenticated like every link)."""
+    first_address: str
+    """`host:port` of the first stage, as the client dialled it."""
+    last_node: str
+    """The last stage: the one node besides the client the first stage takes the
+    session's STEPs from."""
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """`first_address` as a socket takes it (checked by net.wire before it travels)."""
+        host, _, port = self.first_address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    @staticmethod
+    def address_text(address: tuple[str, int]) -> str:
+        host, port = address
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
 class Open:
     """Client -> every stage of the route: a new session and how its tokens are chosen."""
 
@@ -64,6 +90,10 @@ class Open:
     here on did), so only they keep their KV and the stages before, the new ones among
     them, compute everything. None (OPENs of clients before this field): the last stage
     only. A second optional tail after the digest, absent when None."""
+    loop: Loop | None = None
+    """Set: the client asks for the ring (`Loop`). A third optional tail, after the
+    resume fields (written then in full, a missing `resume_from_layer` as U32_MAX);
+    absent when None."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +140,9 @@ class Tokens:
     timings: tuple[StageTiming, ...]
     logits_sample: bytes = b""
     """Optional diagnostics (tests compare logits); opaque to the wire."""
+    looped: bool = False
+    """The last stage sent the next step to the first stage itself (`Open.loop`): the
+    client waits for its TOKENS and sends nothing. An optional tail, absent when False."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from net.frames import (
     Error,
     Frame,
     Hello,
+    Loop,
     Open,
     Ping,
     Pong,
@@ -34,6 +35,7 @@ from net.wire_format import (
     MIN_NONCE,
     POS_MAX,
     TOKEN_MAX,
+    U16_MAX,
     U32_MAX,
     U64_MAX,
     Limits,
@@ -93,6 +95,22 @@ def _check_open(frame: Open, limits: Limits) -> None:
     _check_int("max_tokens", frame.max_tokens, U32_MAX)
     _check_int("prompt_len", frame.prompt_len, U32_MAX)
     _check_resume(frame, limits)
+    if frame.loop is not None:
+        _check_loop(frame.loop, limits)
+
+
+def _check_loop(loop: Loop, limits: Limits) -> None:
+    for name in ("first_node", "first_address", "last_node"):
+        value = getattr(loop, name)
+        _check_string(name, value, limits)
+        if not value:
+            raise FrameError(ErrorCode.BAD_VALUE, f"loop {name} is empty")
+    if loop.first_node == loop.last_node:
+        raise FrameError(ErrorCode.BAD_VALUE, "a loop needs two stages (first is last)")
+    host, _, port = loop.first_address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= U16_MAX:
+        raise FrameError(ErrorCode.BAD_VALUE, f"loop first_address {loop.first_address!r} "
+                         "is not host:port")  # fmt: skip
 
 
 RESUME_DIGEST_BYTES = 32
@@ -104,8 +122,8 @@ def _check_resume(frame: Open, limits: Limits) -> None:
         if frame.resume_held or frame.resume_digest or frame.resume_from_layer is not None:
             raise FrameError(ErrorCode.BAD_VALUE, "resume fields without resumes")
         return
-    if frame.resume_from_layer is not None:
-        _check_int("resume_from_layer", frame.resume_from_layer, U32_MAX)
+    if frame.resume_from_layer is not None:  # U32_MAX stands for None on the wire
+        _check_int("resume_from_layer", frame.resume_from_layer, U32_MAX - 1)
     _check_string("resumes", frame.resumes, limits)
     if frame.resumes == frame.session:
         raise FrameError(ErrorCode.BAD_VALUE, "a session cannot resume itself")

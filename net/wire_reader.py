@@ -17,6 +17,7 @@ from net.frames import (
     Error,
     Frame,
     Hello,
+    Loop,
     Open,
     Ping,
     Pong,
@@ -29,7 +30,7 @@ from net.frames import (
 )
 from net.tensors import WireDtype
 from net.wire_checks import as_enum, validate
-from net.wire_format import DEFAULT_LIMITS, HEADER, VERSION, FrameType, Limits
+from net.wire_format import DEFAULT_LIMITS, HEADER, U32_MAX, VERSION, FrameType, Limits
 
 
 class _Reader:
@@ -133,8 +134,14 @@ def _read_open(r: _Reader) -> Open:
         return Open(session, model, dtype, sampling, reply_to, max_tokens, prompt_len)
     resumes, held, digest = r.string(), r.u(_U32), r.blob()
     from_layer = r.u(_U32) if r.offset < len(r.body) else None  # absent: the last stage
+    loop = None
+    if r.offset < len(r.body):  # the ring's tail; the layer slot is always there before it
+        loop = Loop(r.string(), r.string(), r.string())
+        from_layer = None if from_layer == U32_MAX else from_layer
+    elif not resumes or from_layer == U32_MAX:  # one encoding per frame
+        raise FrameError(ErrorCode.MALFORMED, "a resume tail without a session it resumes")
     return Open(session, model, dtype, sampling, reply_to, max_tokens, prompt_len,
-                resumes, held, digest, from_layer)  # fmt: skip
+                resumes, held, digest, from_layer, loop)  # fmt: skip
 
 
 def _read_step(r: _Reader) -> Step:
@@ -158,7 +165,13 @@ def _read_step(r: _Reader) -> Step:
 def _read_tokens(r: _Reader) -> Tokens:
     session, step_id, tokens, drafts = r.string(), r.u(_U64), r.ints(), r.ints()
     n_accepted, finished = r.u(_U32), r.flag("finished")
-    return Tokens(session, step_id, tokens, drafts, n_accepted, finished, r.timings(), r.blob())
+    timings, logits = r.timings(), r.blob()
+    looped = False
+    if r.offset != len(r.body):  # the optional tail: the next step went round the ring
+        looped = r.flag("looped")
+        if not looped:  # one encoding per frame: the writer omits a false tail
+            raise FrameError(ErrorCode.MALFORMED, "a looped tail of 0 (omitted when false)")
+    return Tokens(session, step_id, tokens, drafts, n_accepted, finished, timings, logits, looped)
 
 
 def _read_error(r: _Reader) -> Error:

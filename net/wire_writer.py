@@ -21,7 +21,7 @@ from net.frames import (
     Welcome,
 )
 from net.wire_checks import validate
-from net.wire_format import DEFAULT_LIMITS, HEADER, VERSION, FrameType, Limits
+from net.wire_format import DEFAULT_LIMITS, HEADER, U32_MAX, VERSION, FrameType, Limits
 
 
 class _Writer:
@@ -77,11 +77,17 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
                    s.repetition_penalty, s.repetition_window, s.seed)  # fmt: skip
             w.string(frame.reply_to)
             w.pack(">II", frame.max_tokens, frame.prompt_len)
-            if frame.resumes:  # the optional tail: absent, the OPEN is as before
+            if frame.resumes or frame.loop is not None:  # optional tails, in order
                 w.string(frame.resumes)
                 w.pack(">I", frame.resume_held)
                 w.blob(frame.resume_digest)
-                if frame.resume_from_layer is not None:
+                if frame.loop is not None:  # the slot is there; U32_MAX: no layer named
+                    layer = frame.resume_from_layer
+                    w.pack(">I", U32_MAX if layer is None else layer)
+                    w.string(frame.loop.first_node)
+                    w.string(frame.loop.first_address)
+                    w.string(frame.loop.last_node)
+                elif frame.resume_from_layer is not None:
                     w.pack(">I", frame.resume_from_layer)
             return FrameType.OPEN
         case Step():
@@ -109,6 +115,8 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
             w.pack(">IB", frame.n_accepted, frame.finished)
             w.timings(frame.timings)
             w.blob(frame.logits_sample)
+            if frame.looped:  # the optional tail: absent, the TOKENS is as before
+                w.pack(">B", 1)
             return FrameType.TOKENS
         case Close():
             w.string(frame.session)

@@ -1,7 +1,10 @@
 """The client library: open a session along a route, push tokens in, stream tokens out.
 
 The client holds two channels: to the first stage (OPEN, STEP, CLOSE go there and
-travel down the chain) and to the last stage (TOKENS come back on it directly). When the
+travel down the chain) and to the last stage (TOKENS come back on it directly). In plain
+decoding the last stage sends each next step to the first stage itself (the ring,
+app.serving.ring) and the client only reads; a TOKENS not marked `looped` hands the turn
+back to it. When the
 path of either dies, the client dials again (within `relink_timeout`) and the running
 generations continue: the first stage is sent each session's OPEN and unconfirmed STEPs
 again (net.replay), the last stage sends the latest TOKENS again, and duplicates are
@@ -24,7 +27,7 @@ import numpy.typing as npt
 
 from app.client.ngram_drafts import DraftTracker
 from app.config import Route
-from app.errors import RouteUnavailable, StageTimeout, stage_error
+from app.errors import ClientError, RouteUnavailable, StageTimeout, stage_error
 from app.redial import dial_until
 from app.replay_resume import ResumeRef
 from app.replay_shapes import Segment, plain_segments
@@ -57,6 +60,8 @@ class TokenEvent:
     """Only from workers configured with return_logits (diagnostics, tests)."""
     n_drafts: int = 0
     """Guesses the step carried (n_accepted of them stood)."""
+    looped: bool = False
+    """The last stage sent the next step to the first stage itself (the ring)."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,12 @@ class SwarmClient:
         dialer: ChannelDialer | None = None,
         relink_timeout: float = 20.0,
         guesses: GuessPolicy = NO_GUESSES,
+        ring: bool = True,
     ) -> None:
         self.creds = creds
+        self.ring = ring
+        """Plain decoding goes round the ring (app.serving.ring): the last stage sends
+        each next step to the first stage itself. False: this client sends every step."""
         self.guesses = guesses
         """Guessing ahead for generations that do not choose (core.drafting). Plain by
         default here, so a library caller gets plain decoding's exact rows unless it asks;
@@ -275,6 +284,20 @@ class SwarmClient:
         if not prompt:
             raise ValueError("empty prompt")
         name = session or uuid.uuid4().hex
+        route = self.route
+        loops = (
+            self.ring
+            and guesses.max_guesses == 0  # steps with n-gram guesses are the client's
+            and len(route.stages) > 1
+            # A last stage on this node would be taken for the client resuming its link.
+            and route.last.node_id not in (self.creds.node_id, route.first.node_id)
+        )
+        first, last = route.first, route.last
+        loop = (
+            wire.Loop(first.node_id, wire.Loop.address_text(first.address), last.node_id)
+            if loops
+            else None
+        )
         queue: asyncio.Queue[wire.Frame | _Failure] = asyncio.Queue()
         self._queues[name] = queue
         try:
@@ -291,6 +314,7 @@ class SwarmClient:
                     resume_held=0 if resume is None else resume.held,
                     resume_digest=b"" if resume is None else resume.digest,
                     resume_from_layer=None if resume is None else resume.from_layer,
+                    loop=loop,
                 )
             )
             step_id = 0
@@ -323,6 +347,7 @@ class SwarmClient:
                     frame.n_accepted,
                     logits,
                     n_drafts,
+                    frame.looped,
                 )
                 yield event
                 drafting.reply(frame.tokens, frame.n_accepted, trip_ms, frame.drafts)
@@ -332,9 +357,12 @@ class SwarmClient:
                 nxt = drafting.next_step()
                 n_drafts = len(nxt.drafts)
                 sent = time.perf_counter()
-                self._send_first(
-                    self._step(name, step_id, nxt.start, nxt.tokens, nxt.drafts, nxt.keep_until)
-                )
+                if not frame.looped:
+                    self._send_first(
+                        self._step(name, step_id, nxt.start, nxt.tokens, nxt.drafts, nxt.keep_until)
+                    )
+                elif nxt.drafts or loop is None:  # the ring carries plain steps only
+                    raise ClientError(f"TOKENS of step {frame.step_id} went round unasked")
                 step_id += 1
         finally:
             del self._queues[name]

@@ -26,11 +26,15 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
                                otherwise                              Begin (and End the
                                                                       session it resumes if
                                                                       this link owns it)
-    OPEN, session exists       same upstream node and same OPEN       [Release old] Resumed
+    OPEN, session exists       first stage, the same OPEN from the    [Release old] Looped
+                                 last stage its `loop` names            (its STEPs come on
+                                                                      this link too)
+                               same upstream node and same OPEN       [Release old] Resumed
                                                                       (WAITING->LINKED:
                                                                       CancelGrace)
                                another node, or another OPEN          refuse NOT_OWNER
-    STEP                       unknown session, or not the owner link refuse UNKNOWN_SESSION
+    STEP                       unknown session, or neither the owner  refuse UNKNOWN_SESSION
+                                 link nor its loop link
                                step_id <= highest taken               Replayed (dropped)
                                otherwise                              Take
     CLOSE                      session exists                         [Release] End
@@ -43,6 +47,8 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
     LinkClosed                 owner or reply link of a session       LinkLost
                                                                       (LINKED->WAITING:
                                                                       ArmGrace)
+                               loop link of a session                 (forgotten: the last
+                                                                      stage redials it)
     GraceExpired               session still WAITING                  [Release] End
     Failed                     session exists                         Send ERROR up (and to
                                                                       the client), End
@@ -207,6 +213,14 @@ class Take:
 
 
 @dataclass(frozen=True)
+class Looped:
+    """First stage: the last stage joined the session's ring (its STEPs come from there)."""
+
+    session: str
+    last: str
+
+
+@dataclass(frozen=True)
 class Replayed:
     """A step sent again after a resume; it was taken already and is dropped."""
 
@@ -238,7 +252,9 @@ class End:
     failed: bool = False
 
 
-Action = Send[L] | Release[L] | Begin | Resumed | Take | Replayed | LinkLost | CancelGrace | End
+Action = (
+    Send[L] | Release[L] | Begin | Resumed | Looped | Take | Replayed | LinkLost | CancelGrace | End
+)
 
 
 # ---------------------------------------------------------------- the table
@@ -253,6 +269,8 @@ class _Session(Generic[L]):
     """The link the session's frames come from; None while the upstream redials."""
     reply: L | None = None
     """Last stage: the client's own link, for TOKENS (None while the client redials)."""
+    loop: L | None = None
+    """First stage: the last stage's link, its STEPs of the session's ring (`Open.loop`)."""
     last_reply: wire.Tokens | None = None
     """Last stage: the latest TOKENS, sent again when the client's link is replaced."""
     last_step_id: int = -1
@@ -407,6 +425,18 @@ class SessionRules(Generic[L]):
     def _resume(
         self, link: L, peer: str, session: _Session[L], frame: wire.Open
     ) -> list[Action[L]]:
+        ring = session.open.loop
+        if (
+            ring is not None
+            and not self.upstream_is_stage
+            and peer == ring.last_node != session.owner_id
+            and frame == session.open
+        ):
+            joined: list[Action[L]] = [Looped(frame.session, peer)]
+            if session.loop is not None and session.loop != link:
+                joined.append(Release(session.loop, frame.session))
+            session.loop = link
+            return joined
         # The same OPEN again from the same upstream node over a new link: its path died
         # and was replaced. The session moves to the new link; nothing else changes.
         if peer != session.owner_id or frame != session.open:
@@ -425,7 +455,7 @@ class SessionRules(Generic[L]):
 
     def _on_step(self, link: L, frame: wire.Step) -> list[Action[L]]:
         session = self._sessions.get(frame.session)
-        if session is None or session.owner != link:
+        if session is None or link not in (session.owner, session.loop):
             return self._refuse(
                 link, frame.session, ErrorCode.UNKNOWN_SESSION, "no such session here"
             )
@@ -479,6 +509,8 @@ class SessionRules(Generic[L]):
                 del self._peers[peer]
         actions: list[Action[L]] = []
         for name, s in self._sessions.items():
+            if s.loop == ev.link:
+                s.loop = None
             if s.owner != ev.link and s.reply != ev.link:
                 continue
             if s.owner == ev.link:
@@ -532,9 +564,9 @@ class SessionRules(Generic[L]):
             return []
         if self.admission is not None:
             self.admission.release(name)
-        actions: list[Action[L]] = []
-        if session.owner is not None:
-            actions.append(Release(session.owner, name))
+        actions: list[Action[L]] = [
+            Release(link, name) for link in (session.owner, session.loop) if link is not None
+        ]
         return [*actions, End(name, forward_close, reason, failed)]
 
     def _on_tokens(self, ev: TokensReady) -> list[Action[L]]:

@@ -36,6 +36,7 @@ from app.serving.mtp_guesses import (
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
 from app.serving.replies import choose_tokens, onward_step, tokens_reply
 from app.serving.resume_rules import extend_history, rows_to_skip, trimmed
+from app.serving.ring import Ring
 from app.serving.session_rules import Action as RuleAction
 from app.serving.session_rules import (
     Begin,
@@ -48,6 +49,7 @@ from app.serving.session_rules import (
     LinkClosed,
     LinkLost,
     LinkReady,
+    Looped,
     Refused,
     Release,
     Replayed,
@@ -125,6 +127,12 @@ class StageWorker:
             if config.next_hop is not None
             else None
         )
+        self._ring = (
+            Ring(creds, tuning, self._fail, dialer, config.relink_timeout)
+            if self.is_last and not self.is_first
+            else None
+        )
+        """Last stage: links to first stages, for sessions whose steps go round (ring)."""
         self._engine_calls = engine_calls or EngineCalls()
         self._replied_on: set[Channel] = set()
         self._inline = InlinePolicy(config.inline_step_ms)
@@ -218,6 +226,8 @@ class StageWorker:
         self._server.update_credentials(creds)
         if self._downstream is not None:
             self._downstream.update_credentials(creds)
+        if self._ring is not None:
+            self._ring.update_credentials(creds)
 
     def set_revoked(self, serials: frozenset[int]) -> None:
         """Refuse revoked nodes; close the links whose certificate is now revoked or expired."""
@@ -248,6 +258,8 @@ class StageWorker:
         self._feed(Shutdown("worker shutting down"))
         if self._downstream is not None:
             await self._downstream.close()
+        if self._ring is not None:
+            await self._ring.close()
         self._server.close()
         await asyncio.sleep(0.05)  # let CONNECTION_CLOSE datagrams leave
         await self._engine_calls.run(self.stage.shutdown)
@@ -299,6 +311,8 @@ class StageWorker:
                     self._take(step, opened)
                 case Replayed():
                     self.stats.replayed_steps += 1  # resent after a resume; handled already
+                case Looped(session, last):
+                    log.debug("session %s goes round: its steps come from %s", session, last)
                 case Resumed(session, owner):
                     self.stats.sessions_resumed += 1
                     log.info("session %s resumed by %s over a new link", session, owner)
@@ -330,6 +344,8 @@ class StageWorker:
         if self.is_last:
             session.params = sampling_from_wire(frame.sampling)
             session.rng = make_rng(session.params)
+        if self._ring is not None:
+            self._ring.open(frame)  # dialled now, while the prompt computes
         if adopt:
             self._adopt(session, adopt, kept)
             return
@@ -348,6 +364,8 @@ class StageWorker:
         old = self._sessions.pop(old_name, None)
         if old is not None and old.expiry is not None:
             old.expiry.cancel()
+        if self._ring is not None:
+            self._ring.forget(old_name)
         self._pending = [p for p in self._pending if p.step.session != old_name]
         session.history = [] if old is None else old.history[:kept]
         session.kept = kept
@@ -461,6 +479,8 @@ class StageWorker:
     def _flush_outputs(self) -> None:
         """A step's frames and replies leave now, ahead of the ACKs that this turn's
         links queued before them (those follow at the end of the turn)."""
+        if self._ring is not None:
+            self._ring.flush()
         if self._downstream is not None:
             self._downstream.flush()
         for channel in self._replied_on:
@@ -528,6 +548,8 @@ class StageWorker:
             ))  # fmt: skip
             future.add_done_callback(lambda f: self._reply_guessed(session, reply, f))
             return
+        if self._ring is not None:  # the next step to the first stage, where it may
+            reply = self._ring.go_round(session.open, step, reply)
         self._feed(TokensReady(reply))  # to the client now, or when its link is back
 
     def _reply_guessed(
@@ -559,6 +581,8 @@ class StageWorker:
             session.expiry.cancel()
         self._pending = [p for p in self._pending if p.step.session != name]
         self._engine_calls.submit(self._close_on_stage, name)
+        if self._ring is not None:
+            self._ring.forget(name)
         if self._downstream is None:
             return
         if forward_close:

@@ -28,6 +28,7 @@ from net.wire import (
     FrameDecoder,
     Hello,
     Limits,
+    Loop,
     Open,
     Ping,
     Pong,
@@ -94,6 +95,18 @@ def steps(draw: st.DrawFn) -> Step:
 
 
 @st.composite
+def loop_tails(draw: st.DrawFn) -> Loop:
+    """The ring's tail: two distinct stages, the first one's host:port."""
+    first, last = draw(names), draw(names)
+    assume(first != last)
+    host = draw(st.sampled_from(["127.0.0.1", "stage0.example", "[::1]"]))
+    return Loop(first, f"{host}:{draw(st.integers(1, 65535))}", last)
+
+
+loops = loop_tails()
+
+
+@st.composite
 def resume_opens(draw: st.DrawFn) -> Open:
     """An OPEN with the optional resume tail (a replay after a reroute), with or without
     its own optional first layer allowed to adopt."""
@@ -103,11 +116,15 @@ def resume_opens(draw: st.DrawFn) -> Open:
     held = draw(st.integers(1, prompt_len - 1))
     return Open(session, draw(names), draw(st.sampled_from(WireDtype)), draw(samplings),
                 draw(texts), draw(u32s), prompt_len, resumes, held,
-                draw(st.binary(min_size=32, max_size=32)), draw(st.none() | u32s))  # fmt: skip
+                draw(st.binary(min_size=32, max_size=32)),
+                draw(st.none() | st.integers(0, U32_MAX - 1)), draw(st.none() | loops))  # fmt: skip
 
 
 frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Open, names, names, st.sampled_from(WireDtype), samplings, texts, u32s, u32s),
+    st.builds(
+        Open, names, names, st.sampled_from(WireDtype), samplings, texts, u32s, u32s, loop=loops
+    ),
     resume_opens(),
     steps(),
     st.builds(
@@ -120,6 +137,7 @@ frames: st.SearchStrategy[Frame] = st.one_of(
         st.booleans(),
         timings,
         st.binary(max_size=16),
+        st.booleans(),
     ),
     st.builds(Close, names, texts),
     st.builds(Error, texts, st.sampled_from(ErrorCode), texts),

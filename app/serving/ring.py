@@ -1,0 +1,166 @@
+"""The ring: the last stage sends each plain decode step straight to the first stage.
+
+Without it a token's trip is client -> first stage -> ... -> last stage -> client, and the
+client turns every TOKENS into the next STEP: two links and a loop turn of the client's
+on every token. With it (the client names the first stage in `Open.loop`) the last stage
+sends the step of the token it chose to the first stage itself and TOKENS to the client
+beside it, marked `looped`: the client link leaves the token's path. Over a WAN that is
+one delay a token fewer of N+1; on one machine, a process fewer woken per token.
+
+The last stage goes round only where the client would have sent exactly that step: one
+token chosen, no guesses to verify either way, the generation not finished. Everything
+else (prompt chunks, drafts, the MTP head's guesses, a reply after the last token) keeps
+the client's path, and a TOKENS without `looped` tells the client to send the next step.
+
+The links to first stages are `app.serving.downstream.Downstream`s: dialled lazily (the
+OPEN goes first, as the first stage takes the session's STEPs only from the last stage
+its OPEN names), replayed after a lost path, and given up on with a typed error to the
+client, who then replays the generation on another route.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+
+from app.config import Hop
+from app.serving.downstream import Dialer, Downstream
+from net import wire
+from net.channel import Channel, NodeCredentials
+from net.errors import ErrorCode
+from net.quic import QuicTuning
+from net.tensors import WireDtype
+
+log = logging.getLogger(__name__)
+
+
+def looped_step(open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> wire.Step | None:
+    """The step the client would send after `reply`, when the last stage may send it to
+    the first stage instead (pure): None where the client keeps the turn."""
+    if open_.loop is None or reply.finished or reply.drafts or step.drafts:
+        return None
+    if len(reply.tokens) != 1 or reply.step_id != step.step_id:
+        return None
+    position = step.start + step.n_rows  # where the chosen token goes
+    if position < open_.prompt_len:
+        return None  # a prompt chunk before the last one: nothing was chosen
+    return wire.Step(
+        session=step.session,
+        step_id=step.step_id + 1,
+        start=position,
+        tokens=reply.tokens,
+        hidden=None,
+        n_rows=1,
+        width=0,
+        wire_dtype=WireDtype.F32,
+        sent_at_ns=time.time_ns(),
+    )
+
+
+ErrorSink = Callable[[str, ErrorCode, str], None]
+"""(session, code, message): a session the ring cannot carry on."""
+
+
+class Ring:
+    """A last stage's links to the first stages of its sessions' routes (one per first
+    stage: sessions may come through this stage from different first stages)."""
+
+    def __init__(
+        self,
+        creds: NodeCredentials,
+        tuning: QuicTuning,
+        on_failed: ErrorSink,
+        dialer: Dialer | None = None,
+        relink_timeout: float = 20.0,
+    ) -> None:
+        self._creds = creds
+        self._tuning = tuning
+        self._on_failed = on_failed
+        self._dialer = dialer
+        self._relink_timeout = relink_timeout
+        self._links: dict[str, Downstream] = {}
+        """First stage node id -> the link to it."""
+        self._route_of: dict[str, str] = {}
+        """Session -> the first stage its steps go round to."""
+        self._dirty: set[Downstream] = set()
+        self.steps_sent = 0
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._route_of
+
+    def open(self, frame: wire.Open) -> None:
+        """A session asking for the ring began here: its OPEN goes to the first stage now,
+        so the link is dialled while the prompt computes."""
+        if frame.loop is None:
+            return
+        node = frame.loop.first_node
+        link = self._links.get(node)
+        if link is None or link.hop.address != frame.loop.address:
+            link = self._links[node] = Downstream(
+                Hop(node, frame.loop.address),
+                self._creds,
+                self._tuning,
+                partial(self._frame, node),
+                partial(self._lost, node),
+                dialer=self._dialer,
+                relink_timeout=self._relink_timeout,
+            )
+        self._route_of[frame.session] = node
+        link.send(frame)
+
+    def go_round(self, open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> wire.Tokens:
+        """Send the next step to the first stage where the rules allow (`looped_step`);
+        the reply, marked `looped` if it went."""
+        node = self._route_of.get(step.session)
+        onward = None if node is None else looped_step(open_, step, reply)
+        if onward is None or node is None:
+            return reply
+        link = self._links[node]
+        link.send(onward)
+        self._dirty.add(link)
+        self.steps_sent += 1
+        return replace(reply, looped=True)
+
+    def flush(self) -> None:
+        """The steps sent this turn leave now, ahead of the TOKENS beside them."""
+        for link in self._dirty:
+            link.flush()
+        self._dirty.clear()
+
+    def forget(self, session: str) -> None:
+        """The session ended here; the first stage ends it by its own CLOSE."""
+        node = self._route_of.pop(session, None)
+        link = None if node is None else self._links.get(node)
+        if link is not None:
+            link.forget(session)
+
+    def update_credentials(self, creds: NodeCredentials) -> None:
+        self._creds = creds
+        for link in self._links.values():
+            link.update_credentials(creds)
+
+    async def close(self) -> None:
+        for link in self._links.values():
+            await link.close()
+        self._links.clear()
+
+    def _frame(self, node: str, _channel: Channel, frame: wire.Frame) -> None:
+        if not isinstance(frame, wire.Error) or self._route_of.get(frame.session) != node:
+            return
+        if frame.code is ErrorCode.UNKNOWN_SESSION:
+            # The first stage ended the session (its client's CLOSE got there before the
+            # step of the token after the end): the CLOSE reaches here down the chain.
+            log.debug("first stage %s no longer has %s", node, frame.session)
+            return
+        self._on_failed(frame.session, frame.code, f"first stage refused a step: {frame.message}")
+
+    def _lost(self, node: str, reason: str) -> None:
+        link = self._links.pop(node, None)
+        if link is not None:
+            self._dirty.discard(link)
+        for session in [s for s, n in self._route_of.items() if n == node]:
+            del self._route_of[session]
+            self._on_failed(session, ErrorCode.STAGE_ERROR, f"ring to the first stage: {reason}")

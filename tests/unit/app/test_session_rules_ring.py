@@ -1,0 +1,148 @@
+"""app.serving.session_rules, the ring: the first stage takes a session's STEPs from the
+last stage its OPEN names, over a link of its own, and from no one else; that link's
+loss never makes the session wait. Links are plain strings, no sockets, no model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app.serving.session_rules import (
+    Begin,
+    End,
+    FrameReceived,
+    LinkClosed,
+    LinkLost,
+    LinkReady,
+    LinkState,
+    Looped,
+    Release,
+    Resumed,
+    Send,
+    SessionRules,
+    Take,
+)
+from net import wire
+from net.errors import ErrorCode
+from net.tensors import WireDtype
+
+pytestmark = pytest.mark.unit
+
+LOOP = wire.Loop("first", "10.0.0.1:7000", "last")
+OPEN = wire.Open("s1", "m", WireDtype.F32, wire.SamplingSpec(), "client", 8, 2, loop=LOOP)
+
+
+def step(step_id: int) -> wire.Step:
+    return wire.Step("s1", step_id, 2 + step_id, (1,), None, 1, 0, WireDtype.F32)
+
+
+def first_stage(open_: wire.Open = OPEN) -> SessionRules[str]:
+    """The first stage: the client "client" opened s1 over "cl"; the last stage "last"
+    dialled in over "ring"."""
+    rules: SessionRules[str] = SessionRules(is_last=False)
+    rules.handle(LinkReady("cl", "client"))
+    rules.handle(LinkReady("ring", "last"))
+    assert rules.handle(FrameReceived("cl", "client", open_)) == [Begin(open_)]
+    return rules
+
+
+def test_the_named_last_stage_joins_and_its_steps_are_taken() -> None:
+    rules = first_stage()
+    assert rules.handle(FrameReceived("ring", "last", OPEN)) == [Looped("s1", "last")]
+    assert rules.owns("cl", "s1") and not rules.owns("ring", "s1")  # the client still owns it
+    assert rules.handle(FrameReceived("cl", "client", step(0))) == [Take(step(0), OPEN)]
+    assert rules.handle(FrameReceived("ring", "last", step(1))) == [Take(step(1), OPEN)]
+    assert rules.handle(FrameReceived("cl", "client", step(1)))[0].__class__.__name__ == (
+        "Replayed"  # one step id, taken once, whichever link brings it
+    )
+
+
+def test_steps_on_the_ring_link_before_it_joined_are_refused() -> None:
+    rules = first_stage()
+    actions = rules.handle(FrameReceived("ring", "last", step(1)))
+    assert actions[0] == Send(
+        "ring", wire.Error("s1", ErrorCode.UNKNOWN_SESSION, "no such session here")
+    )
+    assert "s1" in rules  # the client's session carries on
+
+
+@pytest.mark.parametrize(
+    ("peer", "frame"),
+    [
+        ("mallory", OPEN),  # not the node the loop names
+        ("last", dataclasses.replace(OPEN, max_tokens=9)),  # another OPEN
+        ("last", dataclasses.replace(OPEN, loop=None)),
+    ],
+)
+def test_only_the_named_last_stage_with_the_same_open_joins(peer: str, frame: wire.Open) -> None:
+    rules = first_stage()
+    rules.handle(LinkReady("other", peer))
+    actions = rules.handle(FrameReceived("other", peer, frame))
+    assert isinstance(actions[0], Send) and isinstance(actions[0].frame, wire.Error)
+    assert actions[0].frame.code is ErrorCode.NOT_OWNER
+    refused = rules.handle(FrameReceived("other", peer, step(1)))
+    assert isinstance(refused[0], Send) and refused[0].link == "other"
+
+
+def test_a_session_without_a_loop_takes_no_ring() -> None:
+    plain = dataclasses.replace(OPEN, loop=None)
+    rules = first_stage(plain)
+    actions = rules.handle(FrameReceived("ring", "last", plain))
+    assert isinstance(actions[0], Send) and actions[0].frame == wire.Error(
+        "s1", ErrorCode.NOT_OWNER, "session already open (by another peer)"
+    )
+
+
+def test_a_middle_stage_takes_no_ring() -> None:
+    """Only the first stage is fed from the last one: further down, the same OPEN from
+    the last stage's node is a peer that does not own the session."""
+    rules: SessionRules[str] = SessionRules(is_last=False, upstream_is_stage=True)
+    rules.handle(LinkReady("up", "stage0"))
+    rules.handle(FrameReceived("up", "stage0", OPEN))
+    actions = rules.handle(FrameReceived("ring", "last", OPEN))
+    assert isinstance(actions[0], Send) and actions[0].link == "ring"
+
+
+def test_a_new_ring_link_replaces_the_old_one() -> None:
+    rules = first_stage()
+    rules.handle(FrameReceived("ring", "last", OPEN))
+    rules.handle(LinkReady("ring2", "last"))
+    assert rules.handle(FrameReceived("ring2", "last", OPEN)) == [
+        Looped("s1", "last"),
+        Release("ring", "s1"),
+    ]
+    assert rules.handle(FrameReceived("ring2", "last", step(1))) == [Take(step(1), OPEN)]
+    assert isinstance(rules.handle(FrameReceived("ring", "last", step(2)))[0], Send)
+
+
+def test_losing_the_ring_link_leaves_the_session_linked() -> None:
+    rules = first_stage()
+    rules.handle(FrameReceived("ring", "last", OPEN))
+    assert rules.handle(LinkClosed("ring", "gone")) == []
+    assert rules.state("s1") is LinkState.LINKED
+    assert isinstance(rules.handle(FrameReceived("ring", "last", step(1)))[0], Send)
+    lost = rules.handle(LinkClosed("cl", "client gone"))  # the client's link still counts
+    assert lost == [LinkLost("s1", "client gone", arm_grace=True)]
+
+
+def test_the_end_releases_both_links() -> None:
+    rules = first_stage()
+    rules.handle(FrameReceived("ring", "last", OPEN))
+    actions = rules.handle(FrameReceived("cl", "client", wire.Close("s1", "done")))
+    assert actions == [
+        Release("cl", "s1"),
+        Release("ring", "s1"),
+        End("s1", forward_close=True, reason="done"),
+    ]
+
+
+def test_the_client_resuming_its_own_link_is_still_a_resume() -> None:
+    rules = first_stage()
+    rules.handle(FrameReceived("ring", "last", OPEN))
+    rules.handle(LinkReady("cl2", "client"))
+    assert rules.handle(FrameReceived("cl2", "client", OPEN)) == [
+        Release("cl", "s1"),
+        Resumed("s1", "client"),
+    ]
+    assert rules.handle(FrameReceived("ring", "last", step(1))) == [Take(step(1), OPEN)]
