@@ -77,6 +77,9 @@ class NodeCredentials:
 
 FrameHandler = Callable[["Channel", wire.Frame], None]
 
+EARLY_FRAMES = 256
+"""Frames kept for a channel whose owner has not set `on_frame` yet (beyond: dropped)."""
+
 
 class Channel:
     def __init__(self, link: ByteLink, conn: PeerConnection) -> None:
@@ -84,11 +87,26 @@ class Channel:
         self.conn = conn
         loop = asyncio.get_running_loop()
         self.authenticated: asyncio.Future[PeerIdentity] = loop.create_future()
-        self.on_frame: FrameHandler = lambda _ch, _f: None
+        self._on_frame: FrameHandler | None = None
+        self._early: list[wire.Frame] = []
+        """Frames that came before `on_frame` was set: a peer may send right behind the
+        handshake (a last stage sends a redialling client its latest TOKENS at once),
+        before the dialler's `await connect_channel` has even resumed."""
         self.on_close: Callable[[Channel, str], None] = lambda _ch, _r: None
         self.closed = link.closed
         link.on_data = self._data_received
         link.on_close = self._link_closed
+
+    @property
+    def on_frame(self) -> FrameHandler:
+        return self._on_frame or _ignore
+
+    @on_frame.setter
+    def on_frame(self, handler: FrameHandler) -> None:
+        self._on_frame = handler
+        early, self._early = self._early, []
+        for frame in early:
+            handler(self, frame)
 
     @property
     def peer(self) -> PeerIdentity | None:
@@ -127,7 +145,10 @@ class Channel:
         self._flush()
         for ev in events:
             if isinstance(ev, FrameReceived):
-                self.on_frame(self, ev.frame)
+                if self._on_frame is not None:
+                    self._on_frame(self, ev.frame)
+                elif len(self._early) < EARLY_FRAMES:
+                    self._early.append(ev.frame)
             elif isinstance(ev, Authenticated):
                 if not self.authenticated.done():
                     self.authenticated.set_result(ev.peer)
@@ -146,6 +167,10 @@ class Channel:
     def _link_closed(self, reason: str) -> None:
         self._fail(f"link closed before authentication: {reason}")
         self.on_close(self, reason)
+
+
+def _ignore(_channel: Channel, _frame: wire.Frame) -> None:
+    pass
 
 
 def _proof_maker(creds: NodeCredentials, server_cert_sha256: bytes) -> Callable[[bytes], bytes]:

@@ -63,7 +63,7 @@ link owns the session: then the session fails (everyone involved hears the error
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
@@ -271,8 +271,10 @@ class _Session(Generic[L]):
     """Last stage: the client's own link, for TOKENS (None while the client redials)."""
     loop: L | None = None
     """First stage: the last stage's link, its STEPs of the session's ring (`Open.loop`)."""
-    last_reply: wire.Tokens | None = None
-    """Last stage: the latest TOKENS, sent again when the client's link is replaced."""
+    replies: list[wire.Tokens] = field(default_factory=list)
+    """Last stage: the TOKENS the client may not have, sent again when its link is
+    replaced: the latest, and those of the ring since the client's last turn (a
+    TOKENS not `looped`, which the client answered with the step that came next)."""
     last_step_id: int = -1
     """Highest step taken."""
     state: LinkState = LinkState.LINKED
@@ -326,6 +328,11 @@ class SessionRules(Generic[L]):
     def owns(self, link: L, session: str) -> bool:
         s = self._sessions.get(session)
         return s is not None and s.owner == link
+
+    def reply_linked(self, session: str) -> bool:
+        """Last stage: the session's TOKENS have a link to their client now."""
+        s = self._sessions.get(session)
+        return s is not None and s.reply is not None
 
     def state(self, session: str) -> LinkState | None:
         s = self._sessions.get(session)
@@ -496,8 +503,7 @@ class SessionRules(Generic[L]):
             if self.upstream_is_stage and s.owner == ev.link:
                 continue
             s.reply = ev.link
-            if s.last_reply is not None:
-                actions.append(Send(ev.link, s.last_reply))
+            actions += [Send(ev.link, tokens) for tokens in s.replies]
             actions += self._relinked(name, s)
         return actions
 
@@ -573,7 +579,9 @@ class SessionRules(Generic[L]):
         session = self._sessions.get(ev.tokens.session)
         if session is None:
             return []
-        session.last_reply = ev.tokens
+        if session.replies and not session.replies[-1].looped:
+            session.replies.clear()  # the client had it: this step came from its turn
+        session.replies.append(ev.tokens)
         if session.reply is None:  # the client is redialling: sent when it is back
             return []
         return [Send(session.reply, ev.tokens)]

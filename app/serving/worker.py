@@ -548,7 +548,9 @@ class StageWorker:
             ))  # fmt: skip
             future.add_done_callback(lambda f: self._reply_guessed(session, reply, f))
             return
-        if self._ring is not None:  # the next step to the first stage, where it may
+        if self._ring is not None and self._rules.reply_linked(step.session):
+            # The next step to the first stage, where it may; not while the client is
+            # away (it may be gone for good: the session waits for it, as without ring).
             reply = self._ring.go_round(session.open, step, reply)
         self._feed(TokensReady(reply))  # to the client now, or when its link is back
 

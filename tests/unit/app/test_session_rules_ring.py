@@ -146,3 +146,39 @@ def test_the_client_resuming_its_own_link_is_still_a_resume() -> None:
         Resumed("s1", "client"),
     ]
     assert rules.handle(FrameReceived("ring", "last", step(1))) == [Take(step(1), OPEN)]
+
+
+def _tokens(step_id: int, looped: bool) -> wire.Tokens:
+    return wire.Tokens("s1", step_id, (7,), (), 0, False, (), looped=looped)
+
+
+def last_stage() -> SessionRules[str]:
+    rules: SessionRules[str] = SessionRules(is_last=True, upstream_is_stage=True)
+    rules.handle(LinkReady("cl", "client"))
+    rules.handle(LinkReady("up", "stage1"))
+    assert rules.handle(FrameReceived("up", "stage1", OPEN)) == [Begin(OPEN)]
+    return rules
+
+
+def test_a_returning_client_gets_every_tokens_the_ring_sent_since_its_turn() -> None:
+    """The ring does not wait for the client: whatever went out on a link that died
+    unnoticed may be lost, so all of it goes again, in order, on the new link."""
+    from app.serving.session_rules import TokensReady
+
+    rules = last_stage()
+    sent = [_tokens(0, False), _tokens(1, True), _tokens(2, True)]
+    for t in sent:
+        assert rules.handle(TokensReady(t)) == [Send("cl", t)]
+    assert rules.reply_linked("s1")
+    rules.handle(LinkClosed("cl", "gone"))
+    assert not rules.reply_linked("s1")
+    paused = _tokens(3, False)  # the worker does not go round while the client is away
+    assert rules.handle(TokensReady(paused)) == []
+    actions = rules.handle(LinkReady("cl3", "client"))
+    # TOKENS 0 (not looped) had its answer, the client's step 1: it is not sent again.
+    assert [a.frame for a in actions if isinstance(a, Send)] == [*sent[1:], paused]
+    # The client answered TOKENS 3 (not looped) with its own step: all before it is known.
+    assert rules.handle(TokensReady(_tokens(4, True))) == [Send("cl3", _tokens(4, True))]
+    rules.handle(LinkClosed("cl3", "gone"))
+    actions = rules.handle(LinkReady("cl4", "client"))
+    assert [a.frame for a in actions if isinstance(a, Send)] == [_tokens(4, True)]
