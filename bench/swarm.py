@@ -1,13 +1,17 @@
 """Swarm benchmark, side by side in one run (prints tables; --json prints one object):
 
-(a) whole model vs a 3-process swarm on loopback, decode tokens/s, Gemma 3 270M;
+(a) whole model vs a 3-process swarm on loopback, decode tokens/s, Gemma 3 270M, plain
+    decoding round the ring (the last stage sends each next step to the first stage;
+    app.serving.ring), and beside it the client sending every step (`no_ring`);
 (b) per-hop software cost, QUIC vs plain TCP carrying the same STEP frames, f32 and bf16
     (bench/hop_ring.py: forwarder processes, zero compute), back to back and paced as
     the swarm's decode (each hop woken from sleep), and what (a)'s swarm would reach if
     every hop cost what plain TCP's does at that pace (`swarm_vs_mono_tcp_bound`) or
     nothing (`swarm_vs_mono_free_links`: its stages' compute alone);
 (c) a 20-stage chain of the tiny model, each link given 1-56 ms one way by the delay
-    proxy (the seeds' 20-PC fleet), against the bound sum(compute) + sum(delays).
+    proxy (the seeds' 20-PC fleet), against the bound sum(compute) + sum(delays) of
+    the links a token crosses (round the ring: 20, the last stage's link to the first
+    going through the client's proxy, so with its delay).
 
 Part (a) keeps the whole model loaded beside one swarm at a time and alternates, one
 generation of each per round, so each ratio is taken seconds apart; the medians over the
@@ -52,6 +56,10 @@ PROMPT = "Write a short story about a lighthouse keeper who befriends a whale."
 async def one_generation(client: SwarmClient, prompt: list[int], tokens: int) -> dict[str, Any]:
     """One swarm generation's decode figures (the first event, the prompt, left out)."""
     decode = [ev async for ev in client.generate(prompt, tokens)][1:]
+    # Going round the ring (app.serving.ring), a token crosses one link per stage; the
+    # client's path has one more (client -> first stage, last stage -> client).
+    ring = all(e.looped for e in decode[:-1])
+    links = len(decode[0].timings) + (0 if ring else 1)
     trip = statistics.median(e.trip_ms for e in decode)
     compute = statistics.median(sum(t.compute_ms for t in e.timings) for e in decode)
     queue = statistics.median(sum(t.queue_ms for t in e.timings) for e in decode)
@@ -65,7 +73,9 @@ async def one_generation(client: SwarmClient, prompt: list[int], tokens: int) ->
             for i in range(len(decode[0].timings))
         ],
         "network_and_handling_ms": trip - compute - queue,
-        "per_hop_ms": (trip - compute - queue) / (len(decode[0].timings) + 1),
+        "per_hop_ms": (trip - compute - queue) / links,
+        "ring": float(ring),
+        "links": links,
     }
 
 
@@ -74,7 +84,7 @@ def bound_at_hop_cost(whole_ms: float, swarm: dict[str, Any], hop_ms: float) -> 
     every hop costing `hop_ms` (plain TCP's at the same pace: what any transport between
     processes costs on this machine; 0: free links), against a whole model at
     `whole_ms` a token."""
-    hops = len(swarm["per_stage_compute_ms"]) + 1
+    hops = int(swarm["links"])
     stages_ms = float(swarm["compute_ms"]) + float(swarm["queue_ms"])
     return whole_ms / (stages_ms + hops * hop_ms)
 
@@ -129,7 +139,9 @@ async def paired_rounds(
         for pipe in whole.values():
             await pipe.generate(prompt, 8)  # warm-up
         for name, kw in swarms.items():
-            options = {k: v for k, v in kw.items() if k not in ("threads", "library", "env")}
+            options = {
+                k: v for k, v in kw.items() if k not in ("threads", "library", "env", "ring")
+            }
             swarm = LocalSwarm(
                 model=str(model),
                 cuts=[0, 6, 12, 18],
@@ -142,7 +154,7 @@ async def paired_rounds(
             try:
                 assert swarm.route is not None and swarm.client_credentials is not None
                 async with SwarmClient(
-                    swarm.client_credentials, swarm.route, swarm.tuning
+                    swarm.client_credentials, swarm.route, swarm.tuning, ring=kw.get("ring", True)
                 ) as client:
                     await one_generation(client, prompt, tokens)  # warm-up
                     table[name] = [
@@ -233,11 +245,15 @@ async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:
                 swarm.client_credentials, swarm.route, step_timeout=30
             ) as client:
                 events = [ev async for ev in client.generate([1, 2, 3, 4, 5, 6, 7, 8], tokens)][1:]
+            ring = all(e.looped for e in events[:-1])
             # The proxies' own error along a token's path: each link's forward direction
-            # (client -> stage 0 -> ... -> last stage), then the last stage's TOKENS back.
+            # (stage 0 -> ... -> last stage, and into stage 0: from the client, or round
+            # the ring, whose link from the last stage goes through the client's proxy),
+            # and without the ring the last stage's TOKENS back to the client.
             proxies = await swarm.proxy_reports()
             proxy_late = sum(p.late_up.mean_ms for p in proxies[:-1])
-            proxy_late += proxies[-1].late_down.mean_ms
+            if not ring:
+                proxy_late += proxies[-1].late_down.mean_ms
             proxy_late_max = max(max(p.late_up.max_ms, p.late_down.max_ms) for p in proxies)
         finally:
             await swarm.stop()
@@ -245,13 +261,19 @@ async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:
     trip = statistics.median(e.trip_ms for e in events)
     compute = statistics.median(sum(t.compute_ms for t in e.timings) for e in events)
     queue = statistics.median(sum(t.queue_ms for t in e.timings) for e in events)
-    bound = compute + sum(delays)
-    links = len(delays)
+    # The ring's link from the last stage to the first has the client's link's delay (it
+    # goes through that proxy): a token crosses 20 delayed links, not 21.
+    path = delays[:-1] if ring else delays
+    bound = compute + sum(path)
+    links = len(path)
     sangama = trip - bound - proxy_late
     return {
         "stages": 20,
+        "ring": ring,
         "link_delays_ms": delays,
-        "sum_delays_ms": sum(delays),
+        "sum_delays_ms": sum(path),
+        # The bound of the path without the ring (client -> first ... last -> client).
+        "client_path_bound_ms": compute + sum(delays),
         "compute_ms": compute,
         "bound_ms": bound,
         "trip_ms": trip,
@@ -298,10 +320,13 @@ def main() -> int:
         # (WorkerConfig.inline_step_ms; off by default, and only at 1 thread, where a
         # step on a second thread makes no second OpenMP pool: see bench/README.md).
         "inline": {"threads": 1, "library": DEFAULT_LIBRARY, "inline_step_ms": 50.0},
+        # The client sending every step itself (the path before the ring), for comparison.
+        "no_ring": {"threads": 2, "library": DEFAULT_LIBRARY, "ring": False},
     }
     paired = event_loop.run(paired_rounds(model, prompt, args.tokens, configs, args.rounds))
     swarm_runs = paired["swarm"]
     inline = swarm_runs.pop("inline")
+    no_ring = swarm_runs.pop("no_ring")
     default = max(
         (k for k in swarm_runs if k.startswith(DEFAULT_LIBRARY)),
         key=lambda k: swarm_runs[k]["swarm_vs_mono_2_threads"],
@@ -319,6 +344,8 @@ def main() -> int:
     }
     out["swarm_inline"] = inline
     out["swarm_vs_mono_inline"] = inline["swarm_vs_mono"]  # both at 1 thread
+    out["swarm_no_ring"] = no_ring
+    out["swarm_vs_mono_no_ring"] = no_ring["swarm_vs_mono_2_threads"]
     out[f"swarm_vs_mono_{other}"] = swarm_runs[f"{other}_threads_2"]["swarm_vs_mono_2_threads"]
 
     hops: dict[str, dict[str, float]] = {}
@@ -387,7 +414,8 @@ def main() -> int:
         f"{out[f'swarm_vs_mono_{other}']:.2f} ({other}), "
         f"{out['swarm_vs_mono_inline']:.2f} ({DEFAULT_LIBRARY}, 1 thread, steps inline); "
         f"same threads: 1 {out['swarm_vs_mono_by_threads']['1']:.2f}, "
-        f"2 {out['swarm_vs_mono_by_threads']['2']:.2f}"
+        f"2 {out['swarm_vs_mono_by_threads']['2']:.2f}; "
+        f"the client sending every step (no ring) {out['swarm_vs_mono_no_ring']:.2f}"
     )
     print(
         f"(b) per-hop software cost, one 640-wide row, 3 forwarders (4 links); "
@@ -407,11 +435,13 @@ def main() -> int:
         f"swarm_vs_mono {out['swarm_vs_mono_tcp_bound']:.2f}, with free links "
         f"{out['swarm_vs_mono_free_links']:.2f}"
     )
-    print("(c) 20 stages, tiny model, 1-56 ms per link")
+    path = "round the ring, 20 links" if w["ring"] else "client's path, 21 links"
+    print(f"(c) 20 stages, tiny model, 1-56 ms per link ({path})")
     print(
         f"  trip {w['trip_ms']:.1f} ms; bound {w['bound_ms']:.1f} ms "
         f"(compute {w['compute_ms']:.1f} + delays {w['sum_delays_ms']:.0f}); "
-        f"wan20_vs_bound {w['wan20_vs_bound']:.3f}"
+        f"wan20_vs_bound {w['wan20_vs_bound']:.3f}; the client's path's bound "
+        f"{w['client_path_bound_ms']:.1f} ms"
     )
     print(
         f"  over the bound {w['overhead_ms']:.1f} ms = delay proxies late "
