@@ -564,12 +564,7 @@ class StageWorker:
     # ------------------------------------------------------------ ending sessions
 
     def _fail(
-        self,
-        name: str,
-        code: ErrorCode,
-        message: str,
-        *,
-        forward_close: bool = True,
+        self, name: str, code: ErrorCode, message: str, *, forward_close: bool = True
     ) -> None:
         self._feed(Failed(name, code, message, forward_close))
 
