@@ -20,7 +20,10 @@ CPU buffers, so this is also what makes the two run the same kernels; on CPUs wh
 llama.cpp's AMX kernels crash it is required. bench/rpc_build.py builds the server and
 the client module once (~10 min on two cores, cached under ~/.cache/sangama/rpc/).
 
-    .venv/bin/python bench/rpc_compare.py [--json] [--delays 0,5,10] [--tokens 32]
+At each delay the two run `--rounds` times in turn (Sangama, then RPC); the table gives
+the medians of their tok/s and of the rounds' ratios.
+
+    .venv/bin/python bench/rpc_compare.py [--json] [--delays 0,5,10] [--tokens 32] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -54,10 +57,16 @@ class Row:
     delay_ms: float
     sangama_tps: float
     rpc_tps: float
+    round_ratios: tuple[float, ...] = ()
+    """Sangama / RPC of each round (one run of each, back to back); empty: one round."""
 
     @property
     def ratio(self) -> float:
-        """Sangama / RPC decode tokens per second; > 1: Sangama is ahead."""
+        """Sangama / RPC decode tokens per second; > 1: Sangama is ahead. With rounds, the
+        median of the rounds' ratios (this VM's speed drifts between minutes; each
+        round's pair is taken seconds apart)."""
+        if self.round_ratios:
+            return statistics.median(self.round_ratios)
         return self.sangama_tps / self.rpc_tps if self.rpc_tps > 0 else float("inf")
 
 
@@ -232,6 +241,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32, help="decode tokens per run")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per stage / server")
     ap.add_argument("--repack", type=int, choices=[0, 1], default=0)
+    ap.add_argument("--rounds", type=int, default=3, help="paired runs of both per delay")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -247,24 +257,36 @@ def main() -> int:
     same: list[bool] = []
     for delay in [float(x) for x in args.delays.split(",")]:
         # Alternate the two at each delay so drift on a shared machine hits both alike.
-        ours, our_tokens = asyncio.run(sangama_tps(model, delay, args.tokens, args.threads))
-        result = rpc_run(
-            binaries["libggml-rpc.so"],
-            binaries["ggml-rpc-server"],
-            model,
-            delay,
-            args.tokens,
-            args.threads,
-            args.repack,
+        pairs: list[tuple[float, float]] = []
+        for _ in range(args.rounds):
+            ours, our_tokens = asyncio.run(sangama_tps(model, delay, args.tokens, args.threads))
+            result = rpc_run(
+                binaries["libggml-rpc.so"],
+                binaries["ggml-rpc-server"],
+                model,
+                delay,
+                args.tokens,
+                args.threads,
+                args.repack,
+            )
+            theirs = float(result["tokens_per_s"])
+            their_tokens = [int(t) for t in result["tokens"]]
+            pairs.append((ours, theirs))
+            same.append(our_tokens[: len(their_tokens)] == their_tokens[: len(our_tokens)])
+        rows.append(
+            Row(
+                delay,
+                statistics.median(p[0] for p in pairs),
+                statistics.median(p[1] for p in pairs),
+                tuple(a / b for a, b in pairs) if len(pairs) > 1 else (),
+            )
         )
-        theirs, their_tokens = float(result["tokens_per_s"]), [int(t) for t in result["tokens"]]
-        rows.append(Row(delay, ours, theirs))
-        same.append(our_tokens[: len(their_tokens)] == their_tokens[: len(our_tokens)])
     load.append(os.getloadavg()[0])
     meta = {
         "model": model.name,
         "cuts": CUTS,
         "tokens": args.tokens,
+        "rounds": args.rounds,
         "threads": args.threads,
         "repack": args.repack,
         "loadavg": load,
@@ -276,8 +298,9 @@ def main() -> int:
         print(json.dumps(as_json(rows, meta), indent=1))
         return 0
     print(
-        f"Sangama (3-stage swarm, push-forward) vs llama.cpp RPC (3 rpc-servers, star), "
-        f"{model.name}, {args.tokens} tokens, {args.threads} thread(s) per stage, "
+        f"Sangama (3-stage swarm, push-forward round the ring) vs llama.cpp RPC "
+        f"(3 rpc-servers, star), {model.name}, {args.tokens} tokens, {args.rounds} paired "
+        f"round(s) a delay (medians), {args.threads} thread(s) per stage, "
         f"repack {args.repack}; load {load[0]:.1f} -> {load[1]:.1f}"
     )
     print("\n".join(table(rows)))

@@ -30,6 +30,14 @@ def test_ratio_is_sangama_over_rpc_and_json_carries_it_per_delay() -> None:
     assert lines[1].split()[-1] == "1.50" and lines[2].split()[-1] == "0.75"
 
 
+def test_with_rounds_the_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    """Each round's pair is taken seconds apart; the medians of tok/s come from different
+    rounds, so their quotient is not the figure."""
+    row = Row(5.0, 20.0, 18.0, round_ratios=(1.4, 0.9, 1.2))
+    assert row.ratio == 1.2
+    assert json.loads(json.dumps(as_json([row], {})))["rows"][0]["round_ratios"] == [1.4, 0.9, 1.2]
+
+
 def test_the_build_cache_is_named_by_its_recipe_and_empty_until_built(tmp_path: object) -> None:
     assert cache_dir().parent.name == "rpc"
     assert {name for name, *_ in RECIPES} == {"ggml-rpc-server", "libggml-rpc.so"}
