@@ -48,6 +48,12 @@ class Loop:
     last_node: str
     """The last stage: the one node besides the client the first stage takes the
     session's STEPs from."""
+    guesses: int = 0
+    """Up to this many n-gram guesses a step round the ring may carry, chosen by the last
+    stage from the session's tokens (core.drafting); 0: plain steps only."""
+    adaptive: bool = True
+    """The guesses follow what pays (core.drafting's adaptive policy); False: always
+    `guesses` where the text has them."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -142,7 +148,11 @@ class Tokens:
     """Optional diagnostics (tests compare logits); opaque to the wire."""
     looped: bool = False
     """The last stage sent the next step to the first stage itself (`Open.loop`): the
-    client waits for its TOKENS and sends nothing. An optional tail, absent when False."""
+    client waits for its TOKENS and sends nothing."""
+    guessed: int = 0
+    """How many guesses the answered step carried, when the ring sent it (the client did
+    not build it, so it does not know); 0 otherwise. With `looped`, an optional tail of
+    two bytes, absent when both are unset."""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from net.wire_format import (
     MIN_NONCE,
     POS_MAX,
     TOKEN_MAX,
+    U8_MAX,
     U16_MAX,
     U32_MAX,
     U64_MAX,
@@ -99,12 +100,19 @@ def _check_open(frame: Open, limits: Limits) -> None:
         _check_loop(frame.loop, limits)
 
 
+MAX_RING_GUESSES = 32
+"""Guesses a step round the ring may carry (a client drafts 6 at most by default)."""
+
+
 def _check_loop(loop: Loop, limits: Limits) -> None:
     for name in ("first_node", "first_address", "last_node"):
         value = getattr(loop, name)
         _check_string(name, value, limits)
         if not value:
             raise FrameError(ErrorCode.BAD_VALUE, f"loop {name} is empty")
+    if not 0 <= loop.guesses <= MAX_RING_GUESSES:
+        raise FrameError(ErrorCode.BAD_VALUE, f"loop guesses {loop.guesses} outside "
+                         f"0..{MAX_RING_GUESSES}")  # fmt: skip
     if loop.first_node == loop.last_node:
         raise FrameError(ErrorCode.BAD_VALUE, "a loop needs two stages (first is last)")
     host, _, port = loop.first_address.rpartition(":")
@@ -216,6 +224,9 @@ def _check_tokens_frame(frame: Tokens, limits: Limits) -> None:
     _check_token_list("tokens", frame.tokens, limits.max_tokens_per_frame)
     _check_token_list("drafts", frame.drafts, limits.max_drafts)
     _check_int("n_accepted", frame.n_accepted, limits.max_drafts)
+    _check_int("guessed", frame.guessed, min(limits.max_drafts, U8_MAX))
+    if frame.n_accepted > frame.guessed and frame.guessed:
+        raise FrameError(ErrorCode.BAD_VALUE, "more guesses accepted than the step carried")
     _check_timings(frame.timings, limits)
 
 

@@ -19,6 +19,7 @@ HEADER = struct.Struct(">IBB")
 LENGTH = struct.Struct(">I")
 """The header's first field alone: checked before the rest of the header arrives."""
 
+U8_MAX = 0xFF
 U16_MAX = 0xFFFF
 U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF

@@ -136,7 +136,8 @@ def _read_open(r: _Reader) -> Open:
     from_layer = r.u(_U32) if r.offset < len(r.body) else None  # absent: the last stage
     loop = None
     if r.offset < len(r.body):  # the ring's tail; the layer slot is always there before it
-        loop = Loop(r.string(), r.string(), r.string())
+        first, address, last = r.string(), r.string(), r.string()
+        loop = Loop(first, address, last, r.u(_U8), r.flag("adaptive"))
         from_layer = None if from_layer == U32_MAX else from_layer
     elif not resumes or from_layer == U32_MAX:  # one encoding per frame
         raise FrameError(ErrorCode.MALFORMED, "a resume tail without a session it resumes")
@@ -166,12 +167,13 @@ def _read_tokens(r: _Reader) -> Tokens:
     session, step_id, tokens, drafts = r.string(), r.u(_U64), r.ints(), r.ints()
     n_accepted, finished = r.u(_U32), r.flag("finished")
     timings, logits = r.timings(), r.blob()
-    looped = False
-    if r.offset != len(r.body):  # the optional tail: the next step went round the ring
-        looped = r.flag("looped")
-        if not looped:  # one encoding per frame: the writer omits a false tail
-            raise FrameError(ErrorCode.MALFORMED, "a looped tail of 0 (omitted when false)")
-    return Tokens(session, step_id, tokens, drafts, n_accepted, finished, timings, logits, looped)
+    looped, guessed = False, 0
+    if r.offset != len(r.body):  # the optional tail: the ring's
+        looped, guessed = r.flag("looped"), r.u(_U8)
+        if not looped and not guessed:  # one encoding per frame: the writer omits it
+            raise FrameError(ErrorCode.MALFORMED, "a ring tail of zeros (omitted when unset)")
+    return Tokens(session, step_id, tokens, drafts, n_accepted, finished, timings, logits,
+                  looped, guessed)  # fmt: skip
 
 
 def _read_error(r: _Reader) -> Error:

@@ -87,6 +87,7 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
                     w.string(frame.loop.first_node)
                     w.string(frame.loop.first_address)
                     w.string(frame.loop.last_node)
+                    w.pack(">BB", frame.loop.guesses, frame.loop.adaptive)
                 elif frame.resume_from_layer is not None:
                     w.pack(">I", frame.resume_from_layer)
             return FrameType.OPEN
@@ -115,8 +116,8 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
             w.pack(">IB", frame.n_accepted, frame.finished)
             w.timings(frame.timings)
             w.blob(frame.logits_sample)
-            if frame.looped:  # the optional tail: absent, the TOKENS is as before
-                w.pack(">B", 1)
+            if frame.looped or frame.guessed:  # the optional tail: absent, as before
+                w.pack(">BB", frame.looped, frame.guessed)
             return FrameType.TOKENS
         case Close():
             w.string(frame.session)

@@ -25,14 +25,14 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
-from app.client.ngram_drafts import DraftTracker
 from app.config import Route
+from app.draft_tracker import DraftTracker
 from app.errors import ClientError, RouteUnavailable, StageTimeout, stage_error
 from app.redial import dial_until
 from app.replay_resume import ResumeRef
 from app.replay_shapes import Segment, plain_segments
 from app.wire_convert import sampling_to_wire
-from core.drafting import GuessPolicy
+from core.drafting import NGRAM, GuessPolicy
 from core.types import SamplingParams
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
@@ -40,6 +40,7 @@ from net.errors import NetError
 from net.quic import QuicTuning
 from net.replay import ReplayLog
 from net.tensors import WireDtype
+from net.wire_checks import MAX_RING_GUESSES
 
 DEFAULT_CHUNK = 64
 NO_GUESSES = GuessPolicy.fixed(0)
@@ -270,7 +271,7 @@ class SwarmClient:
         (app.replay_shapes).
 
         Each step may also carry n-gram guesses that one trip verifies
-        (app.client.ngram_drafts; `guesses`, default the client's own `self.guesses`); an
+        (app.draft_tracker; `guesses`, default the client's own `self.guesses`); an
         event then holds every token that trip confirmed."""
         if guesses is None:
             guesses = self.guesses
@@ -287,14 +288,23 @@ class SwarmClient:
         route = self.route
         loops = (
             self.ring
-            and guesses.max_guesses == 0  # steps with n-gram guesses are the client's
+            # n-gram guesses the last stage can draft round the ring; MTP ones are its
+            # head's, offered to whoever builds the step: the client keeps that turn.
+            and (guesses.max_guesses == 0 or guesses.source == NGRAM)
+            and guesses.max_guesses <= MAX_RING_GUESSES
             and len(route.stages) > 1
             # A last stage on this node would be taken for the client resuming its link.
             and route.last.node_id not in (self.creds.node_id, route.first.node_id)
         )
         first, last = route.first, route.last
         loop = (
-            wire.Loop(first.node_id, wire.Loop.address_text(first.address), last.node_id)
+            wire.Loop(
+                first.node_id,
+                wire.Loop.address_text(first.address),
+                last.node_id,
+                guesses.max_guesses,
+                guesses.adaptive,
+            )
             if loops
             else None
         )
@@ -326,6 +336,7 @@ class SwarmClient:
                 step_id += 1
             drafting = DraftTracker(prompt, max_tokens, guesses)
             n_drafts = 0
+            went_round = False  # the step now answered was the ring's, not ours
             timeout = self.first_token_timeout
             while True:
                 frame = await self._next(queue, timeout, step_id - 1)
@@ -346,23 +357,27 @@ class SwarmClient:
                     trip_ms,
                     frame.n_accepted,
                     logits,
-                    n_drafts,
+                    frame.guessed if went_round else n_drafts,
                     frame.looped,
                 )
                 yield event
-                drafting.reply(frame.tokens, frame.n_accepted, trip_ms, frame.drafts)
+                if went_round:
+                    drafting.went_round(frame.tokens, frame.guessed - frame.n_accepted)
+                else:
+                    drafting.reply(frame.tokens, frame.n_accepted, trip_ms, frame.drafts)
                 if drafting.produced >= max_tokens or frame.finished or ended is not None:
                     break
                 timeout = self.step_timeout
-                nxt = drafting.next_step()
-                n_drafts = len(nxt.drafts)
                 sent = time.perf_counter()
-                if not frame.looped:
+                if frame.looped and loop is None:
+                    raise ClientError(f"TOKENS of step {frame.step_id} went round unasked")
+                went_round = frame.looped
+                if not went_round:
+                    nxt = drafting.next_step()
+                    n_drafts = len(nxt.drafts)
                     self._send_first(
                         self._step(name, step_id, nxt.start, nxt.tokens, nxt.drafts, nxt.keep_until)
                     )
-                elif nxt.drafts or loop is None:  # the ring carries plain steps only
-                    raise ClientError(f"TOKENS of step {frame.step_id} went round unasked")
                 step_id += 1
         finally:
             del self._queues[name]

@@ -7,10 +7,13 @@ sends the step of the token it chose to the first stage itself and TOKENS to the
 beside it, marked `looped`: the client link leaves the token's path. Over a WAN that is
 one delay a token fewer of N+1; on one machine, a process fewer woken per token.
 
-The last stage goes round only where the client would have sent exactly that step: one
-token chosen, no guesses to verify either way, the generation not finished. Everything
-else (prompt chunks, drafts, the MTP head's guesses, a reply after the last token) keeps
-the client's path, and a TOKENS without `looped` tells the client to send the next step.
+The last stage goes round only where the client would have sent that step itself: the
+generation not finished, no MTP guesses riding back, the reply answering the step just
+taken. A plain ring (`Loop.guesses` 0) carries one token a step, as the client would;
+with guesses the ring drafts them itself (`RingDrafts`: the client's `DraftTracker` on
+the session's tokens, timed by the ring's own trips), so guessed decoding goes round
+too. Everything else keeps the client's path, and a TOKENS without `looped` tells the
+client to send the next step.
 
 The links to first stages are `app.serving.downstream.Downstream`s: dialled lazily (the
 OPEN goes first, as the first stage takes the session's STEPs only from the last stage
@@ -23,11 +26,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 from app.config import Hop
+from app.draft_tracker import DraftTracker
+from app.errors import ClientError
 from app.serving.downstream import Dialer, Downstream
+from app.serving.worker_state import ServedSession
+from core.drafting import GuessPolicy
 from net import wire
 from net.channel import Channel, NodeCredentials
 from net.errors import ErrorCode
@@ -40,17 +47,12 @@ log = logging.getLogger(__name__)
 def looped_step(open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> wire.Step | None:
     """The step the client would send after `reply`, when the last stage may send it to
     the first stage instead (pure): None where the client keeps the turn."""
-    if open_.loop is None or reply.finished or reply.drafts or step.drafts:
+    if not may_go_round(open_, step, reply) or step.drafts or len(reply.tokens) != 1:
         return None
-    if len(reply.tokens) != 1 or reply.step_id != step.step_id:
-        return None
-    position = step.start + step.n_rows  # where the chosen token goes
-    if position < open_.prompt_len:
-        return None  # a prompt chunk before the last one: nothing was chosen
     return wire.Step(
         session=step.session,
         step_id=step.step_id + 1,
-        start=position,
+        start=step.start + step.n_rows,  # where the chosen token goes
         tokens=reply.tokens,
         hidden=None,
         n_rows=1,
@@ -58,6 +60,83 @@ def looped_step(open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> wire.S
         wire_dtype=WireDtype.F32,
         sent_at_ns=time.time_ns(),
     )
+
+
+@dataclass
+class _Drafted:
+    tracker: DraftTracker
+    sent_step: int
+    """The step id of the last step the ring sent."""
+    sent_at: float
+    """time.perf_counter() when it went: its answer's trip."""
+
+
+class RingDrafts:
+    """The guesses of every session that drafts round the ring (no IO): per session the
+    client's `DraftTracker`, fed the last stage's answers. Where the answered step was
+    not the ring's (the prompt's last chunk, a step of the client's after a pause), the
+    tracker starts again from the tokens the stage holds."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Drafted] = {}
+
+    def next_step(
+        self, session: ServedSession, step: wire.Step, reply: wire.Tokens, now: float
+    ) -> wire.Step | None:
+        """The step after `reply`, with the guesses the tracker chooses; None where the
+        client keeps the turn (`may_go_round`)."""
+        loop = session.open.loop
+        if loop is None or not loop.guesses or not may_go_round(session.open, step, reply):
+            return None
+        name = step.session
+        held = self._sessions.get(name)
+        if held is not None and held.sent_step == step.step_id:
+            try:
+                held.tracker.reply(reply.tokens, reply.n_accepted, (now - held.sent_at) * 1e3)
+            except ClientError:  # an answer that does not fit the step: start again below
+                held = None
+        else:
+            held = None
+        if held is None:
+            # The stage's tokens before this step's guesses, then the answer's tokens.
+            known = session.history[: step.start + step.n_rows - len(step.drafts)]
+            policy = GuessPolicy(max_guesses=loop.guesses, adaptive=loop.adaptive)
+            tracker = DraftTracker(known, session.open.max_tokens, policy)
+            tracker.produced = session.generated - len(reply.tokens)
+            tracker.went_round(reply.tokens, len(step.drafts) - reply.n_accepted)
+            held = self._sessions[name] = _Drafted(tracker, -1, now)
+        nxt = held.tracker.next_step()
+        held.sent_step, held.sent_at = step.step_id + 1, now
+        return wire.Step(
+            session=name,
+            step_id=step.step_id + 1,
+            start=nxt.start,
+            tokens=nxt.tokens,
+            hidden=None,
+            n_rows=len(nxt.tokens),
+            width=0,
+            wire_dtype=WireDtype.F32,
+            drafts=nxt.drafts,
+            keep_until=nxt.keep_until,
+            sent_at_ns=time.time_ns(),
+        )
+
+    def sent(self, session: str, step_id: int) -> bool:
+        """The ring sent this step (with the guesses it carries)."""
+        held = self._sessions.get(session)
+        return held is not None and held.sent_step == step_id
+
+    def forget(self, session: str) -> None:
+        self._sessions.pop(session, None)
+
+
+def may_go_round(open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> bool:
+    """Whether the last stage may send the step after `reply` itself (pure)."""
+    if open_.loop is None or reply.finished or reply.drafts:
+        return False
+    if reply.step_id != step.step_id:
+        return False
+    return step.start + step.n_rows >= open_.prompt_len  # not a chunk before the last
 
 
 ErrorSink = Callable[[str, ErrorCode, str], None]
@@ -86,6 +165,7 @@ class Ring:
         self._route_of: dict[str, str] = {}
         """Session -> the first stage its steps go round to."""
         self._dirty: set[Downstream] = set()
+        self._drafts = RingDrafts()
         self.steps_sent = 0
 
     def __contains__(self, session: object) -> bool:
@@ -111,12 +191,21 @@ class Ring:
         self._route_of[frame.session] = node
         link.send(frame)
 
-    def go_round(self, open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> wire.Tokens:
-        """Send the next step to the first stage where the rules allow (`looped_step`);
-        the reply, marked `looped` if it went."""
+    def go_round(self, session: ServedSession, step: wire.Step, reply: wire.Tokens) -> wire.Tokens:
+        """Send the next step to the first stage where it may go (`looped_step`, or with
+        guesses `RingDrafts`); the reply, marked `looped` if it went, and carrying the
+        answered step's guess count when the ring sent that step with guesses."""
+        if step.drafts and self._drafts.sent(step.session, step.step_id):
+            reply = replace(reply, guessed=len(step.drafts))
         node = self._route_of.get(step.session)
-        onward = None if node is None else looped_step(open_, step, reply)
-        if onward is None or node is None:
+        if node is None:
+            return reply
+        loop = session.open.loop
+        if loop is not None and loop.guesses:
+            onward = self._drafts.next_step(session, step, reply, time.perf_counter())
+        else:
+            onward = looped_step(session.open, step, reply)
+        if onward is None:
             return reply
         link = self._links[node]
         link.send(onward)
@@ -133,6 +222,7 @@ class Ring:
     def forget(self, session: str) -> None:
         """The session ended here; the first stage ends it by its own CLOSE."""
         node = self._route_of.pop(session, None)
+        self._drafts.forget(session)
         link = None if node is None else self._links.get(node)
         if link is not None:
             link.forget(session)

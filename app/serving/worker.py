@@ -551,7 +551,7 @@ class StageWorker:
         if self._ring is not None and self._rules.reply_linked(step.session):
             # The next step to the first stage, where it may; not while the client is
             # away (it may be gone for good: the session waits for it, as without ring).
-            reply = self._ring.go_round(session.open, step, reply)
+            reply = self._ring.go_round(session, step, reply)
         self._feed(TokensReady(reply))  # to the client now, or when its link is back
 
     def _reply_guessed(

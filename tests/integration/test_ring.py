@@ -14,6 +14,7 @@ from app.client.swarm_client import SwarmClient, TokenEvent
 from app.errors import ClientError, StageTimeout
 from app.lab.local_run import build_pipeline
 from app.lab.local_swarm import LocalSwarm
+from core.drafting import GuessPolicy
 from core.tokenizer import Tokenizer
 from core.types import LayerRange
 from net import wire
@@ -123,3 +124,32 @@ def test_a_first_stage_vanishing_mid_ring_is_a_typed_error(
     err = asyncio.run(scenario())
     assert isinstance(err, ClientError), err
     assert not isinstance(err, StageTimeout), err  # detected, not waited out
+
+
+def test_guessed_decoding_goes_round_the_ring_and_keeps_the_plain_answer(
+    gemma_path: Path,
+) -> None:
+    """n-gram guesses drafted by the last stage: fewer trips than tokens, the client
+    sends the prompt only, and the tokens are plain greedy decoding's."""
+    tok = Tokenizer.from_gguf(gemma_path)
+    prompt = tok.encode("one two three four five one two three four five one two three")
+    tok.close()
+    n = 24
+
+    async def scenario() -> tuple[list[TokenEvent], list[TokenEvent], int]:
+        async with LocalSwarm(model=str(gemma_path), cuts=CUTS) as swarm:
+            assert swarm.route is not None and swarm.client_credentials is not None
+            client = CountingClient(swarm.client_credentials, swarm.route)
+            async with client:
+                plain = await _collect(client.generate(prompt, n))
+                before = client.steps_sent
+                guessed = await _collect(client.generate(prompt, n, guesses=GuessPolicy.parse("4")))
+                return plain, guessed, client.steps_sent - before
+
+    plain, guessed, steps = asyncio.run(scenario())
+    assert [t for ev in guessed for t in ev.tokens] == [t for ev in plain for t in ev.tokens]
+    assert steps == 1  # the prompt; every guessed step went round
+    assert all(ev.looped for ev in guessed[:-1])
+    assert sum(ev.n_drafts for ev in guessed) > 0
+    assert all(ev.n_accepted <= ev.n_drafts for ev in guessed)
+    assert sum(ev.n_accepted for ev in guessed) > 0 and len(guessed) < n

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.client.ngram_drafts import DraftTracker
+from app.draft_tracker import DraftTracker
 from app.errors import ClientError
 from app.serving.mtp_guesses import chosen_position
 from core.drafting import GuessPolicy, choose_drafts

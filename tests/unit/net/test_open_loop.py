@@ -28,7 +28,7 @@ def _string(text: str) -> bytes:
 
 def test_a_loop_tail_follows_an_empty_resume_group_and_a_layer_slot() -> None:
     tail = _string("") + struct.pack(">II", 0, 0) + struct.pack(">I", U32_MAX)
-    tail += _string("first") + _string("10.0.0.1:7000") + _string("last")
+    tail += _string("first") + _string("10.0.0.1:7000") + _string("last") + b"\x00\x01"
     assert encode(LOOPED)[HEADER.size :] == encode(PLAIN)[HEADER.size :] + tail
     assert decode(encode(LOOPED)) == LOOPED
 
@@ -90,13 +90,26 @@ def test_addresses_round_trip_through_their_text(address: tuple[str, int], text:
     assert Loop("a", text, "b").address == address
 
 
-def test_looped_tokens_add_one_byte_and_a_zero_byte_is_malformed() -> None:
+def test_the_guesses_a_ring_may_draft_travel_with_the_loop() -> None:
+    drafting = dataclasses.replace(PLAIN, loop=Loop("a", "h:1", "b", guesses=6, adaptive=False))
+    assert decode(encode(drafting)) == drafting
+    with pytest.raises(FrameError) as refused:
+        encode(dataclasses.replace(PLAIN, loop=Loop("a", "h:1", "b", guesses=33)))
+    assert refused.value.code is ErrorCode.BAD_VALUE
+
+
+def test_the_ring_tail_of_tokens_adds_two_bytes_and_zeros_are_malformed() -> None:
     plain = Tokens("s", 3, (5,), (), 0, False, ())
     looped = dataclasses.replace(plain, looped=True)
-    assert encode(looped)[HEADER.size :] == encode(plain)[HEADER.size :] + b"\x01"
-    assert decode(encode(looped)) == looped and decode(encode(plain)) == plain
+    assert encode(looped)[HEADER.size :] == encode(plain)[HEADER.size :] + b"\x01\x00"
+    guessed = dataclasses.replace(plain, tokens=(5, 6, 7), n_accepted=2, guessed=4)
+    for frame in (plain, looped, guessed, dataclasses.replace(guessed, looped=True)):
+        assert decode(encode(frame)) == frame
     data = bytearray(encode(looped))
-    data[-1] = 0
+    data[-2] = 0
     with pytest.raises(FrameError) as refused:
         decode(bytes(data))
     assert refused.value.code is ErrorCode.MALFORMED
+    with pytest.raises(FrameError) as refused:  # more accepted than the step carried
+        encode(dataclasses.replace(guessed, guessed=1))
+    assert refused.value.code is ErrorCode.BAD_VALUE

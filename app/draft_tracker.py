@@ -1,4 +1,5 @@
-"""The client's side of drafting, without IO: what the next STEP carries.
+"""Drafting without IO: what the next STEP carries (the client's, or the ring's on the
+last stage: app.serving.ring).
 
 One `DraftTracker` per generation. After each TOKENS it is told what came back; it then
 says where the next step starts, which rows it carries (the newest token, then up to k
@@ -80,6 +81,17 @@ class DraftTracker:
             self.pos += 1 + n_accepted
         self.history.extend(tokens)
         self.produced += len(tokens)
+
+    def went_round(self, tokens: Sequence[int], rejected: int = 0) -> None:
+        """TOKENS of a step that the last stage sent round the ring (its guesses were not
+        chosen here): take its tokens as the answer's. The stages hold the `rejected`
+        guesses past them, so a step built after this cuts there (`keep_until`)."""
+        self.history.extend(tokens)
+        self.produced += len(tokens)
+        self.pos = len(self.history) - 1  # the newest token is the next step's first row
+        self.cached = self.pos + rejected
+        self._last_drafts = ()
+        self._offered = ()
 
     def next_step(self) -> NextStep:
         """The step after the latest reply (call `reply` first)."""
