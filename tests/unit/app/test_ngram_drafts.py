@@ -34,3 +34,22 @@ def test_no_guesses_past_max_tokens_and_none_without_a_match() -> None:
     plain = DraftTracker([1, 2, 3], max_tokens=10, policy=GuessPolicy.fixed(4))
     plain.reply([4], 0, 1.0)
     assert plain.next_step().drafts == ()
+
+
+def test_after_steps_that_went_round_the_client_builds_the_step_a_tracker_would() -> None:
+    """The ring drafted the last steps (their guesses unknown here, only how many were
+    rejected): when the turn comes back, the client's step starts at the newest token
+    and cuts the rejected guesses, as a tracker that drafted them would."""
+    prompt = [1, 2, 3, 4, 1, 2]
+    own = DraftTracker(prompt, max_tokens=20, policy=GuessPolicy.fixed(3))
+    told = DraftTracker(prompt, max_tokens=20, policy=GuessPolicy.fixed(3))
+    own.reply([3], 0, 1.0)
+    told.went_round([3])  # the prompt's answer, its next step sent round the ring
+    own.next_step()  # (3, 4, 1, 2): the ring's step, with guesses 4 1 2
+    own.reply([4, 1, 9], 2, 1.0)
+    told.went_round([4, 1, 9], rejected=1)  # the ring's step carried 3, 2 stood
+    assert told.next_step() == own.next_step()
+    assert told.produced == own.produced == 4
+    clean = DraftTracker(prompt, max_tokens=20, policy=GuessPolicy.fixed(3))
+    clean.went_round([3])
+    assert clean.next_step().keep_until is None  # nothing rejected: nothing to cut
