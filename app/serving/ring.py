@@ -1,4 +1,4 @@
-"""The ring: the last stage sends each plain decode step straight to the first stage.
+"""The ring: the last stage sends each decode step straight to the first stage.
 
 Without it a token's trip is client -> first stage -> ... -> last stage -> client, and the
 client turns every TOKENS into the next STEP: two links and a loop turn of the client's
