@@ -2,12 +2,13 @@
 
 The client holds two channels: to the first stage (OPEN, STEP, CLOSE go there and
 travel down the chain) and to the last stage (TOKENS come back on it directly). In plain
-decoding the last stage sends each next step to the first stage itself (the ring,
-app.serving.ring) and the client only reads; a TOKENS not marked `looped` hands the turn
-back to it. When the
+and n-gram-guessed decoding the last stage sends each next step to the first stage
+itself (the ring, app.serving.ring) and the client only reads; a TOKENS not marked
+`looped` hands the turn back to it. When the
 path of either dies, the client dials again (within `relink_timeout`) and the running
 generations continue: the first stage is sent each session's OPEN and unconfirmed STEPs
-again (net.replay), the last stage sends the latest TOKENS again, and duplicates are
+again (net.replay), the last stage sends the TOKENS since the client's last turn again
+(session_rules), and duplicates are
 ignored on both sides. A stage that fails or vanishes surfaces as a typed `ClientError`:
 an ERROR relayed up the chain, a stage that cannot be reached again, or at worst the
 step deadline.
@@ -118,8 +119,9 @@ class SwarmClient:
     ) -> None:
         self.creds = creds
         self.ring = ring
-        """Plain decoding goes round the ring (app.serving.ring): the last stage sends
-        each next step to the first stage itself. False: this client sends every step."""
+        """Decoding goes round the ring (app.serving.ring), plain or with n-gram guesses:
+        the last stage sends each next step to the first stage itself. False: this
+        client sends every step."""
         self.guesses = guesses
         """Guessing ahead for generations that do not choose (core.drafting). Plain by
         default here, so a library caller gets plain decoding's exact rows unless it asks;

@@ -49,15 +49,28 @@ def looped_step(open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> wire.S
     the first stage instead (pure): None where the client keeps the turn."""
     if not may_go_round(open_, step, reply) or step.drafts or len(reply.tokens) != 1:
         return None
+    return _token_step(step, step.start + step.n_rows, reply.tokens)  # the chosen token's
+
+
+def _token_step(
+    answered: wire.Step,
+    start: int,
+    tokens: tuple[int, ...],
+    drafts: tuple[int, ...] = (),
+    keep_until: int | None = None,
+) -> wire.Step:
+    """The token step after `answered`, as the client would build it (ids, no rows)."""
     return wire.Step(
-        session=step.session,
-        step_id=step.step_id + 1,
-        start=step.start + step.n_rows,  # where the chosen token goes
-        tokens=reply.tokens,
+        session=answered.session,
+        step_id=answered.step_id + 1,
+        start=start,
+        tokens=tokens,
         hidden=None,
-        n_rows=1,
+        n_rows=len(tokens),
         width=0,
         wire_dtype=WireDtype.F32,
+        drafts=drafts,
+        keep_until=keep_until,
         sent_at_ns=time.time_ns(),
     )
 
@@ -107,19 +120,7 @@ class RingDrafts:
             held = self._sessions[name] = _Drafted(tracker, -1, now)
         nxt = held.tracker.next_step()
         held.sent_step, held.sent_at = step.step_id + 1, now
-        return wire.Step(
-            session=name,
-            step_id=step.step_id + 1,
-            start=nxt.start,
-            tokens=nxt.tokens,
-            hidden=None,
-            n_rows=len(nxt.tokens),
-            width=0,
-            wire_dtype=WireDtype.F32,
-            drafts=nxt.drafts,
-            keep_until=nxt.keep_until,
-            sent_at_ns=time.time_ns(),
-        )
+        return _token_step(step, nxt.start, nxt.tokens, nxt.drafts, nxt.keep_until)
 
     def sent(self, session: str, step_id: int) -> bool:
         """The ring sent this step (with the guesses it carries)."""
@@ -166,10 +167,6 @@ class Ring:
         """Session -> the first stage its steps go round to."""
         self._dirty: set[Downstream] = set()
         self._drafts = RingDrafts()
-        self.steps_sent = 0
-
-    def __contains__(self, session: object) -> bool:
-        return session in self._route_of
 
     def open(self, frame: wire.Open) -> None:
         """A session asking for the ring began here: its OPEN goes to the first stage now,
@@ -210,7 +207,6 @@ class Ring:
         link = self._links[node]
         link.send(onward)
         self._dirty.add(link)
-        self.steps_sent += 1
         return replace(reply, looped=True)
 
     def flush(self) -> None:
