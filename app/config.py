@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from app.errors import ConfigError
+from core.cpu_placement import CpuListError, parse_cpu_list
 from core.types import LayerRange
 from net.quic import DEFAULT_LIBRARY
 
@@ -72,6 +74,11 @@ class WorkerConfig:
     threads: int = 1
     """Compute threads of the stage; 0 ("auto"): time a one-row step at 1..n threads at
     start and keep the fewest within 10% of the fastest (app/serving/thread_calibration)."""
+    cpus: str = ""
+    """CPUs for the stage's compute threads, as taskset writes them ("0-3", "0,2"): the
+    thread that runs a step on the first, the rest of its OpenMP team on the others, each
+    its own (app/serving/compute_cpus). For several stages sharing one PC; "" (default):
+    the scheduler places them. At least `threads` CPUs; Linux only."""
     max_sessions: int = 8
     n_ctx: int = 2048
     row_budget: int = 256
@@ -116,11 +123,11 @@ class WorkerConfig:
     """A decode step (a few rows) runs on the event loop's thread, without the hand-off
     to the engine thread, while such steps take at most this long; 0 (default): never.
     Off because on a busy PC the loop thread, charged with the compute, loses the
-    scheduler's wake-up preference and every hop waits longer (bench/README.md). Only
-    with `threads` = 1: at more, a step on the loop thread starts a second pool of OpenMP
-    threads beside the engine thread's, and libgomp then cuts every barrier's spin
-    (bench/README.md, "Eleventh pass"); the same steps with everything on the loop thread
-    (one pool) measured no faster than the hand-off ("Twelfth pass")."""
+    scheduler's wake-up preference and every hop waits longer (bench/README.md). At
+    more than one thread only with `cpus`: the loop thread then leads an OpenMP team of
+    its own beside the engine thread's, and unpinned such teams were found sharing a
+    core (a swarm on two cores: 0.64 of the whole model against 0.80 pinned;
+    bench/README.md, "Fourteenth pass")."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
@@ -131,15 +138,28 @@ class WorkerConfig:
             raise ConfigError("mtp_guesses must be in 0..8 and mtp_p_min in [0, 1]")
         if not (isinstance(self.inline_step_ms, int | float) and self.inline_step_ms >= 0):
             raise ConfigError(f"inline_step_ms must be >= 0, not {self.inline_step_ms!r}")
-        if self.inline_step_ms > 0 and self.threads != 1:
+        try:
+            cpus = parse_cpu_list(self.cpus)
+        except CpuListError as exc:
+            raise ConfigError(f"cpus: {exc}") from exc
+        if self.inline_step_ms > 0 and self.threads != 1 and not cpus:
             raise ConfigError(
-                "inline_step_ms needs threads = 1: a step on the event loop's thread beside "
-                "the engine thread's would make a second pool of OpenMP threads"
+                "inline_step_ms at more than one thread needs cpus: a step on the event "
+                "loop's thread starts a second OpenMP team, which must not share a core"
             )
+        if cpus and self.threads > len(cpus):
+            raise ConfigError(f"threads = {self.threads} need as many CPUs, cpus names {len(cpus)}")
+        if cpus and not hasattr(os, "sched_setaffinity"):
+            raise ConfigError("cpus: this platform cannot pin threads (no sched_setaffinity)")
         for name in ("idle_timeout", "relink_timeout", "resume_grace"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 < value < 86400):
                 raise ConfigError(f"{name} must be a positive number of seconds, not {value!r}")
+
+    @property
+    def cpu_list(self) -> tuple[int, ...]:
+        """`cpus` as CPU numbers; () where none are chosen."""
+        return parse_cpu_list(self.cpus)
 
     @staticmethod
     def from_dict(doc: dict[str, Any], base: Path = Path(".")) -> WorkerConfig:

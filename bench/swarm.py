@@ -2,7 +2,10 @@
 
 (a) whole model vs a 3-process swarm on loopback, decode tokens/s, Gemma 3 270M, plain
     decoding round the ring (the last stage sends each next step to the first stage;
-    app.serving.ring), and beside it the client sending every step (`no_ring`);
+    app.serving.ring), each stage's compute threads pinned to CPUs of their own and its
+    decode steps on its loop thread (LocalSwarm's defaults); beside it the same swarm
+    unpinned with every step handed to the engine thread (`unpinned`, as it ran before)
+    and the client sending every step (`no_ring`);
 (b) per-hop software cost, QUIC vs plain TCP carrying the same STEP frames, f32 and bf16
     (bench/hop_ring.py: forwarder processes, zero compute), back to back and paced as
     the swarm's decode (each hop woken from sleep), and what (a)'s swarm would reach if
@@ -316,10 +319,18 @@ def main() -> int:
         f"{DEFAULT_LIBRARY}_threads_1": {"threads": 1, "library": DEFAULT_LIBRARY},
         f"{DEFAULT_LIBRARY}_threads_2": {"threads": 2, "library": DEFAULT_LIBRARY},
         f"{other}_threads_2": {"threads": 2, "library": other},
-        # Decode steps on the event loop's thread instead of the engine thread
-        # (WorkerConfig.inline_step_ms; off by default, and only at 1 thread, where a
-        # step on a second thread makes no second OpenMP pool: see bench/README.md).
+        # Decode steps on the event loop's thread instead of the engine thread at 1
+        # thread (WorkerConfig.inline_step_ms; LocalSwarm does so at 2+ threads only
+        # where it pins the stages' compute threads: see bench/README.md).
         "inline": {"threads": 1, "library": DEFAULT_LIBRARY, "inline_step_ms": 50.0},
+        # The swarm as it ran before stages were pinned: every team free to wander, every
+        # step handed to the engine thread.
+        "unpinned": {
+            "threads": 2,
+            "library": DEFAULT_LIBRARY,
+            "pin_cpus": False,
+            "inline_step_ms": 0.0,
+        },
         # The client sending every step itself (the path before the ring), for comparison.
         "no_ring": {"threads": 2, "library": DEFAULT_LIBRARY, "ring": False},
     }
@@ -327,6 +338,7 @@ def main() -> int:
     swarm_runs = paired["swarm"]
     inline = swarm_runs.pop("inline")
     no_ring = swarm_runs.pop("no_ring")
+    unpinned = swarm_runs.pop("unpinned")
     default = max(
         (k for k in swarm_runs if k.startswith(DEFAULT_LIBRARY)),
         key=lambda k: swarm_runs[k]["swarm_vs_mono_2_threads"],
@@ -344,6 +356,8 @@ def main() -> int:
     }
     out["swarm_inline"] = inline
     out["swarm_vs_mono_inline"] = inline["swarm_vs_mono"]  # both at 1 thread
+    out["swarm_unpinned"] = unpinned
+    out["swarm_vs_mono_unpinned"] = unpinned["swarm_vs_mono_2_threads"]
     out["swarm_no_ring"] = no_ring
     out["swarm_vs_mono_no_ring"] = no_ring["swarm_vs_mono_2_threads"]
     out[f"swarm_vs_mono_{other}"] = swarm_runs[f"{other}_threads_2"]["swarm_vs_mono_2_threads"]
@@ -402,7 +416,8 @@ def main() -> int:
         "  whole model (1 process, 1 thread)    "
         f"{out['whole_model_1_thread_tokens_per_s']:7.1f} tok/s"
     )
-    for name, r in swarm_runs.items():
+    shown = {**swarm_runs, "inline": inline, "unpinned": unpinned, "no_ring": no_ring}
+    for name, r in shown.items():
         print(
             f"  swarm, 3 processes, {name:18} {r['tokens_per_s']:7.1f} tok/s   "
             f"trip {r['trip_ms']:.2f} ms = compute {r['compute_ms']:.2f} + "
@@ -415,6 +430,7 @@ def main() -> int:
         f"{out['swarm_vs_mono_inline']:.2f} ({DEFAULT_LIBRARY}, 1 thread, steps inline); "
         f"same threads: 1 {out['swarm_vs_mono_by_threads']['1']:.2f}, "
         f"2 {out['swarm_vs_mono_by_threads']['2']:.2f}; "
+        f"unpinned, steps handed off {out['swarm_vs_mono_unpinned']:.2f}; "
         f"the client sending every step (no ring) {out['swarm_vs_mono_no_ring']:.2f}"
     )
     print(

@@ -44,6 +44,16 @@ def _parse_row_budget(text: str) -> int:
     return value
 
 
+def _parse_cpus(text: str) -> str:
+    from core.cpu_placement import CpuListError, parse_cpu_list
+
+    try:
+        parse_cpu_list(text)
+    except CpuListError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
 def _parse_threads(text: str) -> int:
     """A thread count, or "auto" (0: the worker measures which count is fastest)."""
     if text.strip().lower() == "auto":
@@ -165,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_parse_threads,
         default=1,
         help="compute threads, or auto: time the stage's step at 1..n threads at start",
+    )
+    p.add_argument(
+        "--cpus",
+        type=_parse_cpus,
+        default="",
+        metavar="LIST",
+        help="keep the compute threads on these CPUs, e.g. 0-3 (several stages on one PC)",
     )
     p.add_argument("--quic", choices=["aioquic", "qh3"], default="qh3")  # net.quic.DEFAULT_LIBRARY
     p.add_argument("--relay-only", action="store_true", help="reach peers only via the relay")
@@ -403,6 +420,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             advertise=args.advertise,
             vram_cap_bytes=parse_bytes(args.vram_cap),
             threads=args.threads,
+            cpus=args.cpus,
             quic_library=args.quic,
             relay_only=args.relay_only,
             coordinator=coordinator_url(args.coordinator) if args.coordinator else None,

@@ -7,6 +7,7 @@ Used by `sangama demo`, the integration tests and the benchmarks. Workers are re
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from app.credentials import init_ca, issue_node, load_credentials
 from app.errors import AppError
 from app.lab.processes import Child, spawn_sangama
 from app.ports import free_udp_port
+from core.cpu_placement import format_cpu_list, spread_for_stage
 from core.models import resolve_model, stage_files
 from core.types import LayerRange
 from net.channel import NodeCredentials
@@ -40,6 +42,10 @@ class WorkerProcess:
         return self.child.alive
 
 
+PINNED_INLINE_STEP_MS = 50.0
+"""Pinned stages step on their loop thread while a step takes at most this long."""
+
+
 @dataclass
 class LocalSwarm:
     model: str
@@ -61,8 +67,14 @@ class LocalSwarm:
     """WorkerConfig.exact_guesses of every worker."""
     mtp_p_min: float = 0.3
     """The last stage's MTP confidence threshold (WorkerConfig.mtp_p_min)."""
-    inline_step_ms: float = WorkerConfig.inline_step_ms
-    """WorkerConfig.inline_step_ms of every worker (bench/swarm.py also runs it at 50)."""
+    inline_step_ms: float | None = None
+    """WorkerConfig.inline_step_ms of every worker; None: 50 ms where the stages are
+    pinned (`pin_cpus`, 2+ threads: decode steps skip the hand-off to the engine
+    thread), else the worker's default (off)."""
+    pin_cpus: bool = True
+    """Stages of 2 threads or more keep their compute threads on CPUs of their own
+    (WorkerConfig.cpus, core.cpu_placement.spread_for_stage): stages sharing one
+    machine's cores otherwise sometimes wake a team's threads on one core."""
     workdir: Path | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     route: Route | None = None
@@ -86,6 +98,25 @@ class LocalSwarm:
         await proxy.start()
         self.proxies.append(proxy)
         return ("127.0.0.1", proxy.bound_port)
+
+    def _cpus_of(self, stage: int) -> str:
+        if not self._pinned():
+            return ""
+        available = tuple(sorted(os.sched_getaffinity(0)))
+        return format_cpu_list(spread_for_stage(available, stage, self.threads))
+
+    def _pinned(self) -> bool:
+        return (
+            self.pin_cpus
+            and self.threads >= 2
+            and hasattr(os, "sched_getaffinity")
+            and self.threads <= len(os.sched_getaffinity(0))
+        )
+
+    def _inline_ms(self) -> float:
+        if self.inline_step_ms is not None:
+            return self.inline_step_ms
+        return PINNED_INLINE_STEP_MS if self._pinned() else WorkerConfig.inline_step_ms
 
     async def start(self, ready_timeout: float = 300.0) -> None:
         if self.workdir is None:
@@ -129,7 +160,8 @@ class LocalSwarm:
                     reproducible=self.reproducible,
                     exact_guesses=self.exact_guesses,
                     mtp_p_min=self.mtp_p_min,
-                    inline_step_ms=self.inline_step_ms,
+                    inline_step_ms=self._inline_ms(),
+                    cpus=self._cpus_of(i),
                 )
             )
         client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)

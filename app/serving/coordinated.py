@@ -76,6 +76,8 @@ class CoordinatedOptions:
     vram_cap_bytes: int = 0
     """0: offer what the hardware has."""
     threads: int = 1
+    cpus: str = ""
+    """CPUs for the compute threads (WorkerConfig.cpus); "": the scheduler's choice."""
     max_sessions: int = 0
     """The volunteer's limit on sessions; 0: as many as the coordinator plans (<= 256)."""
     quic_library: str = DEFAULT_LIBRARY
@@ -405,6 +407,7 @@ def stage_config(
         credentials=identity.directory,
         next_hop=Hop(hop.node_id, parse_address(hop.address)) if hop else None,
         threads=options.threads,
+        cpus=options.cpus,
         max_sessions=sessions,
         n_ctx=n_ctx,
         quic_library=options.quic_library,

@@ -9,9 +9,11 @@ engine thread: only the loop thread makes calls, so nothing can overtake it then
 Which steps count as short is `runs_inline`, a pure policy: few rows, and the last such
 step took no longer than the loop may stop serving its links. Off by default
 (WorkerConfig.inline_step_ms = 0): measured on a busy 2-core machine, a worker whose
-loop thread does the compute waits longer for every wake-up (bench/README.md). And only
-for 1-thread stages (WorkerConfig refuses it otherwise): a step on the loop thread at
-more threads starts a second pool of OpenMP threads beside the engine thread's.
+loop thread does the compute waits longer for every wake-up (bench/README.md). At more
+than one thread WorkerConfig allows it only with `cpus`: a step on the loop thread
+starts a second OpenMP team beside the engine thread's, and unpinned the two teams'
+threads were seen sharing one core; pinned (app.serving.compute_cpus) every team keeps
+the CPUs the plan gives it.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ def runs_inline(policy: InlinePolicy, rows: int, last_short_step_ms: float | Non
 class EngineCalls:
     """The engine thread, and a count of calls submitted to it and not yet finished."""
 
-    def __init__(self) -> None:
+    def __init__(self, after_each_call: Callable[[], None] | None = None) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._after_each_call = after_each_call
+        """Run right after every call, on the thread that made it (inline steps too):
+        app.serving.compute_cpus keeps the compute threads where WorkerConfig.cpus says."""
         self._lock = threading.Lock()
         self._outstanding = 0
         self.inline_calls = 0
@@ -71,7 +76,7 @@ class EngineCalls:
 
     def _counted(self, fn: Callable[..., T], *args: object) -> T:
         try:
-            return fn(*args)
+            return self._then_after(fn(*args))
         finally:
             with self._lock:
                 self._outstanding -= 1
@@ -88,11 +93,16 @@ class EngineCalls:
                 idle = self._outstanding == 0
             if idle:
                 self.inline_calls += 1
-                return fn(*args)
+                return self._then_after(fn(*args))
         future = self.submit(fn, *args)
         if self.after_steps is not None:
             self._executor.submit(self._after_step_if_alone, self.after_steps)
         return await asyncio.wrap_future(future)
+
+    def _then_after(self, result: T) -> T:
+        if self._after_each_call is not None:
+            self._after_each_call()
+        return result
 
     def _after_step_if_alone(self, hook: Callable[[], None]) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from app.config import WorkerConfig, format_address
 from app.credentials import load_credentials
+from app.serving.compute_cpus import compute_pinning
 from app.serving.engine_calls import EngineCalls
 from app.serving.omp_settings import apply_stage_omp_settings
 from core.admission import AdmissionPolicy, kv_bytes_per_token
@@ -67,7 +68,7 @@ class LoadedStage:
 
     def fits(self, config: WorkerConfig) -> bool:
         """Whether `config` would build this very stage (its next hop may differ)."""
-        same = ("model", "layers", "max_sessions", "n_ctx", "threads", "device_cap_bytes")
+        same = ("model", "layers", "max_sessions", "n_ctx", "threads", "cpus", "device_cap_bytes")
         return all(getattr(config, k) == getattr(self.config, k) for k in same) and (
             config.row_budget,
             config.use_gpu,
@@ -94,11 +95,13 @@ async def load_stage(config: WorkerConfig) -> LoadedStage:
         device_cap_bytes=config.device_cap_bytes,
         reproducible=config.reproducible,
     )
-    calls = EngineCalls()
+    calls = EngineCalls(compute_pinning(config.cpu_list))
     try:
         stage = await calls.run(Stage.from_file, path, spec)
         if config.threads == 0:  # "auto": measured before the row budget, which then uses it
-            threads, samples = await calls.run(calibrated_threads, stage)
+            threads, samples = await calls.run(
+                calibrated_threads, stage, len(config.cpu_list) or None
+            )
             log.info("threads %d from one-row step times %s", threads, samples)
     except BaseException:
         calls.shutdown(wait=False)

@@ -106,13 +106,19 @@ def test_worker_config_inline_setting_round_trips() -> None:
 
 
 @pytest.mark.parametrize("threads", [0, 2])
-def test_steps_inline_only_with_one_thread(threads: int) -> None:
-    # At more threads (or auto), a step on the loop thread starts a second OpenMP pool.
-    with pytest.raises(ConfigError, match="threads = 1"):
+def test_steps_inline_at_more_threads_only_pinned(threads: int) -> None:
+    # At more threads (or auto), a step on the loop thread starts a second OpenMP team,
+    # which unpinned was found sharing a core with itself.
+    with pytest.raises(ConfigError, match="needs cpus"):
         WorkerConfig(
             "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), Path("/c"),
             threads=threads, inline_step_ms=30,
         )  # fmt: skip
+    pinned = WorkerConfig(
+        "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), Path("/c"),
+        threads=threads, inline_step_ms=30, cpus="0-1",
+    )  # fmt: skip
+    assert pinned.cpu_list == (0, 1) and pinned.inline_step_ms == 30.0
     assert (
         WorkerConfig(
             "s0", ("127.0.0.1", 1), "default", LayerRange(0, 2), Path("/c"), threads=threads

@@ -49,7 +49,10 @@ def fake_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "prepare_stage_file", lambda config: (Path("stage.gguf"), 8))
     monkeypatch.setattr(core_stage.Stage, "from_file", staticmethod(lambda p, spec: _Stage(spec)))
 
-    def calibrated_threads(stage: _Stage) -> tuple[int, list[tuple[int, float]]]:
+    def calibrated_threads(
+        stage: _Stage, cpus: int | None = None
+    ) -> tuple[int, list[tuple[int, float]]]:
+        assert cpus is None  # no cpus chosen: the machine's usable CPUs are the candidates
         stage.record("threads")
         return 2, [(1, 2.0), (2, 1.0)]
 

@@ -37,6 +37,8 @@ def _changed(cfg: WorkerConfig) -> WorkerConfig:
             changes[f.name] = 0.5
         elif f.name == "inline_step_ms":
             continue  # needs threads = 1, moved here: its round trip is in test_engine_calls
+        elif f.name == "cpus":
+            changes[f.name] = "0-5,7"
         elif isinstance(value, int | float) and f.name != "listen":
             changes[f.name] = value + 3
     return replace(cfg, next_hop=Hop("w2", ("::1", 5001)), **changes)  # type: ignore[arg-type]
