@@ -16,9 +16,10 @@
     the links a token crosses (round the ring: 20, the last stage's link to the first
     going through the client's proxy, so with its delay).
 
-Part (a) keeps the whole model loaded beside one swarm at a time and alternates, one
-generation of each per round, so each ratio is taken seconds apart; the medians over the
-rounds are reported.
+Part (a) keeps the whole model loaded beside every swarm at once (idle ones sleep) and
+runs one generation of each per round, the swarms in a rotating order, so each ratio,
+and each comparison of two swarms, is taken seconds apart; the medians over the rounds
+are reported.
 
     .venv/bin/python bench/swarm.py [--json] [--tokens 48] [--rounds 7] [--quick]
 """
@@ -34,7 +35,7 @@ import random
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -129,47 +130,39 @@ async def paired_rounds(
     swarms: dict[str, dict[str, Any]],
     rounds: int,
 ) -> dict[str, Any]:
-    """Each swarm in turn against the whole model loaded beside it: per round one
-    generation of the whole model (1 and 2 threads), then one of the swarm. This VM's
-    speed moves 2x between minutes (bench/README.md, "Eighth pass"), so a swarm is
+    """Every swarm side by side, against the whole model loaded beside them: all swarms
+    are started first; then each round runs one generation of the whole model (1 and 2
+    threads) and one of every swarm, in an order that rotates by a swarm a round. This
+    VM's speed moves 2x between minutes (bench/README.md, "Eighth pass"), so a swarm is
     divided by the whole model of its own round, seconds apart, and the medians of those
-    ratios are reported. `swarms`: name -> threads, library, other LocalSwarm
-    options and optionally `env`, variables its workers start with (None:
-    unset); one swarm runs at a time, so idle workers disturb nothing."""
+    ratios are reported; and variants of one round are seconds apart too, so they can be
+    told apart (run one after the other, minutes apart, they could not: "Fourteenth
+    pass"). `swarms`: name -> threads, library, other LocalSwarm options and optionally
+    `env`, variables its workers start with (None: unset). Only one generation runs at
+    a time; idle workers sleep."""
     whole = {t: await WholeModel.load(model, t) for t in (1, 2)}
-    table: dict[str, list[dict[str, Any]]] = {}
-    try:
+    table: dict[str, list[dict[str, Any]]] = {name: [] for name in swarms}
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(_shutdown_all, list(whole.values()))
         for pipe in whole.values():
             await pipe.generate(prompt, 8)  # warm-up
-        for name, kw in swarms.items():
-            options = {
-                k: v for k, v in kw.items() if k not in ("threads", "library", "env", "ring")
-            }
-            swarm = LocalSwarm(
-                model=str(model),
-                cuts=[0, 6, 12, 18],
-                threads=kw["threads"],
-                quic_library=kw["library"],
-                **options,
-            )
-            with _worker_environment(kw.get("env", {})):  # the workers inherit it at start
-                await swarm.start()
-            try:
-                assert swarm.route is not None and swarm.client_credentials is not None
-                async with SwarmClient(
-                    swarm.client_credentials, swarm.route, swarm.tuning, ring=kw.get("ring", True)
-                ) as client:
-                    await one_generation(client, prompt, tokens)  # warm-up
-                    table[name] = [
-                        await _one_round(whole, client, prompt, tokens, kw["threads"])
-                        for _ in range(rounds)
-                    ]
-            finally:
-                await swarm.stop()
-                swarm.cleanup()
-    finally:
-        for pipe in whole.values():
-            await pipe.shutdown()
+        clients = {
+            name: await stack.enter_async_context(_swarm_client(model, kw))
+            for name, kw in swarms.items()
+        }
+        for client in clients.values():
+            await one_generation(client, prompt, tokens)  # warm-up
+        names = list(swarms)
+        for r in range(rounds):
+            speeds = await _whole_speeds(whole, prompt, tokens)
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                row = {"load_average": os.getloadavg()[0], **speeds}
+                row.update(await one_generation(clients[name], prompt, tokens))
+                row["swarm_vs_mono"] = (
+                    row["tokens_per_s"] / row[f"whole_{swarms[name]['threads']}_threads"]
+                )
+                row["swarm_vs_mono_2_threads"] = row["tokens_per_s"] / row["whole_2_threads"]
+                table[name].append(row)
     every = [r for runs in table.values() for r in runs]
     return {
         "rounds": table,
@@ -177,6 +170,44 @@ async def paired_rounds(
         "whole_model_1_thread_tokens_per_s": statistics.median(r["whole_1_threads"] for r in every),
         "swarm": {name: _medians(runs) for name, runs in table.items()},
     }
+
+
+@contextlib.asynccontextmanager
+async def _swarm_client(model: Path, kw: dict[str, Any]) -> AsyncIterator[SwarmClient]:
+    """A started LocalSwarm of `model` as `kw` says (paired_rounds), and its client."""
+    options = {k: v for k, v in kw.items() if k not in ("threads", "library", "env", "ring")}
+    swarm = LocalSwarm(
+        model=str(model),
+        cuts=[0, 6, 12, 18],
+        threads=kw["threads"],
+        quic_library=kw["library"],
+        **options,
+    )
+    with _worker_environment(kw.get("env", {})):  # the workers inherit it at start
+        await swarm.start()
+    try:
+        assert swarm.route is not None and swarm.client_credentials is not None
+        async with SwarmClient(
+            swarm.client_credentials, swarm.route, swarm.tuning, ring=kw.get("ring", True)
+        ) as client:
+            yield client
+    finally:
+        await swarm.stop()
+        swarm.cleanup()
+
+
+async def _whole_speeds(
+    whole: dict[int, WholeModel], prompt: list[int], tokens: int
+) -> dict[str, float]:
+    return {
+        f"whole_{t}_threads": (await pipe.generate(prompt, tokens)).decode_tokens_per_s
+        for t, pipe in whole.items()
+    }
+
+
+async def _shutdown_all(pipes: list[WholeModel]) -> None:
+    for pipe in pipes:
+        await pipe.shutdown()
 
 
 class WholeModel:
@@ -209,19 +240,6 @@ class WholeModel:
     async def shutdown(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._pipe.shutdown)
         self._thread.shutdown()
-
-
-async def _one_round(
-    whole: dict[int, WholeModel], client: SwarmClient, prompt: list[int], tokens: int, threads: int
-) -> dict[str, Any]:
-    row: dict[str, Any] = {"load_average": os.getloadavg()[0]}
-    for t, pipe in whole.items():
-        gen = await pipe.generate(prompt, tokens)
-        row[f"whole_{t}_threads"] = gen.decode_tokens_per_s
-    row.update(await one_generation(client, prompt, tokens))
-    row["swarm_vs_mono"] = row["tokens_per_s"] / row[f"whole_{threads}_threads"]
-    row["swarm_vs_mono_2_threads"] = row["tokens_per_s"] / row["whole_2_threads"]
-    return row
 
 
 async def wan20(tokens: int, seed: int = 7) -> dict[str, Any]:

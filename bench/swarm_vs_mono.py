@@ -3,9 +3,10 @@
 workers' OpenMP spin count as a variable (prints a table; --json prints one object).
 
 `swarm_vs_mono` = a swarm's tok/s / the whole model's at 2 threads (one process, OpenMP
-defaults) of the same round, seconds apart (bench/swarm.py's `paired_rounds`: one swarm
-at a time, each round one generation of the whole model, then one of the swarm), so a
-shared machine's drift hits both; medians over the rounds. Each worker reads
+defaults) of the same round, seconds apart (bench/swarm.py's `paired_rounds`: every
+swarm started, each round one generation of the whole model, then one of each swarm in
+a rotating order), so a shared machine's drift hits all of them; medians over the
+rounds. Each worker reads
 GOMP_SPINCOUNT from its environment (app/serving/serve.py sets the shipped default where
 it is unset); the whole model runs in this process, whose OpenMP runtime was set up
 before any swarm.
