@@ -402,6 +402,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if not (0 <= args.drain <= 3600):
         raise ConfigError(f"--drain must be 0..3600 seconds, not {args.drain}")
+    if args.cpus:
+        from app.serving.compute_cpus import refuse_unusable
+        from core.cpu_placement import parse_cpu_list
+
+        cpus = parse_cpu_list(args.cpus)
+        refuse_unusable(cpus)
+        if args.threads > len(cpus):  # as WorkerConfig says, before joining, not after
+            raise ConfigError(
+                f"--threads {args.threads} needs as many CPUs, --cpus has {len(cpus)}"
+            )
     try:
         guest = GuestSettings(
             pause_when_gpu_busy=not args.no_gpu_pause,

@@ -88,6 +88,13 @@ def compute_pinning(cpus: tuple[int, ...]) -> Callable[[], None] | None:
     CPUs this process may not run on are refused here, before the stage is built."""
     if not cpus:
         return None
+    refuse_unusable(cpus)
+    return ComputePinning(cpus).after_step
+
+
+def refuse_unusable(cpus: tuple[int, ...]) -> None:
+    """ConfigError unless this process may run on every CPU of `cpus` (`sangama worker
+    --cpus` asks at start, not once a stage is assigned and loading)."""
     if not supported():
         raise ConfigError("cpus: this platform cannot pin threads")
     usable = os.sched_getaffinity(0)
@@ -97,4 +104,3 @@ def compute_pinning(cpus: tuple[int, ...]) -> Callable[[], None] | None:
             f"cpus {format_cpu_list(cpus)}: CPU(s) {format_cpu_list(missing)} are not among "
             f"this process's {format_cpu_list(sorted(usable))}"
         )
-    return ComputePinning(cpus).after_step

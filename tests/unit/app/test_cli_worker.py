@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,9 @@ import pytest
 from app.cli.main import main
 
 pytestmark = pytest.mark.unit
+
+FIRST_CPU = str(min(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "0"
+"""A CPU this process may run on (--cpus is checked against the process's affinity)."""
 
 
 @pytest.fixture
@@ -106,3 +110,24 @@ def test_a_bad_row_budget_is_refused_by_the_parser(
         main(["worker", "--identity", str(tmp_path), "--row-budget", bad])
     assert exit_.value.code == 2
     assert "row budget must be 1..256" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--cpus", "0-4096"], "are not among this process's"),
+        (["--cpus", FIRST_CPU, "--threads", "2"], "--threads 2 needs as many CPUs, --cpus has 1"),
+    ],
+)
+def test_unusable_cpus_are_refused_before_joining(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], seen: list[Any], extra: list[str], says: str
+) -> None:
+    assert main(["worker", "--identity", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sangama worker: error:") and says in err, err
+    assert seen == []
+
+
+def test_cpus_reach_the_coordinated_worker(tmp_path: Path, seen: list[Any]) -> None:
+    assert main(["worker", "--identity", str(tmp_path), "--cpus", FIRST_CPU]) == 0
+    assert [o.cpus for o in seen] == [FIRST_CPU]
