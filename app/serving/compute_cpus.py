@@ -66,7 +66,7 @@ class ComputePinning:
         if me in self._leaders and tasks == self._known:
             return  # the teams stand as they were placed
         self._leaders.add(me)
-        self._leaders &= tasks | {me}
+        self._leaders &= tasks  # leaders that ended are let go (this thread is listed)
         helpers = tasks - self._threads_of_python() - self._leaders
         plan = place_compute_threads(self.cpus, self._leaders, helpers)
         for tid, cpu in plan.items():

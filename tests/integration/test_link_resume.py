@@ -11,14 +11,13 @@ import pytest
 
 from app.client.swarm_client import SwarmClient
 from app.credentials import issue_node, load_credentials
-from app.lab.local_run import build_pipeline
 from app.lab.local_swarm import LocalSwarm
 from core.tokenizer import Tokenizer
-from core.types import LayerRange
 from net import wire
 from net.channel import Channel, connect_channel
 from net.errors import ErrorCode
 from net.tensors import WireDtype
+from tests.support.whole_model import whole_model_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -42,11 +41,7 @@ def prompt(gemma_path: Path) -> list[int]:
 def expected(gemma_path: Path, prompt: list[int]) -> list[int]:
     """The whole model's greedy tokens, once for the module: both cuts must give them
     (loading the whole model is a minute of this test's time on a 2-core machine)."""
-    whole = build_pipeline([gemma_path], [LayerRange(0, 18)], 18, 1024, 64, 2, False)
-    try:
-        return list(whole.generate(prompt, N_TOKENS).tokens)
-    finally:
-        whole.shutdown()
+    return whole_model_tokens(gemma_path, 18, prompt, N_TOKENS)
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from app.client.swarm_client import SwarmClient
-from app.lab.local_run import build_pipeline
 from app.lab.local_swarm import PINNED_INLINE_STEP_MS, LocalSwarm
 from core.cpu_placement import parse_cpu_list, spread_for_stage
 from core.tokenizer import Tokenizer
-from core.types import LayerRange
+from tests.support.whole_model import whole_model_tokens
 
 pytestmark = [
     pytest.mark.integration,
@@ -46,11 +45,7 @@ def test_a_two_thread_swarm_pins_its_teams_and_keeps_the_tokens(gemma_path: Path
     prompt = tok.encode("The capital of France is")
     tok.close()
     n = 12
-    whole = build_pipeline([gemma_path], [LayerRange(0, 18)], 18, 1024, 64, 2, False)
-    try:
-        reference = list(whole.generate(prompt, n).tokens)
-    finally:
-        whole.shutdown()
+    reference = whole_model_tokens(gemma_path, 18, prompt, n)
 
     async def scenario() -> tuple[list[int], list[str], list[float], list[dict[int, int]]]:
         async with LocalSwarm(model=str(gemma_path), cuts=CUTS, threads=2) as swarm:

@@ -12,12 +12,11 @@ import pytest
 
 from app.client.swarm_client import SwarmClient, TokenEvent
 from app.errors import ClientError, StageTimeout
-from app.lab.local_run import build_pipeline
 from app.lab.local_swarm import LocalSwarm
 from core.drafting import GuessPolicy
 from core.tokenizer import Tokenizer
-from core.types import LayerRange
 from net import wire
+from tests.support.whole_model import whole_model_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +51,7 @@ def test_the_ring_carries_plain_decoding_and_keeps_the_whole_models_tokens(
     gemma_path: Path, prompt_ids: list[int]
 ) -> None:
     n = 12
-    whole = build_pipeline([gemma_path], [LayerRange(0, 18)], 18, 1024, 64, 2, False)
-    try:
-        reference = list(whole.generate(prompt_ids, n).tokens)
-    finally:
-        whole.shutdown()
+    reference = whole_model_tokens(gemma_path, 18, prompt_ids, n)
 
     async def scenario() -> tuple[list[TokenEvent], int, list[TokenEvent], int, list[int | None]]:
         swarm = LocalSwarm(model=str(gemma_path), cuts=CUTS)
