@@ -208,7 +208,11 @@ def _summary(per_token: list[list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
-def measure(layout: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    layout: str, args: argparse.Namespace, samplings: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The whole model and the chain, both loaded, run interleaved (`args.repeats` times
+    each) under every sampling of `samplings` (default: SAMPLINGS)."""
     from core.models import resolve_model, stage_files
     from core.tokenizer import Tokenizer
     from core.types import LayerRange
@@ -232,7 +236,7 @@ def measure(layout: str, args: argparse.Namespace) -> dict[str, Any]:
     chain = [make(j) for j in chain_jobs]
     try:
         result: dict[str, Any] = {"layout": layout, "samplings": {}}
-        for name, sampling in SAMPLINGS.items():
+        for name, sampling in (SAMPLINGS if samplings is None else samplings).items():
             runs: dict[str, list[dict[str, Any]]] = {"whole": [], "chain": []}
             tokens: dict[str, list[int]] = {}
             _generate(whole, prompt, 4, sampling)  # warm-up: page in weights, build graphs

@@ -14,7 +14,10 @@
 (c) a 20-stage chain of the tiny model, each link given 1-56 ms one way by the delay
     proxy (the seeds' 20-PC fleet), against the bound sum(compute) + sum(delays) of
     the links a token crosses (round the ring: 20, the last stage's link to the first
-    going through the client's proxy, so with its delay).
+    going through the client's proxy, so with its delay);
+(d) the floor under (a) on this machine: the same three stages as processes over pipes,
+    no network and no Sangama code, against the whole model (bench/chain_floor.py:
+    `chain_floor_vs_mono`, and `swarm_vs_floor`, the swarm's share of that floor).
 
 Part (a) keeps the whole model loaded beside every swarm at once (idle ones sleep) and
 runs one generation of each per round, the swarms in a rotating order, so each ratio,
@@ -45,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.client.swarm_client import SwarmClient
 from app.lab.local_run import build_pipeline
 from app.lab.local_swarm import LocalSwarm
+from bench.chain_floor import floor_figures, measure_floor
 from bench.hop_ring import measure as measure_hops
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
@@ -421,6 +425,9 @@ def main() -> int:
     out["load_average_end"] = os.getloadavg()[0]
     out["wan20"] = w
     out["wan20_vs_bound"] = w["wan20_vs_bound"]
+    floor = measure_floor(threads=2, tokens=32, repeats=3)
+    out["floor"] = floor
+    out.update(floor_figures(floor["chain_vs_whole"], out["swarm_vs_mono"]))
 
     if args.json:
         print(json.dumps(out, indent=1))
@@ -481,6 +488,18 @@ def main() -> int:
         f"  over the bound {w['overhead_ms']:.1f} ms = delay proxies late "
         f"{w['proxy_late_ms']:.1f} + Sangama {w['sangama_ms']:.1f} "
         f"({w['sangama_ms_per_hop']:.2f} per hop; engine wake-ups {w['queue_ms']:.1f})"
+    )
+    f = out["floor"]
+    print(
+        f"(d) the floor: the same 3 stages as processes over pipes, no network, "
+        f"{f['threads']} threads, {f['cpus']} CPUs"
+    )
+    print(
+        f"  whole model {f['whole_ms']:.2f} ms a token, chain {f['chain_ms']:.2f} "
+        f"({' / '.join(f'{x:.2f}' for x in f['chain_step_ms'])}), same tokens "
+        f"{f['same_tokens']}: chain_floor_vs_mono {out['chain_floor_vs_mono']:.3f}; "
+        f"swarm_vs_floor {out['swarm_vs_floor']:.3f}; the {out['goal']:.2f} goal "
+        f"{'is' if out['goal_within_floor'] else 'is not'} within this machine's floor"
     )
     print(f"  load average {out['load_average_start']:.2f} -> {out['load_average_end']:.2f}")
     return 0
