@@ -138,29 +138,35 @@ def _serve(job: StageJob, conn: Connection) -> None:
     server.shutdown()
 
 
+def start_with_stage_omp_settings(proc: mp.process.BaseProcess) -> None:
+    """Start a spawned child with the workers' OpenMP settings already in its environment.
+
+    A spawned child imports the parent's main module before its target runs; where that
+    module loads llama.cpp (bench/swarm.py does), libgomp reads the environment then, before
+    `_serve` could set it, and the chain ran on libgomp's default spin (1.7-1.8x the whole
+    model instead of 1.03-1.08). This process's own environment is as it was afterwards.
+    """
+    from app.serving.omp_settings import STAGE_OMP_SETTINGS
+
+    saved = {name: os.environ.get(name) for name in STAGE_OMP_SETTINGS}
+    try:
+        for name, value in STAGE_OMP_SETTINGS.items():
+            os.environ.setdefault(name, value)
+        proc.start()
+    finally:
+        for name, before in saved.items():
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+
+
 class _Remote:
     def __init__(self, job: StageJob) -> None:
-        from app.serving.omp_settings import STAGE_OMP_SETTINGS
-
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(job, child), daemon=True)
-        # A spawned child imports the parent's main module before `_serve` runs; where
-        # that module loads llama.cpp (bench/swarm.py does), libgomp has read the
-        # environment before `_serve` could set it, and the chain ran on libgomp's
-        # default spin (1.7-1.8x the whole model instead of 1.03-1.08). So the child
-        # starts with the settings already in its environment.
-        saved = {name: os.environ.get(name) for name in STAGE_OMP_SETTINGS}
-        try:
-            for name, value in STAGE_OMP_SETTINGS.items():
-                os.environ.setdefault(name, value)
-            self.proc.start()
-        finally:
-            for name, before in saved.items():
-                if before is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = before
+        start_with_stage_omp_settings(self.proc)
         if self.conn.recv() != "ready":
             raise RuntimeError("stage process did not start")
 
