@@ -162,7 +162,7 @@ class NodeController(QObject):
         self.options = options
         self.guest = guest or GuestSettings()
         """When to step aside by itself (GPU busy, battery, quiet hours) and the caps."""
-        self._task: concurrent.futures.Future[None] | None = None
+        self._task: concurrent.futures.Future[bool] | None = None
         self._stop: asyncio.Event | None = None
         self._restarting = False
         self._pause_asked = False
@@ -308,7 +308,7 @@ class NodeController(QObject):
         )
         self._stop = stop
 
-        async def run() -> None:
+        async def run() -> bool:
             try:
                 await serve_as_guest(options, guest, stop, self._report)
             except asyncio.CancelledError:
@@ -316,11 +316,18 @@ class NodeController(QObject):
             except Exception as exc:
                 log.exception("serving failed")
                 self._report(replace(self._status, state=ServeState.ERROR, error=plain_reason(exc)))
-                return
-            # Only `stop` ends the loop: the stage is freed now.
-            self._report(NodeStatus(state=ServeState.PAUSED, node_id=self._status.node_id))
+                return False
+            return True  # only `stop` ends the loop: the stage is freed now
+
+        def ended(task: concurrent.futures.Future[bool]) -> None:
+            # PAUSED is reported once the task is done, never before: a window that sees
+            # "paused" must also see `serving` false (posted from run() itself, the status
+            # could reach the Qt thread while the future was still finishing).
+            if not task.cancelled() and task.exception() is None and task.result():
+                self._report(NodeStatus(state=ServeState.PAUSED, node_id=self._status.node_id))
 
         self._task = self.runner.submit(run())
+        self._task.add_done_callback(ended)
 
     def pause(self) -> None:
         """Take no new sessions, let the running ones finish, then free the stage (memory,

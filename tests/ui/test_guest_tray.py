@@ -44,7 +44,7 @@ def test_the_tray_says_why_it_paused_and_pause_then_stops_it_for_good(
 ) -> None:
     assert desk.node.guest.quiet_hours == (QuietHours(23 * 60, 6 * 60 + 30),)
     assert desk.node.guest.upload_bytes_per_s == 512 * 1024
-    running: concurrent.futures.Future[None] = concurrent.futures.Future()
+    running: concurrent.futures.Future[bool] = concurrent.futures.Future()
     desk.node._task = running  # the guest loop runs (and will resume by itself)
     desk.node._apply(NodeStatus(state=ServeState.PAUSED, paused_reason=ON_BATTERY))
     assert desk.tray is not None
@@ -58,7 +58,7 @@ def test_the_tray_says_why_it_paused_and_pause_then_stops_it_for_good(
     desk.menu.hide()
     desk.node._apply(NodeStatus(state=ServeState.PAUSING, paused_reason=QUIET_HOURS))
     assert desk.tray.toolTip() == f"Sangama: pausing ({QUIET_HOURS})"
-    running.set_result(None)  # the volunteer paused: the loop ended, no reason any more
+    running.set_result(True)  # the volunteer paused: the loop ended, no reason any more
     desk.node._apply(NodeStatus(state=ServeState.PAUSED))
     assert desk.tray.toolTip() == "Sangama: paused"
     assert "Resume contributing" in [t for t, _ in texts(desk)]
