@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 
 from net import auth, wire
 from net.errors import ErrorCode, NetError
+from net.link_limits import DEFAULT_LINK_LIMITS, LinkLimits
 from net.protocol import (
     Authenticated,
     ConnectionFailed,
@@ -28,7 +29,7 @@ from net.protocol import (
     Role,
     SessionRejected,
 )
-from net.quic import Addr, QuicServer, QuicTuning, Receiver, TlsIdentity, connect
+from net.quic import Addr, QuicLink, QuicServer, QuicTuning, Receiver, TlsIdentity, connect
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,11 @@ async def connect_channel(
 
 
 class ChannelServer:
-    """Accepts QUIC links and authenticates each peer before handing its channel over."""
+    """Accepts QUIC links and authenticates each peer before handing its channel over.
+
+    A link whose peer has not proved itself `limits.auth_timeout_s` after its first
+    datagram is closed; until then it counts against the QUIC server's caps on
+    unauthenticated links (net.link_limits)."""
 
     def __init__(
         self,
@@ -255,6 +260,7 @@ class ChannelServer:
         on_channel: Callable[[Channel], None],
         tuning: QuicTuning = QuicTuning(),
         allowed_roles: Collection[str] = ("worker", "client", "coordinator"),
+        limits: LinkLimits = DEFAULT_LINK_LIMITS,
     ) -> None:
         self._creds = creds
         self._on_channel = on_channel
@@ -263,8 +269,15 @@ class ChannelServer:
         self._certs: dict[Channel, auth.NodeIdentity] = {}
         """The certificate each authenticated channel's peer proved, for revocations."""
         self._allowed_roles = frozenset(allowed_roles)
-        self._server = QuicServer(creds.tls(), self._link_accepted, tuning)
+        self._limits = limits
+        self._server = QuicServer(creds.tls(), self._link_accepted, tuning, limits)
         self.channels: set[Channel] = set()
+        self.timed_out = 0
+        """Links closed because their peer did not authenticate in time."""
+
+    @property
+    def quic(self) -> QuicServer:
+        return self._server
 
     async def listen(self, host: str, port: int) -> Addr:
         return await self._server.listen(host, port)
@@ -350,13 +363,27 @@ class ChannelServer:
             self._certs.pop(ch, None)
 
         ch.closed.add_done_callback(forget)
+        deadline = asyncio.get_running_loop().call_later(
+            self._limits.auth_timeout_s, self._auth_expired, ch
+        )
 
         def ready(fut: asyncio.Future[PeerIdentity]) -> None:
+            deadline.cancel()
             if not fut.cancelled() and fut.exception() is None:
+                if isinstance(link, QuicLink):
+                    self._server.trusted(link)
                 self._on_channel(ch)
 
         ch.authenticated.add_done_callback(ready)
         ch.start()
+
+    def _auth_expired(self, channel: Channel) -> None:
+        if channel.authenticated.done() or channel.closed.done():
+            return
+        self.timed_out += 1
+        why = f"not authenticated within {self._limits.auth_timeout_s:g} s"
+        log.info("closing the link of %s: %s", channel.link.peer_address, why)
+        channel.close(why)
 
     def close(self) -> None:
         self._server.close()

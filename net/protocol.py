@@ -22,6 +22,7 @@ from enum import Enum, auto
 
 from net import wire
 from net.errors import ErrorCode, FrameError
+from net.link_limits import pre_auth_limits
 
 
 class Role(Enum):
@@ -107,7 +108,8 @@ class PeerConnection:
         self._new_nonce = new_nonce
         self._expected_peer = expected_peer
         self._nonce = b""
-        self._decoder = wire.FrameDecoder(limits)
+        self._decoder = wire.FrameDecoder(pre_auth_limits(limits))
+        """Handshake-sized caps until READY (net.link_limits), then `limits`."""
         self._limits = limits
         self._out = bytearray()
         self.owned_sessions: set[str] = set()
@@ -142,16 +144,24 @@ class PeerConnection:
     def receive_data(self, data: bytes) -> list[Event]:
         if self.state is State.CLOSED:
             return []
-        try:
-            frames = self._decoder.feed(data)
-        except FrameError as exc:
-            return [self._fail(exc.code, f"malformed frame: {exc}")]
         events: list[Event] = []
-        for frame in frames:
-            events.extend(self._handle(frame))
-            if self.closed:
-                break
-        return events
+        while True:
+            # Before READY one frame at a time: the frames behind WELCOME (a peer may send
+            # at once) are read under the general caps, not the handshake's.
+            ready = self.state is State.READY
+            try:
+                frames = self._decoder.feed(data, None if ready else 1)
+            except FrameError as exc:
+                return [*events, self._fail(exc.code, f"malformed frame: {exc}")]
+            data = b""
+            for frame in frames:
+                events.extend(self._handle(frame))
+                if self.closed:
+                    return events
+            if ready or not frames:
+                return events
+            if self.state is State.READY:
+                self._decoder.limits = self._limits
 
     def _handle(self, frame: wire.Frame) -> list[Event]:
         handler = _HANDLERS.get((self.state, type(frame)))

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from net.ack_policy import hold_ack_until
 from net.errors import NetError
+from net.link_limits import DEFAULT_LINK_LIMITS, LinkLimits, admit_link
 from net.link_timer import keep_armed
 from net.path_mtu import may_probe
 from net.quic_backend import (
@@ -450,13 +451,19 @@ async def connect(
 
 
 class QuicServer:
-    """Accepts links on one UDP socket; each new peer address gets its own connection."""
+    """Accepts links on one UDP socket; each new peer address gets its own connection.
+
+    A link is *pending* until the layer above vouches for its peer (`trusted`): new
+    links are accepted only within `limits` (net.link_limits.admit_link), counted per
+    source host and in all, so one host cannot hold every slot or pin memory unbounded.
+    """
 
     def __init__(
         self,
         identity: TlsIdentity,
         on_link: Callable[[QuicLink], None],
         tuning: QuicTuning = QuicTuning(),
+        limits: LinkLimits = DEFAULT_LINK_LIMITS,
     ) -> None:
         self._identity = identity
         self._backend = quic_backend(tuning.library)
@@ -469,6 +476,11 @@ class QuicServer:
         """Links accepted over paths of their own (`accept`), not the listening socket."""
         self._touched: list[QuicLink] = []
         """Links of the listening socket that received datagrams in the current burst."""
+        self._limits = limits
+        self._pending: set[QuicLink] = set()
+        """Links of the listening socket whose peer is not authenticated yet."""
+        self.refused_links = 0
+        """New links dropped by `limits` since the server started."""
 
     def update_identity(self, identity: TlsIdentity) -> None:
         """Use a renewed certificate for new connections; open ones keep theirs."""
@@ -489,6 +501,15 @@ class QuicServer:
     @property
     def links(self) -> list[QuicLink]:
         return [*self._links.values(), *self._path_links]
+
+    @property
+    def pending(self) -> int:
+        """Links of the listening socket not authenticated yet."""
+        return len(self._pending)
+
+    def trusted(self, link: QuicLink) -> None:
+        """The peer of `link` proved itself: it no longer counts as pending."""
+        self._pending.discard(link)
 
     async def accept(
         self,
@@ -545,17 +566,30 @@ class QuicServer:
         if odcid is None:
             return  # not a new QUIC connection: ignore, never crash the listener
         assert self._path is not None
+        refusal = self._admit(addr[0])
+        if refusal is not None:
+            self.refused_links += 1
+            if self.refused_links & (self.refused_links - 1) == 0:  # 1st, 2nd, 4th, ...
+                log.warning("new link from %s dropped: %s", addr[0], refusal)
+            return
         quic = self._backend.new_connection(self._config, self._tuning, odcid)
         link = QuicLink(quic, self._path, addr, self._tuning)
         self._links[addr] = link
+        self._pending.add(link)
 
         def forget(_reason: str, addr: Addr = addr, link: QuicLink = link) -> None:
+            self._pending.discard(link)
             if self._links.get(addr) is link:
                 del self._links[addr]
 
         link.closed.add_done_callback(lambda fut: forget(fut.result()))
         self._on_link(link)
         self._received(link, data, addr)
+
+    def _admit(self, host: str) -> str | None:
+        host_links = [link for (h, _port), link in self._links.items() if h == host]
+        host_pending = sum(1 for link in host_links if link in self._pending)
+        return admit_link(self._limits, host_pending, len(host_links), len(self._pending))
 
     def _received(self, link: QuicLink, data: bytes, addr: Addr) -> None:
         if self._path is not None and self._path.reads_bursts:

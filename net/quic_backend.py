@@ -21,6 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from net.ack_policy import ACK_HOLD
+from net.link_limits import STEP_WINDOW_BYTES
 from net.path_mtu import PROBE_CEILING, probe_ceiling
 from net.rate import AsyncThrottle
 
@@ -64,6 +65,8 @@ class QuicTuning:
     come closer together than this (net.ack_policy); 0: every ACK leaves at once."""
     library: str = DEFAULT_LIBRARY
     """"qh3" (default: Rust packet core, less CPU per hop) or "aioquic" (same sans-IO API)."""
+    stream_window_bytes: int = STEP_WINDOW_BYTES
+    """QUIC receive window of a link's stream and connection (net.link_limits)."""
     send_throttle: AsyncThrottle | None = field(default=None, compare=False, repr=False)
     """The volunteer's upload cap, shared by every link that carries this tuning."""
 
@@ -113,8 +116,11 @@ class QuicBackend:
             alpn_protocols=ALPN,
             idle_timeout=tuning.idle_timeout,
             max_datagram_size=ceiling if probing else tuning.max_datagram_size,
-            max_data=256 << 20,
-            max_stream_data=128 << 20,
+            # One stream a link: the connection's window is the stream's. Sized for a
+            # step's hidden state, not more: the library keeps data past a gap up to the
+            # window, for any peer that finished TLS (net.link_limits).
+            max_data=tuning.stream_window_bytes,
+            max_stream_data=tuning.stream_window_bytes,
         )
         if self.name == "aioquic":
             certs = x509.load_pem_x509_certificates(identity.certificate_pem)

@@ -43,13 +43,19 @@ class FrameDecoder:
         """Bytes held back waiting for the rest of a frame."""
         return len(self._buffer) - self._offset
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes, max_frames: int | None = None) -> list[Frame]:
+        """The whole frames buffered so far, at most `max_frames` of them: the rest stay
+        buffered, unchecked, for a later `feed` (maybe under other `limits`: a peer's
+        first frames are read with smaller caps than those after its authentication)."""
         if self._error is not None:
             raise FrameError(self._error.code, f"stream already failed: {self._error.message}")
         self._buffer += data
         frames: list[Frame] = []
         try:
-            while (frame := self._next()) is not None:
+            while max_frames is None or len(frames) < max_frames:
+                frame = self._next()
+                if frame is None:
+                    break
                 frames.append(frame)
         except FrameError as exc:
             self._fail(exc)
