@@ -108,6 +108,21 @@ class WorkerConfig:
     then ICE, then the relay) before failing the sessions that crossed it."""
     resume_grace: float = 30.0
     """How long sessions of a lost upstream worker link wait here to be resumed."""
+    auth_timeout: float = 10.0
+    """Seconds a peer has, from its first datagram, to prove who it is; its link is
+    closed after (net.link_limits)."""
+    session_idle_s: float = 120.0
+    """A session with no step taken or answered for this long is closed and its KV freed
+    (app.serving.peer_rules.idle_sessions): a client gone or holding slots idle."""
+    max_sessions_per_node: int = 0
+    """First stage: sessions one client node may hold at once; 0: all but a quarter of
+    `max_sessions` (app.serving.peer_rules.per_node_sessions)."""
+    upstream: str = ""
+    """Node ids (comma-separated) of the stage before this one: only they may open
+    sessions here. "": not known (any node certified as a worker; never a client)."""
+    advertise: str = ""
+    """HOST:PORT peers dial this stage at, where not `listen` (a port forward, a proxy):
+    a first stage lets a client's ring (`Open.loop`) point only here or at `listen`."""
     use_gpu: bool = True
     """Offload the stage's blocks to a GPU where one is found."""
     device_cap_bytes: int = 0
@@ -151,10 +166,21 @@ class WorkerConfig:
             raise ConfigError(f"threads = {self.threads} need as many CPUs, cpus names {len(cpus)}")
         if cpus and not hasattr(os, "sched_setaffinity"):
             raise ConfigError("cpus: this platform cannot pin threads (no sched_setaffinity)")
-        for name in ("idle_timeout", "relink_timeout", "resume_grace"):
+        if self.max_sessions_per_node < 0:
+            raise ConfigError("max_sessions_per_node must be >= 0 (0: the default share)")
+        if self.advertise:
+            parse_address(self.advertise)
+        for name in ("idle_timeout", "relink_timeout", "resume_grace", "auth_timeout",
+                     "session_idle_s"):  # fmt: skip
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 < value < 86400):
                 raise ConfigError(f"{name} must be a positive number of seconds, not {value!r}")
+
+    @property
+    def upstream_nodes(self) -> frozenset[str] | None:
+        """`upstream` as node ids; None where it names none."""
+        nodes = frozenset(n.strip() for n in self.upstream.split(",") if n.strip())
+        return nodes or None
 
     @property
     def cpu_list(self) -> tuple[int, ...]:

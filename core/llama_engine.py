@@ -272,6 +272,10 @@ class LlamaStageEngine:
         cp.n_ctx = config.n_ctx
         cp.n_batch = cp.n_ubatch = config.n_batch
         cp.n_seq_max = config.n_seq_max
+        # llama.cpp keeps an output row for every sequence and asserts that they fit its
+        # outputs per step (n_batch unless set): a row budget under the session count
+        # (--row-budget 64 with 256 sessions) would abort the process at load.
+        cp.n_outputs_max = max(config.n_batch, config.n_seq_max)
         cp.n_threads = cp.n_threads_batch = config.n_threads
         # Without a unified KV cache llama.cpp reorders the rows of a multi-sequence
         # batch, and the captured hidden states would come back in the wrong order.

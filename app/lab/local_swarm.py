@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.config import Hop, Route, RouteStage, WorkerConfig
+from app.config import Hop, Route, RouteStage, WorkerConfig, format_address
 from app.credentials import init_ca, issue_node, load_credentials
 from app.errors import AppError
 from app.lab.processes import Child, spawn_sangama
@@ -75,6 +75,13 @@ class LocalSwarm:
     """Stages of 2 threads or more keep their compute threads on CPUs of their own
     (WorkerConfig.cpus, core.cpu_placement.spread_for_stage): stages sharing one
     machine's cores otherwise sometimes wake a team's threads on one core."""
+    max_sessions_per_node: int | None = None
+    """WorkerConfig.max_sessions_per_node of the first stage; None: every slot (a lab
+    swarm's one client may fill the stage, as the many-sessions tests and benches do)."""
+    auth_timeout: float = WorkerConfig.auth_timeout
+    """Seconds a peer has to authenticate before its link is closed."""
+    session_idle_s: float = WorkerConfig.session_idle_s
+    """Sessions with no step for this long are closed."""
     workdir: Path | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     route: Route | None = None
@@ -162,6 +169,17 @@ class LocalSwarm:
                     mtp_p_min=self.mtp_p_min,
                     inline_step_ms=self._inline_ms(),
                     cpus=self._cpus_of(i),
+                    max_sessions_per_node=(
+                        self.max_sessions
+                        if self.max_sessions_per_node is None
+                        else self.max_sessions_per_node
+                    ),
+                    auth_timeout=self.auth_timeout,
+                    session_idle_s=self.session_idle_s,
+                    # Only the stage before opens sessions here; a first stage behind a
+                    # delay proxy is reached (and looped back to) at the proxy's address.
+                    upstream=ids[i - 1] if i else "",
+                    advertise=format_address(entry[0]) if i == 0 and delays else "",
                 )
             )
         client_dir = issue_node(ca_dir, CLIENT_ID, "client", out_dir=wd / CLIENT_ID)

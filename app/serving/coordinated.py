@@ -416,6 +416,8 @@ def stage_config(
         reproducible=options.reproducible,
         row_budget=options.row_budget or WorkerConfig.row_budget,
         calibrate_budget=options.row_budget == 0,
+        # Where routes send clients (the heartbeat's address): a ring may point there.
+        advertise=options.advertise or "",
     )
 
 

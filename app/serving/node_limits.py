@@ -15,7 +15,8 @@ a clock of its own or touches IO, so every rule is tested with a plain float clo
 
 The worker applies them on the first stage, whose upstream nodes are the clients asking:
 on a later stage every session of the chain arrives from one upstream worker, so a limit
-on that node would be a limit on everyone (admission caps those stages).
+on that node would be a limit on everyone (admission caps those stages, and only the
+upstream may open sessions there: app.serving.peer_rules).
 """
 
 from __future__ import annotations
@@ -52,12 +53,18 @@ class NodeLimitsPolicy:
             raise ValueError("open_per_s must be a finite number > 0")
 
     @classmethod
-    def for_stage(cls, slots: int) -> NodeLimitsPolicy:
-        """The worker's default: one node may fill every slot at once (a client starting
-        many answers together, or the one upstream worker of a middle stage), then open
-        a quarter of the slots per second, at least the class defaults. What it stops is
-        a node looping OPENs (refused or opened and closed) far faster than any use."""
-        return cls(open_burst=max(cls.open_burst, slots), open_per_s=max(cls.open_per_s, slots / 4))
+    def for_stage(cls, slots: int, per_node: int | None = None) -> NodeLimitsPolicy:
+        """The worker's default: one node may start every slot at once (a client starting
+        many answers together), then open a quarter of the slots per second, at least
+        the class defaults, and hold at most `per_node` sessions (None: every slot;
+        app.serving.peer_rules.per_node_sessions gives the worker's). What it stops is a
+        node looping OPENs (refused or opened and closed) far faster than any use, or
+        holding every slot with sessions it never steps."""
+        return cls(
+            max_sessions_per_node=per_node,
+            open_burst=max(cls.open_burst, slots),
+            open_per_s=max(cls.open_per_s, slots / 4),
+        )
 
 
 @dataclass(frozen=True)

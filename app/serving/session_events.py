@@ -25,6 +25,8 @@ class FrameReceived(Generic[L]):
     peer: str
     """The node id the link authenticated."""
     frame: wire.Frame
+    role: str = ""
+    """The role its certificate gives it ("worker", "client"; app.serving.peer_rules)."""
 
 
 @dataclass(frozen=True)

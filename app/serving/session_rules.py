@@ -13,7 +13,11 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
 
     event                      condition                              actions
     -------------------------  -------------------------------------  ---------------------
-    OPEN, new session          draining                               refuse OVERLOADED
+    OPEN, new session          not from a node that may open here     refuse NOT_OWNER
+                                 (peer_rules.opener_refusal)
+                               first stage, a ring not pointing here  refuse BAD_VALUE
+                                 (peer_rules.loop_refusal)
+                               draining                               refuse OVERLOADED
                                node over its limits (node_limits)     refuse OVERLOADED
                                                                       (with retry hint)
                                last stage, client has no link here    refuse BAD_VALUE
@@ -68,6 +72,7 @@ from enum import Enum
 from typing import Any, Generic
 
 from app.serving.node_limits import NodeLimits
+from app.serving.peer_rules import StagePlan, loop_refusal, opener_refusal
 from app.serving.reply_links import reply_link
 from app.serving.resume_rules import HeldSession, may_adopt, positions_kept
 from app.serving.session_events import (
@@ -174,8 +179,12 @@ class SessionRules(Generic[L]):
         upstream_is_stage: bool = False,
         history_of: Callable[[str], Sequence[int] | None] | None = None,
         first_layer: int = 0,
+        plan: StagePlan | None = None,
     ) -> None:
         self.is_last = is_last
+        self.plan = plan
+        """Who may open sessions here and where rings may point (peer_rules); None:
+        anyone, anywhere (tests of the other rules)."""
         self.history_of = history_of
         """The token ids a session's KV holds (None: not known); None here: this stage
         never takes a session's KV over (resume_rules)."""
@@ -228,17 +237,25 @@ class SessionRules(Generic[L]):
     def _on_frame(self, ev: FrameReceived[L]) -> list[Action[L]]:
         frame = ev.frame
         if isinstance(frame, wire.Open):
-            return self._on_open(ev.link, ev.peer, frame)
+            return self._on_open(ev.link, ev.peer, frame, ev.role)
         if isinstance(frame, wire.Step):
             return self._on_step(ev.link, frame)
         if isinstance(frame, wire.Close):
             return self._end(frame.session, forward_close=True, reason=frame.reason)
         return []
 
-    def _on_open(self, link: L, peer: str, frame: wire.Open) -> list[Action[L]]:
+    def _on_open(self, link: L, peer: str, frame: wire.Open, role: str = "") -> list[Action[L]]:
         existing = self._sessions.get(frame.session)
         if existing is not None:
             return self._resume(link, peer, existing, frame)
+        if self.plan is not None:
+            not_here = opener_refusal(self.plan, peer, role)
+            if not_here is not None:
+                return self._refuse(link, frame.session, ErrorCode.NOT_OWNER, not_here)
+            if self.plan.is_first and frame.loop is not None:
+                not_here = loop_refusal(self.plan, frame.loop)
+                if not_here is not None:
+                    return self._refuse(link, frame.session, ErrorCode.BAD_VALUE, not_here)
         if self.draining:
             return self._refuse(
                 link,

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from app.config import Hop, WorkerConfig
+from app.config import Hop, WorkerConfig, parse_address
 from app.serving.calibration import calibrated_row_budget
 from app.serving.downstream import Dialer, Downstream
 from app.serving.engine_calls import EngineCalls, InlinePolicy, runs_inline
@@ -34,6 +34,7 @@ from app.serving.mtp_guesses import (
     guess,
 )
 from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
+from app.serving.peer_rules import StagePlan, idle_sessions, per_node_sessions
 from app.serving.replies import choose_tokens, onward_step, tokens_reply
 from app.serving.resume_rules import extend_history, rows_to_skip, trimmed
 from app.serving.ring import Ring
@@ -74,11 +75,20 @@ from core.stage import Stage, StepFailure, StepResult
 from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials
 from net.errors import ErrorCode, FrameError
+from net.link_limits import LinkLimits
 from net.quic import QuicTuning
 from net.rate import upload_throttle
 from net.tensors import WireDtype
 
 log = logging.getLogger(__name__)
+
+
+def _own_addresses(config: WorkerConfig) -> frozenset[tuple[str, int]]:
+    """Where peers reach this stage: its listen address and the one it advertises."""
+    found = {config.listen}
+    if config.advertise:
+        found.add(parse_address(config.advertise))
+    return frozenset(found)
 
 
 class StageWorker:
@@ -109,7 +119,12 @@ class StageWorker:
             keepalive=config.idle_timeout / 4,
             send_throttle=upload_throttle(config.upload_bytes_per_s),
         )
-        self._server = ChannelServer(creds, self._channel_ready, tuning)
+        self._server = ChannelServer(
+            creds,
+            self._channel_ready,
+            tuning,
+            limits=LinkLimits(auth_timeout_s=config.auth_timeout),
+        )
         self.hop_wanted = asyncio.Event()
         """Set when the link to the next stage dies or sessions start waiting for one:
         the heartbeat loop then asks the coordinator early whether it was replaced."""
@@ -145,8 +160,12 @@ class StageWorker:
         """Rows per engine step: measured at start (calibrate_budget), at most n_batch."""
         self.step_samples: list[tuple[int, float]] = []
         # Per-node OPEN limits on the first stage only: further down, every session of the
-        # chain comes from one upstream worker, and limiting it would limit everyone.
-        limits = NodeLimitsPolicy.for_stage(self.admission.policy.max_sessions)
+        # chain comes from one upstream worker, and limiting it would limit everyone (only
+        # that upstream may open sessions there: peer_rules).
+        slots = self.admission.policy.max_sessions
+        limits = NodeLimitsPolicy.for_stage(
+            slots, per_node_sessions(slots, config.max_sessions_per_node)
+        )
         self._rules: SessionRules[Channel] = SessionRules(
             self.is_last,
             self.admission,
@@ -156,8 +175,15 @@ class StageWorker:
             # nothing else is keyed by the session (resume_rules).
             history_of=(self._history_of if stage.mtp is None and not self._recurrent else None),
             first_layer=stage.spec.layers.start,
+            plan=StagePlan(
+                config.node_id,
+                self.is_first,
+                upstream=config.upstream_nodes,
+                addresses=_own_addresses(config),
+            ),
         )
         """Ownership, resume, de-duplication, admission: decided there, carried out here."""
+        self._idle_sweep: asyncio.TimerHandle | None = None
         self._sessions: dict[str, ServedSession] = {}
         self._pending: list[PendingStep] = []
         self._wake = asyncio.Event()
@@ -176,7 +202,12 @@ class StageWorker:
             log.info("row budget %d from step times %s", self.row_budget, self.step_samples)
         self._engine_calls.after_steps = await self._engine_calls.run(idle_parker, self.stage)
         self.address = await self._server.listen(*self.config.listen)
+        if self._rules.plan is not None and self.config.listen[1] == 0:
+            # Port 0: the stage's own address is the one the socket got.
+            plan = self._rules.plan
+            self._rules.plan = replace(plan, addresses=plan.addresses | {self.address})
         self._engine_task = asyncio.get_running_loop().create_task(self._engine_loop())
+        self._arm_idle_sweep()
         return self.address
 
     @property
@@ -253,6 +284,8 @@ class StageWorker:
         return len(self._sessions)
 
     async def stop(self) -> None:
+        if self._idle_sweep is not None:
+            self._idle_sweep.cancel()
         if self._engine_task is not None:
             self._engine_task.cancel()
         self._feed(Shutdown("worker shutting down"))
@@ -282,7 +315,7 @@ class StageWorker:
             log.info("peer %s reports: %s", channel.peer, frame.message)
             return
         try:
-            self._feed(FrameReceived(channel, channel.peer.node_id, frame))
+            self._feed(FrameReceived(channel, channel.peer.node_id, frame, channel.peer.role))
         except FrameError as exc:  # a check of the worker's own (shape, dtype, ...)
             session = getattr(frame, "session", "")
             self._feed(Refused(channel, session, exc.code, exc.message))
@@ -420,6 +453,8 @@ class StageWorker:
         if frame.wire_dtype != opened.wire_dtype and frame.hidden is not None:
             raise FrameError(ErrorCode.BAD_DTYPE, "rows in a dtype the session did not open with")
         held = self._sessions.get(frame.session)
+        if held is not None:
+            held.last_active = time.monotonic()
         skip = 0 if held is None else rows_to_skip(held.kept, frame.start, frame.n_rows)
         if skip:  # a replay's rows this stage kept from the session it continues
             if skip == frame.n_rows:
@@ -499,6 +534,7 @@ class StageWorker:
         session = self._sessions.get(p.step.session)
         if session is None:
             return  # closed while computing
+        session.last_active = time.monotonic()
         if isinstance(result, StepFailure):
             # Rows that do not continue the cache (this stage restarted, its KV is gone):
             # a typed code the client answers by replaying, never a guess.
@@ -586,6 +622,22 @@ class StageWorker:
             self._downstream.end_session(name, reason)
         else:
             self._downstream.forget(name)
+
+    def _arm_idle_sweep(self) -> None:
+        # A few sweeps per idle period: a session is closed at most a quarter late.
+        every = min(30.0, self.config.session_idle_s / 4)
+        self._idle_sweep = asyncio.get_running_loop().call_later(every, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        """Close the sessions that stopped stepping (peer_rules.idle_sessions): a client
+        that went away, or one holding slots it never uses, frees them and their KV."""
+        idle_s = self.config.session_idle_s
+        busy = {p.step.session for p in self._pending}
+        last = {name: s.last_active for name, s in self._sessions.items()}
+        for name in idle_sessions(last, busy, time.monotonic(), idle_s):
+            self.stats.sessions_idle_closed += 1
+            self._fail(name, ErrorCode.STAGE_ERROR, f"no step for {idle_s:g} s: session closed")
+        self._arm_idle_sweep()
 
     def _close_on_stage(self, name: str) -> None:
         with contextlib.suppress(CoreError):  # never opened here (open failed): nothing to free

@@ -4,6 +4,7 @@ for the engine, and the counters its heartbeats and tests read. No IO."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,9 @@ class ServedSession:
     history_known: bool = True
     """Not the last stage: `history` names the tokens of every position its KV holds
     (a replay may take them over only then)."""
+    last_active: float = field(default_factory=time.monotonic)
+    """time.monotonic() when a step of the session was last taken or answered here: an
+    idle session is closed (WorkerConfig.session_idle_s)."""
 
 
 @dataclass
@@ -63,6 +67,8 @@ class WorkerStats:
     rows_reused: int = 0
     """Positions adopted sessions held: the replay's rows there were not computed here
     (nor, past a middle stage, sent on)."""
+    sessions_idle_closed: int = 0
+    """Sessions closed for taking no step for WorkerConfig.session_idle_s."""
     rows_one_by_one: int = 0
     """A replay's rows evaluated one at a time, as first computed (replay_rows)."""
     last_compute_ms: float = 0.0
