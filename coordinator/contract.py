@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from coordinator.errors import MalformedAnswer
+from coordinator.names import check_name
 
 # ---------------------------------------------------------------- the URL layout
 # Templates in FastAPI's syntax: the server routes them as they are, the client fills
@@ -32,6 +33,7 @@ HEARTBEAT = f"{API}/nodes/{{node_id}}/heartbeat"
 ASSIGNMENT = f"{API}/nodes/{{node_id}}/assignment"
 RENEW = f"{API}/nodes/{{node_id}}/renew"
 REVOKE_NODE = f"{API}/nodes/{{node_id}}/revoke"
+TRUST_NODE = f"{API}/nodes/{{node_id}}/trust"
 TURN = f"{API}/turn"
 SIGNALS = f"{API}/signal"
 SIGNAL_TO = f"{API}/signal/{{peer_id}}"
@@ -68,13 +70,125 @@ def _read(what: str, build: Callable[[dict[str, Any]], T], doc: Any) -> T:
         raise MalformedAnswer(f"the coordinator's {what} is not a JSON object")
     try:
         return build(doc)
+    except MalformedAnswer:
+        raise
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise MalformedAnswer(f"the coordinator's {what} is malformed: {exc!r}") from exc
 
 
+# What a volunteer's PC accepts from a coordinator, checked as strictly as a wire frame
+# (net/wire_checks.py): each field of its JSON type, texts and lists of bounded length,
+# free-form objects of bounded depth and size. Values that come from JSON are never
+# converted (`str()` of a dict, `int()` of a string): a wrong type is a malformed answer.
+
+MAX_ID_CHARS = 256
+"""Node ids, addresses, roles, kinds, link ids, hosts."""
+MAX_PATH_CHARS = 1024
+MAX_SECRET_CHARS = 4096
+"""Tokens and passwords."""
+MAX_PEM_CHARS = 64 * 1024
+"""A certificate chain in PEM; real ones are a few KiB."""
+MAX_LAYER = 1 << 20
+MAX_STAGES = 4096
+MAX_SERIALS = 1 << 16
+MAX_URIS = 16
+MAX_SESSIONS = 1 << 16
+MAX_CONTEXT_TOKENS = 1 << 24
+MAX_TTL_S = 7 * 24 * 3600
+MAX_PAYLOAD_DEPTH = 8
+MAX_PAYLOAD_ITEMS = 4096
+"""Values in one signal's payload, all levels together (an ICE offer has a few dozen)."""
+
+
+def _text(value: Any, what: str, limit: int = MAX_ID_CHARS, *, empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise MalformedAnswer(f"{what} is a {type(value).__name__}, not text")
+    if len(value) > limit or (not value and not empty):
+        raise MalformedAnswer(f"{what} must be 1..{limit} characters, not {len(value)}")
+    return value
+
+
+def _integer(value: Any, what: str, low: int, high: int) -> int:
+    # bool is an int in Python, never one in a coordinator's answer.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedAnswer(f"{what} is a {type(value).__name__}, not an integer")
+    if not low <= value <= high:
+        raise MalformedAnswer(f"{what} must be within {low}..{high}, not {value}")
+    return value
+
+
+def _items(value: Any, what: str, limit: int) -> list[Any]:
+    if not isinstance(value, list):
+        raise MalformedAnswer(f"{what} is a {type(value).__name__}, not a list")
+    if len(value) > limit:
+        raise MalformedAnswer(f"{what} holds {len(value)} items; at most {limit}")
+    return value
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedAnswer(f"{what} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _name(value: Any, what: str) -> str:
+    """A model name or node id: one safe path component (coordinator.names)."""
+    return check_name(_text(value, what), what)
+
+
+def _coordinator_path(value: Any, what: str) -> str:
+    """A path on the coordinator, appended to its base URL: it must stay a path there
+    (no `@` that would turn the base into user info, no `//`, `..` or backslashes)."""
+    path = _text(value, what, MAX_PATH_CHARS)
+    if (
+        not path.startswith("/")
+        or path.startswith("//")
+        or any(bad in path for bad in ("@", "\\", "..", "?", "#"))
+        or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path)
+    ):
+        raise MalformedAnswer(f"{what} {path[:80]!r} is not a path on the coordinator")
+    return path
+
+
+def _payload(value: Any, what: str) -> dict[str, Any]:
+    """A free-form JSON object (a signal's ICE offer) of bounded depth and size, walked
+    without recursion so that no depth exhausts the stack."""
+    root = _object(value, what)
+    pending: list[tuple[Any, int]] = [(root, 1)]
+    seen = 0
+    while pending:
+        node, depth = pending.pop()
+        seen += 1
+        if seen > MAX_PAYLOAD_ITEMS:
+            raise MalformedAnswer(f"{what} holds more than {MAX_PAYLOAD_ITEMS} values")
+        if isinstance(node, dict):
+            children: list[Any] = list(node.values())
+            for key in node:
+                _text(key, f"a key in {what}", empty=True)
+        elif isinstance(node, list):
+            children = node
+        elif isinstance(node, str):
+            _text(node, f"a text in {what}", MAX_SECRET_CHARS, empty=True)
+            continue
+        elif node is None or isinstance(node, bool | int | float):
+            continue
+        else:
+            raise MalformedAnswer(f"{what} holds a {type(node).__name__}")
+        if children and depth >= MAX_PAYLOAD_DEPTH:
+            raise MalformedAnswer(f"{what} is nested deeper than {MAX_PAYLOAD_DEPTH}")
+        pending.extend((child, depth + 1) for child in children)
+    return root
+
+
 def _layers(value: Any) -> tuple[int, int]:
-    start, stop = value
-    return int(start), int(stop)
+    pair = _items(value, "layers", 2)
+    if len(pair) != 2:
+        raise MalformedAnswer(f"layers must be [start, stop], not {len(pair)} numbers")
+    start = _integer(pair[0], "the first layer", 0, MAX_LAYER)
+    stop = _integer(pair[1], "the layer after the last", 1, MAX_LAYER)
+    if start >= stop:
+        raise MalformedAnswer(f"layers [{start}, {stop}) hold no layer")
+    return start, stop
 
 
 # ---------------------------------------------------------------- messages
@@ -90,7 +204,12 @@ class CaAnswer:
     @staticmethod
     def from_json(doc: Any) -> CaAnswer:
         return _read(
-            "CA answer", lambda d: CaAnswer(str(d["certificate_pem"]), str(d["fingerprint"])), doc
+            "CA answer",
+            lambda d: CaAnswer(
+                _text(d["certificate_pem"], "certificate_pem", MAX_PEM_CHARS),
+                _text(d["fingerprint"], "fingerprint"),
+            ),
+            doc,
         )
 
 
@@ -132,12 +251,12 @@ class JoinAnswer:
         return _read(
             "join answer",
             lambda d: JoinAnswer(
-                str(d["node_id"]),
-                str(d["role"]),
-                str(d["certificate_pem"]),
-                str(d["ca_certificate_pem"]),
-                str(d["token"]),
-                dt.datetime.fromisoformat(str(d["expires_at"])),
+                _name(d["node_id"], "node_id"),
+                _text(d["role"], "role"),
+                _text(d["certificate_pem"], "certificate_pem", MAX_PEM_CHARS),
+                _text(d["ca_certificate_pem"], "ca_certificate_pem", MAX_PEM_CHARS),
+                _text(d["token"], "token", MAX_SECRET_CHARS),
+                dt.datetime.fromisoformat(_text(d["expires_at"], "expires_at", 64)),
             ),
             doc,
         )
@@ -212,14 +331,21 @@ class Assignment:
     def from_json(doc: Any) -> Assignment:
         def build(d: dict[str, Any]) -> Assignment:
             hop = d["next_hop"]
+            if hop is not None:
+                hop = _object(hop, "next_hop")
             return Assignment(
-                str(d["model"]),
+                _name(d["model"], "model"),
                 _layers(d["layers"]),
-                None if hop is None else NextHop(str(hop["node_id"]), str(hop["address"])),
-                str(d["manifest_url"]),
-                str(d["pieces_url"]),
-                int(d.get("max_sessions", 8)),
-                int(d.get("context_tokens", 256)),
+                None
+                if hop is None
+                else NextHop(
+                    _name(hop["node_id"], "next hop's node_id"),
+                    _text(hop["address"], "next hop's address", empty=True),
+                ),
+                _coordinator_path(d["manifest_url"], "manifest_url"),
+                _coordinator_path(d["pieces_url"], "pieces_url"),
+                _integer(d.get("max_sessions", 8), "max_sessions", 1, MAX_SESSIONS),
+                _integer(d.get("context_tokens", 256), "context_tokens", 1, MAX_CONTEXT_TOKENS),
             )
 
         return _read("assignment", build, doc)
@@ -241,9 +367,10 @@ class HeartbeatAnswer:
         def build(d: dict[str, Any]) -> HeartbeatAnswer:
             found = d.get("assignment")
             ready = d.get("standby")
+            serials = _items(d.get("revoked_serials", []), "revoked_serials", MAX_SERIALS)
             return HeartbeatAnswer(
                 None if not found else Assignment.from_json(found),
-                tuple(str(s) for s in d.get("revoked_serials", [])),
+                tuple(_text(s, "a revoked serial", 128) for s in serials),
                 None if not ready else Assignment.from_json(ready),
             )
 
@@ -255,6 +382,15 @@ class RouteStage:
     node_id: str
     address: str
     layers: tuple[int, int]
+
+
+def _route_stage(value: Any) -> RouteStage:
+    s = _object(value, "a stage")
+    return RouteStage(
+        _name(s["node_id"], "a stage's node_id"),
+        _text(s["address"], "a stage's address"),
+        _layers(s["layers"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -269,11 +405,8 @@ class RouteAnswer:
         return _read(
             "route",
             lambda d: RouteAnswer(
-                str(d["model"]),
-                tuple(
-                    RouteStage(str(s["node_id"]), str(s["address"]), _layers(s["layers"]))
-                    for s in d["stages"]
-                ),
+                _name(d["model"], "model"),
+                tuple(_route_stage(s) for s in _items(d["stages"], "stages", MAX_STAGES)),
             ),
             doc,
         )
@@ -295,12 +428,15 @@ class TurnCredentials:
         return _read(
             "relay credentials",
             lambda d: TurnCredentials(
-                str(d["host"]),
-                int(d["port"]),
-                str(d["username"]),
-                str(d["password"]),
-                int(d["ttl_s"]),
-                tuple(str(u) for u in d["uris"]),
+                _text(d["host"], "host"),
+                _integer(d["port"], "port", 1, 65535),
+                _text(d["username"], "username", 512),
+                _text(d["password"], "password", MAX_SECRET_CHARS),
+                _integer(d["ttl_s"], "ttl_s", 1, MAX_TTL_S),
+                tuple(
+                    _text(u, "a relay URI", MAX_PATH_CHARS)
+                    for u in _items(d["uris"], "uris", MAX_URIS)
+                ),
             ),
             doc,
         )
@@ -334,6 +470,11 @@ class Signal:
     def from_json(doc: Any) -> Signal:
         return _read(
             "signal",
-            lambda d: Signal(str(d["sender"]), str(d["kind"]), str(d["link"]), dict(d["payload"])),
+            lambda d: Signal(
+                _name(d["sender"], "sender"),
+                _text(d["kind"], "kind"),
+                _text(d["link"], "link"),
+                _payload(d["payload"], "payload"),
+            ),
             doc,
         )

@@ -13,6 +13,11 @@ class MalformedAnswer(CoordinatorError):
     """A coordinator's answer does not have the shape coordinator.contract describes."""
 
 
+class UnsafeName(MalformedAnswer, ValueError):
+    """A name from a coordinator (a model, a node id) that is not one safe path component:
+    it would reach outside the folder it names, or is not portable across systems."""
+
+
 class AccessDenied(CoordinatorError):
     """Missing or wrong credentials for this request."""
 

@@ -84,8 +84,12 @@ class Manifest:
 
     @staticmethod
     def from_json(text: str) -> Manifest:
+        """The manifest in `text`; SliceError for anything that is not one. A manifest
+        comes from a coordinator, so nothing it holds is trusted: see _piece."""
         try:
             doc = json.loads(text)
+            if not isinstance(doc, dict) or not isinstance(doc.get("facts"), dict):
+                raise SliceError("malformed manifest: not an object with facts")
             if doc.get("format") != MANIFEST_FORMAT:
                 raise SliceError(f"unsupported manifest format {doc.get('format')!r}")
             f = doc["facts"]
@@ -103,12 +107,15 @@ class Manifest:
                     else tuple(int(c) for c in f["allowed_cuts"]),
                 }
             )
-            pieces = tuple(PieceInfo(**p) for p in doc["pieces"])
+            if not isinstance(doc["pieces"], list) or len(doc["pieces"]) > MAX_PIECES:
+                raise SliceError(f"malformed manifest: pieces must be a list of <= {MAX_PIECES}")
+            pieces = tuple(_piece(p) for p in doc["pieces"])
             return Manifest(facts, pieces, doc["source"]["sha256"], int(doc["source"]["size"]))
         except SliceError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SliceError(f"malformed manifest: {exc}") from exc
+        # RecursionError: deeply nested JSON; AttributeError: a list where a dict belongs.
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+            raise SliceError(f"malformed manifest: {exc!r}"[:500]) from None
 
     @staticmethod
     def load(directory: Path) -> Manifest:
@@ -122,6 +129,28 @@ class Manifest:
         path = Path(directory) / MANIFEST_FILE
         path.write_text(self.to_json(), encoding="utf-8")
         return path
+
+
+MAX_PIECES = 1 << 16
+"""Far above any model's pieces (one per layer, plus a few)."""
+
+
+def _piece(doc: Any) -> PieceInfo:
+    """One piece entry, each field of its JSON type: its file name and size decide what
+    is written to disk and how much is downloaded."""
+    if not isinstance(doc, dict):
+        raise SliceError("malformed manifest: a piece is not an object")
+    piece = PieceInfo(**doc)
+    texts = (piece.name, piece.file, piece.kind, piece.sha256)
+    layer_ok = piece.layer is None or (
+        isinstance(piece.layer, int) and not isinstance(piece.layer, bool) and piece.layer >= 0
+    )
+    size_ok = isinstance(piece.size, int) and not isinstance(piece.size, bool) and piece.size >= 0
+    if not all(isinstance(t, str) and 0 < len(t) <= 256 for t in texts) or not (
+        layer_ok and size_ok
+    ):
+        raise SliceError(f"malformed manifest: piece {str(piece.name)[:64]!r} has a wrong field")
+    return piece
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

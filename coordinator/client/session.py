@@ -43,6 +43,9 @@ from net import auth
 log = logging.getLogger(__name__)
 
 TIMEOUT = 15.0
+MAX_ANSWER_BYTES = 16 << 20
+"""The largest answer read from a coordinator (a manifest of a huge model is well under
+1 MiB); pieces are downloaded elsewhere, streamed to disk."""
 
 
 class CoordinatorUnreachable(CoordinatorError):
@@ -119,19 +122,50 @@ def _call(session: requests.Session, method: str, url: str, **kw: Any) -> Any:
     kw.setdefault("verify", session.verify)
     kw.setdefault("timeout", TIMEOUT)
     try:
-        r = session.request(method, url, **kw)
+        with session.request(method, url, stream=True, **kw) as r:
+            body = _bounded_body(r, url)
     except requests.exceptions.SSLError as exc:
         raise CoordinatorUnreachable(f"TLS with {url} failed: {exc}") from exc
     except requests.RequestException as exc:
         raise CoordinatorUnreachable(f"cannot reach the coordinator at {url}: {exc}") from exc
-    if r.status_code >= 400:
-        try:
-            message = str(r.json().get("detail", r.text))
-        except ValueError:
-            message = r.text[:300]
-        raise CoordinatorRefused(r.status_code, message)
     ctype = r.headers.get("content-type", "")
-    return r.json() if ctype.startswith("application/json") else r.content
+    if r.status_code >= 400:
+        doc = _json(body) if ctype.startswith("application/json") else _NOT_JSON
+        detail = doc.get("detail") if isinstance(doc, dict) else None
+        message = detail if isinstance(detail, str) else body[:300].decode(errors="replace")
+        raise CoordinatorRefused(r.status_code, message[:1000])
+    if not ctype.startswith("application/json"):
+        return body
+    doc = _json(body)
+    if doc is _NOT_JSON:
+        raise MalformedAnswer(f"the coordinator's answer to {url} is not JSON")
+    return doc
+
+
+def _bounded_body(r: requests.Response, url: str) -> bytes:
+    """The answer's bytes, refused past MAX_ANSWER_BYTES before they are all in memory."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in r.iter_content(64 * 1024):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise MalformedAnswer(
+                f"the coordinator's answer to {url} exceeds {MAX_ANSWER_BYTES} bytes"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_NOT_JSON = object()
+
+
+def _json(body: bytes) -> Any:
+    """The JSON in `body`, or _NOT_JSON where it is none. Deeply nested JSON makes
+    Python's parser raise RecursionError: that is a malformed answer too, not a crash."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
 
 
 class CoordinatorClient:
