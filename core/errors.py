@@ -91,3 +91,41 @@ class ModelNotFoundError(CoreError):
 
 class TokenizerError(CoreError):
     """Tokenizing, detokenizing or applying the chat template failed."""
+
+
+class NotAModelError(CoreError):
+    """A file given as a model is not one a chain can start from: not a GGUF, damaged,
+    not a model (an adapter), or only a part of one (a shard)."""
+
+
+class GgufFormatError(NotAModelError, ValueError):
+    """A GGUF file's header is damaged: a count or length that reaches past the end of the
+    file, a type or version gguf-py does not know. Also a ValueError, as gguf-py's own
+    parse errors are, so code that caught those still catches this."""
+
+
+class SplitShardError(NotAModelError):
+    """A shard of a gguf-split model was given where one whole GGUF is expected."""
+
+    def __init__(self, message: str, shard: int, count: int, first_shard: str) -> None:
+        super().__init__(message)
+        self.shard = shard
+        """1-based, as gguf-split names its files (-00001-of-00003)."""
+        self.count = count
+        self.first_shard = first_shard
+
+
+class NotPiecesError(SliceError):
+    """A folder given as a model's pieces is missing or holds no manifest.json."""
+
+
+class CutsError(CoreError):
+    """Cut points or a stage's layer range that do not fit the model: not increasing, out
+    of its layers, or at a boundary where a chain would not be exact."""
+
+    def __init__(self, message: str, allowed: tuple[int, ...], example: str) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+        """Every boundary this model allows (0 and n_layer included)."""
+        self.example = example
+        """A value that would work, as the person would type it."""

@@ -13,6 +13,12 @@ compared field by field): Gemma's file opens in 1.2 s against 23.7 s, side by si
 
 The overrides touch two private methods of gguf-py (`_get`, `_get_field_parts`); if a
 later gguf-py changes them, `open_gguf` falls back to the stock reader rather than fail.
+
+A GGUF is untrusted input (a downloaded model): every read is checked against the file's
+size before anything is allocated for it, so a 133-byte file that claims four million
+strings is refused at once with `GgufFormatError` instead of building millions of views.
+Whatever else gguf-py trips on (bad magic, an unknown type, a duplicate key) is raised as
+`GgufFormatError` too.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 from gguf import GGUFReader, GGUFValueType
+
+from core.errors import GgufFormatError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,7 @@ class _PlainViewReader(GGUFReader):
     ) -> npt.NDArray[Any]:
         count = int(count)
         dt = np.dtype(dtype)
+        self._check_extent(offset, dt.itemsize * count, "a value")
         arr = self._plain()[offset : offset + dt.itemsize * count].view(dtype=dt)[:count]
         order = self.byte_order if override_order is None else override_order
         return arr.view(arr.dtype.newbyteorder(order))
@@ -53,6 +62,15 @@ class _PlainViewReader(GGUFReader):
         if plain is None:
             plain = self.__dict__["_plain_view"] = self.data.view(np.ndarray)
         return plain
+
+    def _check_extent(self, offset: int, nbytes: int, what: str) -> None:
+        """Refuse a read of `nbytes` at `offset` that is not wholly inside the file."""
+        size = int(self.data.shape[0])
+        if offset < 0 or nbytes < 0 or offset + nbytes > size:
+            raise GgufFormatError(
+                f"the GGUF header claims {what} of {nbytes} bytes at offset {offset}, "
+                f"past the end of the {size}-byte file"
+            )
 
     def _get_field_parts(
         self, orig_offs: int, raw_type: int
@@ -69,13 +87,23 @@ class _PlainViewReader(GGUFReader):
             return super()._get_field_parts(orig_offs, raw_type)
         plain = self._plain()
         offs = orig_offs + 12
+        # Before building anything for n elements: do even their smallest encodings
+        # (8 bytes per string, the scalar's size) fit in what is left of the file?
+        least = 8 if itype == GGUFValueType.STRING else np.dtype(nptype).itemsize
+        self._check_extent(offs, least * n, f"an array of {n} values")
         parts: list[npt.NDArray[Any]] = [raw_itype, alen]
         types = [GGUFValueType.ARRAY] + ([GGUFValueType(itype)] if n else [])
         if itype == GGUFValueType.STRING:
             # Each string: its uint64 length, then its bytes; the bytes are the data.
             raw = plain.data  # a memoryview of the mapping: int.from_bytes reads it directly
+            end = int(plain.shape[0])
             for _ in range(n):
+                # Inline, not _check_extent: this loop runs once per vocabulary entry.
+                if offs + 8 > end:
+                    self._check_extent(offs, 8, "a string's length")
                 slen = int.from_bytes(raw[offs : offs + 8], "little")
+                if offs + 8 + slen > end:
+                    self._check_extent(offs + 8, slen, "a string")
                 parts.append(plain[offs : offs + 8].view(np.uint64))
                 parts.append(plain[offs + 8 : offs + 8 + slen])
                 offs += 8 + slen
@@ -90,7 +118,13 @@ class _PlainViewReader(GGUFReader):
 def open_gguf(path: Path | str) -> GGUFReader:
     """A reader of the GGUF file at `path` (read-only), as `GGUFReader(path)` gives."""
     try:
-        return _PlainViewReader(str(path))
-    except (TypeError, AttributeError) as exc:  # gguf-py's internals moved: the stock way
-        log.debug("fast GGUF reader unavailable (%s); using gguf-py's own", exc)
-        return GGUFReader(str(path))
+        try:
+            return _PlainViewReader(str(path))
+        except (TypeError, AttributeError) as exc:  # gguf-py's internals moved: the stock way
+            log.debug("fast GGUF reader unavailable (%s); using gguf-py's own", exc)
+            return GGUFReader(str(path))
+    except GgufFormatError:
+        raise
+    # gguf-py reports a damaged header by whatever its parser trips on first.
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:
+        raise GgufFormatError(f"{path} has a damaged GGUF header: {exc}") from exc
