@@ -37,6 +37,23 @@ class PieceCorruptError(SliceError):
         self.reason = reason
 
 
+class NotFirstShardError(SliceError):
+    """A shard other than the first of a gguf-split model was given to be sliced."""
+
+
+class MissingShardsError(SliceError):
+    """The first shard of a gguf-split model was given, but not all its shards are there."""
+
+    def __init__(self, first: object, count: int, missing: tuple[object, ...]) -> None:
+        names = ", ".join(str(m) for m in missing)
+        super().__init__(
+            f"{first} is one shard of a model split into {count} files (gguf-split), and "
+            f"{len(missing)} of the others are missing: {names}; put every shard in the "
+            "same folder, named as gguf-split wrote them"
+        )
+        self.missing = missing
+
+
 class ModelLoadError(CoreError):
     """llama.cpp refused to load a model or create a context."""
 

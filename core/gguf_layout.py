@@ -8,7 +8,7 @@ src/models/<arch>.cpp for what each loader and graph does with them). The slicer
   table knows is refused: a stage without it would differ, a stage with it unused is
   refused by llama.cpp's tensor count anyway.
 - `key_role(arch, key)`: how a metadata key travels (copied, sliced per layer, rewritten by
-  the assembler, first stage only, tokenizer, or refused when it is set).
+  the assembler, first stage only, tokenizer, refused when it is set, or dropped).
 - `cut_policy(...)`: the cut points at which a stage boundary keeps the chain equal to the
   whole model, or None when any boundary does. Only architectures whose graph we read are
   accepted; others are refused by name rather than risked.
@@ -80,6 +80,9 @@ REWRITE = "rewrite"
 FIRST_ONLY = "first_only"
 TOKENIZER = "tokenizer"
 REFUSE_IF_SET = "refuse_if_set"
+DROP = "drop"
+"""Keys that describe the published file, not the model (gguf-split's split.*): no piece
+or stage carries them."""
 
 # `{arch}.` keys llama.cpp reads as one value per layer (get_key_or_arr with n_layer).
 _PER_LAYER = frozenset(
@@ -135,7 +138,7 @@ def key_role(arch: str, key: str) -> str:
     if key.startswith("tokenizer."):
         return TOKENIZER
     if key.startswith("split."):
-        return REFUSE_IF_SET  # a shard holds only some tensors: merge the GGUF first
+        return DROP  # the slicer reads every shard of a split model (core.gguf_shards)
     if key in _PER_LAYER_GLOBAL_NAMES:
         return PER_LAYER
     prefix = f"{arch}."
@@ -182,8 +185,6 @@ def check_keys(arch: str, metadata: Mapping[str, Any]) -> None:
     mtp_layers(arch, metadata)
     for key, value in metadata.items():
         if key_role(arch, key) == REFUSE_IF_SET and _is_set(value):
-            if key == "split.count" and int(value) <= 1:
-                continue
             raise UnsupportedModelError(
                 f"{arch}: metadata {key}={value!r} ties layers together in a way a chain "
                 "of stages cannot reproduce exactly; refusing to slice"

@@ -18,7 +18,7 @@ Tensors are copied as raw quantized bytes, never re-encoded.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,7 @@ from core.manifest import (
     MTP,
     SHARED,
     Manifest,
-    PieceInfo,
     block_piece_name,
-    sha256_file,
     verify_piece,
 )
 from core.types import LayerRange, ModelFacts
@@ -192,60 +190,19 @@ def _finish(w: GGUFWriter) -> None:
     w.close()
 
 
-def _write_piece(src: GGUFReader, path: Path, tensors: Iterable[Any], with_tokenizer: bool) -> None:
-    w = GGUFWriter(str(path), arch=_arch(src))
-    for name, field in _fields(src).items():
-        if with_tokenizer or not name.startswith(_TOKENIZER_PREFIX):
-            _copy_field(w, name, field)
-    for t in tensors:
-        _copy_tensor(w, t.name, t)
-    _finish(w)
+def slice_model(
+    model_path: Path,
+    out_dir: Path,
+    name: str = "",
+    progress: Callable[[int, int], None] | None = None,
+) -> Manifest:
+    """Cut the model at `model_path` (one GGUF, or the first shard of a gguf-split set)
+    into pieces under `out_dir` and write manifest.json there. Streamed, in memory that
+    does not grow with the model, and resumable (core.gguf_stream); `progress` is called
+    with (bytes read, total bytes) as the source is read."""
+    from core.gguf_stream import slice_streamed  # it reads facts through this module
 
-
-def slice_model(model_path: Path, out_dir: Path, name: str = "") -> Manifest:
-    """Cut `model_path` into pieces under `out_dir` and write manifest.json there."""
-    model_path, out_dir = Path(model_path), Path(out_dir)
-    try:
-        reader = open_gguf(model_path)
-    except (OSError, ValueError) as exc:
-        raise SliceError(f"cannot read GGUF {model_path}: {exc}") from exc
-    facts = read_facts(reader, name or model_path.stem)
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    blocks: dict[int, list[Any]] = {i: [] for i in range(facts.n_layer)}
-    by_place: dict[str, list[Any]] = {EMBEDDING: [], HEAD: [], SHARED: [], MTP: []}
-    n_all = facts.n_layer + facts.n_mtp_layers
-    for t in reader.tensors:
-        place = layout.tensor_place(facts.architecture, t.name)
-        m = _BLOCK_TENSOR.match(t.name)
-        if place == BLOCK and m and int(m.group(1)) in blocks:
-            blocks[int(m.group(1))].append(t)
-        elif place == BLOCK and m and int(m.group(1)) < n_all:
-            by_place[MTP].append(t)  # the MTP block: the last stage's alone
-        elif place == BLOCK:
-            raise SliceError(f"tensor {t.name!r} names a block beyond block_count")
-        else:
-            by_place[place].append(t)
-
-    plan: list[tuple[str, str, int | None, list[Any], bool]] = [
-        (EMBEDDING, EMBEDDING, None, by_place[EMBEDDING], True),
-        *((block_piece_name(i), BLOCK, i, blocks[i], False) for i in range(facts.n_layer)),
-        (HEAD, HEAD, None, by_place[HEAD], False),
-    ]
-    if by_place[SHARED]:  # only models with global per-layer tensors get this piece
-        plan.append((SHARED, SHARED, None, by_place[SHARED], False))
-    if by_place[MTP]:
-        plan.append((MTP, MTP, None, by_place[MTP], False))
-    pieces = []
-    for piece_name, kind, layer, tensors, with_tokenizer in plan:
-        path = out_dir / f"{piece_name}.gguf"
-        _write_piece(reader, path, tensors, with_tokenizer)
-        pieces.append(
-            PieceInfo(piece_name, path.name, kind, layer, sha256_file(path), path.stat().st_size)
-        )
-    manifest = Manifest(facts, tuple(pieces), sha256_file(model_path), model_path.stat().st_size)
-    manifest.save(out_dir)
-    return manifest
+    return slice_streamed(model_path, out_dir, name, progress)
 
 
 # ---------------------------------------------------------------- assembling a stage

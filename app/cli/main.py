@@ -96,8 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("slice", help="cut a GGUF model into per-layer pieces and a manifest")
-    p.add_argument("model", help="GGUF file, or 'default'")
+    p.add_argument(
+        "model", help="GGUF file (the first shard, -00001-of-N, of a split model), or 'default'"
+    )
     p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="draw the progress bar on stderr even when it is not a terminal",
+    )
 
     p = sub.add_parser("assemble", help="build a stage GGUF for layers [start, stop) from pieces")
     p.add_argument("pieces", type=Path, help="directory holding manifest.json and the pieces")
@@ -310,11 +317,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_slice(args: argparse.Namespace) -> int:
+    from app.cli.progress import ProgressBar
     from core.gguf_slices import slice_model
     from core.models import resolve_model
 
     model = resolve_model(args.model)
-    manifest = slice_model(model, args.out)
+    bar = ProgressBar(sys.stderr) if args.progress or sys.stderr.isatty() else None
+    try:
+        # A run cut short keeps its finished pieces: the same command resumes it.
+        manifest = slice_model(model, args.out, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     f = manifest.facts
     print(
         f"wrote {len(manifest.pieces)} pieces and manifest.json to {args.out} "

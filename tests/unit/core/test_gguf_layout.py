@@ -44,7 +44,8 @@ def test_keys_have_roles() -> None:
     assert role("deepseek2", "deepseek2.leading_dense_block_count") == layout.REWRITE
     assert role("granite", "granite.embedding_scale") == layout.FIRST_ONLY
     assert role("qwen35", "qwen35.nextn_predict_layers") == layout.REWRITE
-    assert role("llama", "split.count") == layout.REFUSE_IF_SET
+    # The published files' layout (gguf-split), not the model's: no piece carries it.
+    assert role("llama", "split.count") == layout.DROP
     # A key of another architecture is ignored by this loader, so it is just copied.
     assert role("llama", "qwen2.embedding_scale") == layout.COPY
 
@@ -58,8 +59,7 @@ def test_keys_that_tie_layers_together_are_refused_when_set() -> None:
         layout.check_keys("qwen35", {"qwen35.nextn_predict_layers": 2})
     with pytest.raises(UnsupportedModelError, match="nextn_predict_layers=1"):
         layout.check_keys("glm4moe", {"glm4moe.nextn_predict_layers": 1})
-    with pytest.raises(UnsupportedModelError, match=r"split\.count"):
-        layout.check_keys("llama", {"split.count": 3})
+    layout.check_keys("llama", {"split.no": 0, "split.count": 3, "split.tensors.count": 9})
 
 
 @pytest.mark.parametrize(
