@@ -26,6 +26,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from core import gguf_layout as layout
+from core import model_sizes
 from core.errors import CutNotAllowedError, SliceError
 from core.gguf_reader import open_gguf
 from core.manifest import (
@@ -167,6 +168,10 @@ def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
         global_tensors=tuple(sorted(n for n in names if not n.startswith("blk."))),
         cut_reason=policy.reason,
         n_mtp_layers=n_mtp,
+        recurrent_state_bytes_per_session_per_layer=model_sizes.recurrent_state_bytes(
+            arch, metadata, kinds
+        ),
+        mtp_kv_bytes_per_token=model_sizes.mtp_kv_bytes_per_token(arch, metadata, n_layer, n_mtp),
     )
 
 

@@ -101,6 +101,10 @@ class Manifest:
                     "kv_bytes_per_token_per_layer": tuple(f["kv_bytes_per_token_per_layer"]),
                     "eos_tokens": tuple(f["eos_tokens"]),
                     "global_tensors": tuple(f.get("global_tensors", ())),
+                    # Absent in older manifests: no recurrent state counted.
+                    "recurrent_state_bytes_per_session_per_layer": tuple(
+                        int(b) for b in f.get("recurrent_state_bytes_per_session_per_layer", ())
+                    ),
                     # Absent in older manifests: every cut allowed.
                     "allowed_cuts": None
                     if f.get("allowed_cuts") is None

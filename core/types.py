@@ -73,6 +73,12 @@ class ModelFacts:
     n_mtp_layers: int = 0
     """MTP ("nextn") blocks after the trunk (block_count = n_layer + this): the last
     stage alone gets them, to guess tokens ahead."""
+    recurrent_state_bytes_per_session_per_layer: tuple[int, ...] = ()
+    """f32 conv + SSM state one session holds in each recurrent layer, one copy (0 in
+    attention layers; llama.cpp keeps 1 + n_rs_seq copies, core.model_sizes); () when
+    unknown (manifests written before this field existed)."""
+    mtp_kv_bytes_per_token: int = 0
+    """f16 K+V one position costs in the MTP block(s): the last stage's draft context."""
 
     def cut_allowed(self, position: int) -> bool:
         return self.allowed_cuts is None or position in self.allowed_cuts
@@ -89,6 +95,12 @@ class ModelFacts:
     def stage_kv_bytes(self, layers: LayerRange, positions: int) -> int:
         """KV-cache bytes for `positions` cached positions in the stage's layers."""
         return positions * sum(self.kv_bytes_per_token_per_layer[layers.start : layers.stop])
+
+    def stage_state_bytes(self, layers: LayerRange, sessions: int, copies: int = 1) -> int:
+        """Recurrent-state bytes `sessions` sessions hold in the stage's layers, `copies`
+        states each (1 + the engine's snapshots per sequence)."""
+        per = self.recurrent_state_bytes_per_session_per_layer[layers.start : layers.stop]
+        return sessions * copies * sum(per)
 
 
 @dataclass(frozen=True)

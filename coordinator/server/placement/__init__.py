@@ -2,11 +2,12 @@
 (docs/architecture.md, "Placement").
 
 `plan(model, nodes, ...)` returns a chain of stages that covers every layer exactly once,
-each stage fitting its node's memory (weights, KV cache for the planned sessions, a fixed
-per-process overhead), with as few hops as possible, ordered to keep the token's trip
-short, some healthy nodes kept out as spares, and a re-plan that moves as few nodes as it
-can. Like Petals' block_selection it reads no clock, network or database: the caller
-measures and passes the facts in, so every decision can be replayed in a test.
+each stage fitting its node's memory (weights, KV cache and recurrent state for the
+planned sessions, the last stage's draft cache, a fixed per-process overhead), with as
+few hops as possible, ordered to keep the token's trip short, some healthy nodes kept
+out as spares, and a re-plan that moves as few nodes as it can. Like Petals'
+block_selection it reads no clock, network or database: the caller measures and passes
+the facts in, so every decision can be replayed in a test.
 
 How, in order:
 1. The chain length k is the smallest that fits (fewer hops = faster token), and at least

@@ -24,6 +24,9 @@ class Costs:
     cuts: tuple[int, ...]
     """Allowed boundaries, increasing; `cut_mask` has bit p set for each."""
     cut_mask: int
+    draft_kv: int = 0
+    """The last stage's draft-context KV for the planned sessions (after the last layer,
+    like the head, so not in the prefix sums)."""
     _ends: dict[tuple[int, int], tuple[int, ...]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -32,11 +35,16 @@ class Costs:
     @staticmethod
     def of(model: ModelSpec, sessions: int, context_tokens: int) -> Costs:
         per = sessions * context_tokens
+        # A session's recurrent state is fixed-size: it scales with sessions, not positions.
+        state = model.state_bytes_per_session_per_layer or (0,) * model.n_layer
         prefix = [0]
-        for w, kv in zip(model.bytes_per_layer, model.kv_bytes_per_token_per_layer, strict=True):
-            prefix.append(prefix[-1] + w + per * kv)
+        for w, kv, st in zip(
+            model.bytes_per_layer, model.kv_bytes_per_token_per_layer, state, strict=True
+        ):
+            prefix.append(prefix[-1] + w + per * kv + sessions * st)
         cuts = model.cut_points
-        return Costs(model, tuple(prefix), cuts, sum(1 << c for c in cuts))
+        draft_kv = per * model.draft_kv_bytes_per_token
+        return Costs(model, tuple(prefix), cuts, sum(1 << c for c in cuts), draft_kv)
 
     def allows(self, position: int) -> bool:
         return bool(self.cut_mask >> position & 1)
@@ -56,7 +64,8 @@ class Costs:
         if a == 0:
             total += m.embedding_bytes
         if b == m.n_layer:
-            total += m.head_bytes + m.draft_bytes + (0 if a == 0 else m.embedding_bytes)
+            total += m.head_bytes + m.draft_bytes + self.draft_kv
+            total += 0 if a == 0 else m.embedding_bytes
         return total
 
     def furthest(self, a: int, cap: int, limit: int) -> int:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from itertools import pairwise
 
+from core.model_sizes import RECURRENT_SNAPSHOTS
 from core.types import LayerRange, ModelFacts
 
 MIB = 1 << 20
@@ -36,6 +37,12 @@ class ModelSpec:
     allowed_cuts: tuple[int, ...] | None = None
     """Boundaries a stage may start or end at (0 and n_layer included), from the manifest;
     None: every boundary."""
+    state_bytes_per_session_per_layer: tuple[int, ...] = ()
+    """Recurrent state one admitted session holds in each layer, every copy the engine
+    keeps included (live state plus snapshots); () when the model has none."""
+    draft_kv_bytes_per_token: int = 0
+    """K+V per cached position of the last stage's draft (MTP) context, which is as deep
+    as the trunk's KV pool."""
 
     def __post_init__(self) -> None:
         if self.n_layer < 1:
@@ -46,8 +53,12 @@ class ModelSpec:
             raise ValueError(
                 f"kv_bytes_per_token_per_layer has {len(self.kv_bytes_per_token_per_layer)} entries"
             )
-        sizes = (*self.bytes_per_layer, *self.kv_bytes_per_token_per_layer)
-        if min(sizes) < 0 or min(self.embedding_bytes, self.head_bytes, self.draft_bytes) < 0:
+        state = self.state_bytes_per_session_per_layer
+        if state and len(state) != self.n_layer:
+            raise ValueError(f"state_bytes_per_session_per_layer has {len(state)} entries")
+        sizes = (*self.bytes_per_layer, *self.kv_bytes_per_token_per_layer, *state)
+        ends = (self.embedding_bytes, self.head_bytes, self.draft_bytes)
+        if min(sizes) < 0 or min(*ends, self.draft_kv_bytes_per_token) < 0:
             raise ValueError("sizes must be >= 0")
         if not (math.isfinite(self.compute_ms_per_layer) and self.compute_ms_per_layer >= 0):
             raise ValueError("compute_ms_per_layer must be finite and >= 0")
@@ -71,7 +82,13 @@ class ModelSpec:
         facts: ModelFacts,
         draft_bytes: int = 0,
         compute_ms_per_layer: float = DEFAULT_COMPUTE_MS_PER_LAYER,
+        recurrent_snapshots: int = RECURRENT_SNAPSHOTS,
     ) -> ModelSpec:
+        """`recurrent_snapshots`: per-token snapshots of recurrent state the workers keep
+        per session (the engine's n_rs_seq); each costs one more state per session."""
+        if recurrent_snapshots < 0:
+            raise ValueError("recurrent_snapshots must be >= 0")
+        copies = 1 + recurrent_snapshots
         return cls(
             n_layer=facts.n_layer,
             bytes_per_layer=tuple(facts.bytes_per_layer),
@@ -82,6 +99,10 @@ class ModelSpec:
             draft_bytes=draft_bytes,
             compute_ms_per_layer=compute_ms_per_layer,
             allowed_cuts=facts.allowed_cuts,
+            state_bytes_per_session_per_layer=tuple(
+                copies * b for b in facts.recurrent_state_bytes_per_session_per_layer
+            ),
+            draft_kv_bytes_per_token=facts.mtp_kv_bytes_per_token,
         )
 
     def stage_weight_bytes(self, layers: LayerRange) -> int:
@@ -98,10 +119,24 @@ class ModelSpec:
         return total
 
     def stage_bytes(self, layers: LayerRange, sessions: int, context_tokens: int) -> int:
-        """Memory a stage needs: weights + KV for `sessions` x `context_tokens` + overhead."""
-        per_token = sum(self.kv_bytes_per_token_per_layer[layers.start : layers.stop])
-        kv = sessions * context_tokens * per_token
-        return self.stage_weight_bytes(layers) + kv + PROCESS_OVERHEAD_BYTES
+        """Memory a stage needs: weights + KV for `sessions` x `context_tokens` (and the
+        draft context's on the last stage) + recurrent state for `sessions` + overhead."""
+        return (
+            self.stage_weight_bytes(layers)
+            + self.stage_session_bytes(layers, sessions, context_tokens)
+            + PROCESS_OVERHEAD_BYTES
+        )
+
+    def stage_session_bytes(self, layers: LayerRange, sessions: int, context_tokens: int) -> int:
+        """What the planned sessions cost a stage beyond its weights: the KV pool of
+        `sessions` x `context_tokens` positions, the draft context's pool on the last
+        stage, and every session's recurrent state."""
+        positions = sessions * context_tokens
+        kv = positions * sum(self.kv_bytes_per_token_per_layer[layers.start : layers.stop])
+        if layers.stop == self.n_layer:
+            kv += positions * self.draft_kv_bytes_per_token
+        state = sessions * sum(self.state_bytes_per_session_per_layer[layers.start : layers.stop])
+        return kv + state
 
 
 @dataclass(frozen=True)
