@@ -6,6 +6,7 @@ import pytest
 
 from core.errors import SliceError
 from core.model_sizes import (
+    RECURRENT_SNAPSHOTS,
     mtp_kv_bytes_per_token,
     recurrent_state_bytes,
     recurrent_state_values,
@@ -53,3 +54,8 @@ def test_hostile_sizes_are_slice_errors(bad: object) -> None:
         return
     with pytest.raises(SliceError):
         recurrent_state_values("qwen35moe", {**QWEN35MOE_397B, "qwen35moe.ssm.inner_size": bad})
+
+
+def test_placement_counts_the_snapshots_workers_keep() -> None:
+    engine = pytest.importorskip("core.llama_engine")  # loads llama.cpp's bindings
+    assert engine.EngineConfig().n_rs_seq == RECURRENT_SNAPSHOTS
