@@ -13,11 +13,14 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from coordinator.client.session import CoordinatorClient
+from coordinator.contract import TurnCredentials
 from coordinator.errors import CoordinatorError
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
 from net.errors import NetError
@@ -59,8 +62,12 @@ def advertised_candidates(advertise: str | None) -> tuple[Addr, ...]:
 
 
 def ice_config(client: CoordinatorClient, advertise: tuple[Addr, ...] = ()) -> IceConfig:
-    """STUN/TURN servers and short-lived credentials from the coordinator."""
-    creds = client.turn()
+    """STUN/TURN servers and short-lived credentials from the coordinator (fetched once:
+    a long-running node uses IceConfigSource, which renews them)."""
+    return _ice_config_of(client.turn(), advertise)
+
+
+def _ice_config_of(creds: TurnCredentials | None, advertise: tuple[Addr, ...]) -> IceConfig:
     if creds is None:
         return IceConfig(extra_host_candidates=advertise)
     host, port = creds.host, creds.port
@@ -71,6 +78,56 @@ def ice_config(client: CoordinatorClient, advertise: tuple[Addr, ...] = ()) -> I
         turn_password=creds.password,
         extra_host_candidates=advertise,
     )
+
+
+class IceConfigSource:
+    """The node's ICE configuration with TURN credentials that it renews itself.
+
+    The coordinator's relay credentials are short-lived (net.turn.node_credentials: a
+    username lives 15 to 30 minutes), so a node that fetched them once at start could
+    not reach the relay later. `current()` fetches them again once half of their life has
+    passed; an allocation made earlier keeps its own. Blocking: call it off the loop."""
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        advertise: tuple[Addr, ...] = (),
+        *,
+        relay_only: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.advertise = advertise
+        self.relay_only = relay_only
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._config: IceConfig | None = None
+        self._renew_at = 0.0
+
+    def current(self) -> IceConfig:
+        with self._lock:
+            now = self._clock()
+            if self._config is None or now >= self._renew_at:
+                try:
+                    creds = self.client.turn()
+                except CoordinatorError as exc:
+                    if self._config is None:
+                        raise
+                    # Unreachable for now: the old credentials may still be valid.
+                    log.warning("cannot renew the relay credentials: %s", exc)
+                    self._renew_at = now + 30.0
+                    return self._config
+                config = _ice_config_of(creds, self.advertise)
+                self._config = config.with_relay_only() if self.relay_only else config
+                # No relay: nothing expires, but ask again now and then (one may appear).
+                self._renew_at = now + (creds.ttl_s / 2 if creds is not None else 600.0)
+            return self._config
+
+
+async def _config_now(config: IceConfig | IceConfigSource) -> IceConfig:
+    if isinstance(config, IceConfig):
+        return config
+    return await asyncio.get_running_loop().run_in_executor(None, config.current)
 
 
 class SignalRouter:
@@ -155,7 +212,7 @@ class LinkDialer:
         self,
         creds: NodeCredentials,
         router: SignalRouter | None,
-        config: IceConfig,
+        config: IceConfig | IceConfigSource,
         tuning: QuicTuning,
         direct: bool = True,
     ) -> None:
@@ -178,7 +235,8 @@ class LinkDialer:
                     raise
                 log.info("direct link to %s failed (%s); trying ICE", node_id, exc)
         link = uuid.uuid4().hex[:16]
-        session = await establish(True, self.config, _exchange(self.router, node_id, link, True))
+        config = await _config_now(self.config)
+        session = await establish(True, config, _exchange(self.router, node_id, link, True))
         channel = await connect_channel(
             session.peer_address,
             self.creds,
@@ -195,15 +253,18 @@ class LinkDialer:
         return channel, path_kind(session)
 
 
-def serve_ice_offers(router: SignalRouter, server: ChannelServer, config: IceConfig) -> None:
+def serve_ice_offers(
+    router: SignalRouter, server: ChannelServer, config: IceConfig | IceConfigSource
+) -> None:
     """Answer peers that dial us over ICE and serve them on the node's channel server."""
 
     async def on_offer(peer: str, link: str) -> None:
         try:
-            session = await establish(False, config, _exchange(router, peer, link, False))
+            current = await _config_now(config)
+            session = await establish(False, current, _exchange(router, peer, link, False))
             await server.accept_path(session.path_factory, session.peer_address)
             log.info("accepted %s over ICE (%s)", peer, path_kind(session))
-        except (NetError, OSError) as exc:
+        except (NetError, OSError, CoordinatorError) as exc:
             log.warning("ICE link from %s failed: %s", peer, exc)
 
     router.on_new_offer = on_offer
@@ -213,7 +274,8 @@ async def start_links(
     client: CoordinatorClient, creds: NodeCredentials, tuning: QuicTuning
 ) -> tuple[LinkDialer, SignalRouter]:
     """A running signalling router and a dialer using it (stop the router when done)."""
-    config = await asyncio.get_running_loop().run_in_executor(None, ice_config, client)
+    config = IceConfigSource(client)
+    await asyncio.get_running_loop().run_in_executor(None, config.current)
     router = SignalRouter(client)
     router.start()
     return LinkDialer(creds, router, config, tuning), router
@@ -228,6 +290,7 @@ def channel_dialer(dialer: LinkDialer) -> Callable[[str, Addr], Awaitable[Channe
 
 
 __all__ = [
+    "IceConfigSource",
     "LinkDialer",
     "SignalRouter",
     "channel_dialer",

@@ -31,13 +31,21 @@ DEFAULT_TURN_PORT = 3478
 DEFAULT_MIN_PORT = 49152
 DEFAULT_MAX_PORT = 65535
 DEFAULT_REALM = "sangama"
-DEFAULT_USER_QUOTA = 16
-"""Concurrent allocations per username (one node): aioice allocates once per ICE link."""
-DEFAULT_TOTAL_QUOTA = 512
-DEFAULT_MAX_BPS = 12_500_000
-"""Per allocation, each direction: 100 Mbit/s, well above one hop's hidden-state stream."""
+DEFAULT_USER_QUOTA = 8
+"""Concurrent allocations per username (one node, see `node_credentials`): aioice
+allocates once per ICE link, a node has a link or two and a few redials."""
+DEFAULT_MAX_BPS = 2_500_000
+"""Per allocation, each direction: 20 Mbit/s, above one hop's hidden-state stream."""
 DEFAULT_BPS_CAPACITY = 125_000_000
 """All allocations together, each direction: 1 Gbit/s."""
+DEFAULT_TOTAL_QUOTA = DEFAULT_BPS_CAPACITY // DEFAULT_MAX_BPS
+"""50: as many allocations as the capacity holds at max-bps each (see RelayConfig)."""
+MIN_MEMBERS_SHARING = 4
+"""The relay's allocations must serve at least this many members at their user quota, so
+that no one member can take them all."""
+DEFAULT_NODE_TTL_S = 15 * 60
+"""The window of `node_credentials`: a username lives 15 to 30 minutes, so a revoked
+node's relay access ends within half an hour."""
 
 PRIVATE_PEER_RANGES: tuple[tuple[str, str], ...] = (
     ("0.0.0.0-0.255.255.255", "'this network' (RFC 1122)"),
@@ -140,6 +148,31 @@ def make_credentials(
     for uri in checked:
         _check_uri(uri)
     return TurnCredentials(username, rest_password(secret, username), ttl_s, checked, realm)
+
+
+def node_credentials(
+    secret: str,
+    node_id: str,
+    ttl_s: int,
+    now: float,
+    uris: Iterable[str],
+    realm: str = "",
+) -> TurnCredentials:
+    """Credentials for `node_id` with one username per `ttl_s` window of time.
+
+    coturn counts `user-quota` per username, and a REST username holds its expiry: with
+    `make_credentials`, every request made a new user with a quota of its own. Here the
+    expiry is the end of the window after the current one, so every request in a window
+    gets the same username (the node's quota holds) and it stays valid at least `ttl_s`
+    and less than 2 x `ttl_s`; `ttl_s` in the answer is what is left. A node asks again
+    once half of that has passed (app/links.py), and a revoked node, refused by the
+    coordinator, loses the relay when its last username expires."""
+    if not 1 <= ttl_s <= MAX_TTL_S // 2:
+        raise TurnError(f"ttl_s must be within 1..{MAX_TTL_S // 2}, not {ttl_s}")
+    if not math.isfinite(now) or now < 0:
+        raise TurnError(f"now must be a unix time, not {now!r}")
+    expiry = (int(now) // ttl_s + 2) * ttl_s
+    return make_credentials(secret, node_id, expiry - int(now), now, uris, realm)
 
 
 def credentials_valid(secret: str, username: str, password: str, now: float) -> bool:
@@ -260,6 +293,9 @@ class RelayConfig:
         for name in ("user_quota", "total_quota", "max_bps", "bps_capacity"):
             if getattr(self, name) < 0:
                 raise TurnError(f"{name} must be >= 0 (0 = unlimited)")
+        problem = quota_problem(self.user_quota, self.total_quota, self.max_bps, self.bps_capacity)
+        if problem is not None:
+            raise TurnError(problem)
         if self.stale_nonce_s is not None and self.stale_nonce_s < 0:
             raise TurnError("stale_nonce_s must be >= 0 (0 = nonces never go stale)")
         # Every string lands in a `name=value` line: whitespace or a newline would split it
@@ -272,6 +308,42 @@ class RelayConfig:
                 _check_token(name, value)
         for item in self.allowed_peer_ips:
             _check_ip_range("allowed_peer_ips", item)
+
+
+def quota_problem(user_quota: int, total_quota: int, max_bps: int, bps_capacity: int) -> str | None:
+    """Why these limits would not work as written in coturn, or None when they do.
+
+    coturn reserves `max-bps` out of `bps-capacity` for each allocation and refuses one
+    (486) when no full reservation is left, so it admits bps_capacity // max_bps
+    allocations whatever `total-quota` says: with 100 Mbit/s per allocation out of
+    1 Gbit/s, ten in all, and one member with a quota of sixteen took every one. So the
+    capacity must hold `total_quota` reservations, and the allocations the relay admits
+    must serve MIN_MEMBERS_SHARING members at their `user_quota` (0 = unlimited: only
+    where the relay sets no limit at all)."""
+    by_bandwidth = bps_capacity // max_bps if bps_capacity and max_bps else 0
+    if by_bandwidth and total_quota == 0:
+        return (
+            f"total_quota 0 (unlimited) but bps_capacity {bps_capacity} holds only "
+            f"{by_bandwidth} allocations of max_bps {max_bps}: set total_quota to at most "
+            f"{by_bandwidth}"
+        )
+    if by_bandwidth and by_bandwidth < total_quota:
+        return (
+            f"bps_capacity {bps_capacity} holds only {by_bandwidth} allocations of max_bps "
+            f"{max_bps}, fewer than total_quota {total_quota} (coturn reserves max_bps for "
+            f"each): raise bps_capacity to {total_quota * max_bps} or lower max_bps or "
+            "total_quota"
+        )
+    admitted = total_quota  # 0: unlimited
+    if admitted and user_quota == 0:
+        return "user_quota 0 (unlimited) would let one member take every allocation"
+    if admitted and user_quota * MIN_MEMBERS_SHARING > admitted:
+        return (
+            f"user_quota {user_quota} lets {admitted // user_quota or 1} members take all "
+            f"{admitted} allocations; at most {admitted // MIN_MEMBERS_SHARING} keeps them "
+            f"for {MIN_MEMBERS_SHARING} or more"
+        )
+    return None
 
 
 def render_turnserver_conf(cfg: RelayConfig) -> str:

@@ -25,10 +25,10 @@ from app.config import Hop, WorkerConfig, format_address, parse_address
 from app.errors import ConfigError
 from app.identity import Identity, default_identity_dir, join_swarm
 from app.links import (
+    IceConfigSource,
     LinkDialer,
     SignalRouter,
     advertised_candidates,
-    ice_config,
     serve_ice_offers,
 )
 from app.node_status import NodeStatus, ServeState, StatusReport, plain_reason
@@ -322,11 +322,11 @@ async def serve_coordinated(
         if loaded is None:
             print(f"LOADING layers {layers.start}-{layers.stop}", flush=True)
         creds = identity.credentials()
-        ice = await loop.run_in_executor(
-            None, ice_config, client, advertised_candidates(options.advertise)
+        # Renews its relay credentials before they expire (they live under half an hour).
+        ice = IceConfigSource(
+            client, advertised_candidates(options.advertise), relay_only=options.relay_only
         )
-        if options.relay_only:
-            ice = ice.with_relay_only()
+        await loop.run_in_executor(None, ice.current)
         router = SignalRouter(client)
         tuning = QuicTuning(
             library=options.quic_library,

@@ -47,7 +47,7 @@ from coordinator.server.standby import standby_assignment, standby_of, warm_laye
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from core.manifest import Manifest
 from net import auth
-from net.turn import make_credentials, stun_uri, turn_uri
+from net.turn import DEFAULT_NODE_TTL_S, node_credentials, stun_uri, turn_uri
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,8 @@ class Settings:
     turn_server: tuple[str, int] | None = None
     """The swarm's relay (coturn), if any: nodes get short-lived credentials for it."""
     turn_secret: str = field(default="", repr=False)
-    turn_ttl_s: int = 6 * 3600
+    turn_ttl_s: int = DEFAULT_NODE_TTL_S
+    """One username per node per window this long (net.turn.node_credentials)."""
     metrics_public: bool = False
     """Serve /metrics to anyone; by default only to the operator and to loopback."""
 
@@ -533,7 +534,8 @@ class Coordinator:
         if self.settings.turn_server is None or not self.settings.turn_secret:
             return None
         host, port = self.settings.turn_server
-        creds = make_credentials(
+        # One username per node and window: coturn's per-user quota holds per node.
+        creds = node_credentials(
             self.settings.turn_secret,
             node_id,
             self.settings.turn_ttl_s,

@@ -38,7 +38,14 @@ from app.cli.relay import (
     run_relay_cli,
     start_relay,
 )
-from net.turn import RelayConfig, make_credentials
+from net.turn import (
+    DEFAULT_NODE_TTL_S,
+    DEFAULT_TOTAL_QUOTA,
+    DEFAULT_USER_QUOTA,
+    RelayConfig,
+    make_credentials,
+    node_credentials,
+)
 from tests.support.relay_proc import free_udp_tcp_port, loopback_config, relay_port_range
 
 pytestmark = pytest.mark.integration
@@ -93,7 +100,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
         user_quota=USER_QUOTA,
         total_quota=20,
         max_bps=1_000_000,
-        bps_capacity=10_000_000,
+        bps_capacity=20_000_000,  # room for all 20 (coturn reserves max_bps each)
         allow_loopback_peers=True,  # the peers below are on loopback, like the nodes in tests
         deny_private_peers=True,
     )
@@ -420,3 +427,31 @@ def _alive(pid: int) -> bool:
     # A zombie still answers kill(0); ask ps whether it has really gone.
     state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
     return bool(state.stdout.strip()) and not state.stdout.strip().startswith("Z")
+
+
+def test_with_the_default_limits_one_member_cannot_take_every_allocation(tmp_path: Path) -> None:
+    # coturn reserves max-bps out of bps-capacity per allocation: the old defaults admitted
+    # ten allocations in all, and one node asking the coordinator before each allocation
+    # (a new username each time) took every one. Now a node keeps one username per window
+    # (node_credentials), its user quota holds, and another node still gets a relay.
+    binary = _coturn()
+    cfg = _loopback_config(tmp_path)  # the default quotas and bandwidth
+    assert (cfg.user_quota, cfg.total_quota) == (DEFAULT_USER_QUOTA, DEFAULT_TOTAL_QUOTA)
+    now = time.time()
+    hog: list[TurnClient] = []
+    with start_relay(cfg, tmp_path, binary=binary) as relay:
+        try:
+            granted = 0
+            for i in range(DEFAULT_USER_QUOTA + 12):
+                c = node_credentials(SECRET, "node-hog", DEFAULT_NODE_TTL_S, now + i, ())
+                hog.append(TurnClient(("127.0.0.1", relay.cfg.port)))
+                reply, _ = hog[-1].allocate(c.username, c.password)
+                granted += reply.kind == ALLOCATE | SUCCESS
+            assert granted == DEFAULT_USER_QUOTA
+            other = node_credentials(SECRET, "node-other", DEFAULT_NODE_TTL_S, now, ())
+            hog.append(TurnClient(("127.0.0.1", relay.cfg.port)))
+            reply, _ = hog[-1].allocate(other.username, other.password)
+            assert reply.kind == ALLOCATE | SUCCESS, reply.error_code
+        finally:
+            for turn_client in hog:
+                turn_client.close()

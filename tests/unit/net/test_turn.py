@@ -176,7 +176,7 @@ def _config(**changes: Any) -> RelayConfig:
         user_quota=7,
         total_quota=123,
         max_bps=4_000_000,
-        bps_capacity=90_000_000,
+        bps_capacity=492_000_000,  # 123 reservations of max_bps: coturn admits them all
         allow_loopback_peers=False,
         deny_private_peers=True,
         log_file="/var/lib/sangama/relay/turn.log",
@@ -212,7 +212,7 @@ def test_config_states_every_limit_and_the_auth_scheme() -> None:
         ("user-quota", "7"),
         ("total-quota", "123"),
         ("max-bps", "4000000"),
-        ("bps-capacity", "90000000"),
+        ("bps-capacity", "492000000"),
         ("no-tls", None),
         ("no-dtls", None),
         ("no-tcp-relay", None),
@@ -230,7 +230,8 @@ def test_config_states_every_limit_and_the_auth_scheme() -> None:
 
 
 def test_zero_limits_are_still_written() -> None:
-    options = _options(render_turnserver_conf(_config(max_bps=0, bps_capacity=0, user_quota=0)))
+    cfg = _config(max_bps=0, bps_capacity=0, user_quota=0, total_quota=0)
+    options = _options(render_turnserver_conf(cfg))
     assert {("max-bps", "0"), ("bps-capacity", "0"), ("user-quota", "0")} <= set(options)
 
 

@@ -1,0 +1,83 @@
+"""Relay credentials from the coordinator's HTTP API are bound to the node: one username
+per node and window (so coturn's per-user quota is per node), a short life, and none for
+a revoked node."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from fastapi.testclient import TestClient
+
+from coordinator import invites as inv
+from coordinator.contract import TurnCredentials
+from coordinator.server.api import ADMIN_TOKEN, create_app
+from coordinator.server.secret_hashes import hash_token
+from coordinator.server.service import Coordinator, HostedModel, Settings
+from coordinator.server.store import Store, migrate
+from core.gguf_slices import slice_model
+from net import auth
+from net.turn import DEFAULT_NODE_TTL_S, credentials_valid
+
+pytestmark = pytest.mark.integration
+
+ADMIN = "admin-token-for-tests"
+SECRET = "relay-secret"
+
+
+@pytest.fixture
+def http(tiny_llama: Path, tmp_path: Path) -> Iterator[TestClient]:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    migrate(url)
+    store = Store(url)
+    manifest = slice_model(tiny_llama, tmp_path / "pieces")
+    coord = Coordinator(
+        store,
+        auth.create_ca("test-swarm"),
+        "https://127.0.0.1:8443",
+        HostedModel("tiny", tmp_path / "pieces", manifest),
+        dataclasses.replace(Settings(), turn_server=("203.0.113.5", 3478), turn_secret=SECRET),
+        reachable=lambda _address: True,
+    )
+    store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
+    yield TestClient(create_app(coord), base_url="https://testserver")
+    store.close()
+
+
+def _join(http: TestClient) -> dict[str, str]:
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    r = http.post(
+        "/api/v1/invites", json={"role": "worker", "uses": 1, "expires": "1d"}, headers=admin
+    )
+    secret = inv.InviteCode.decode(str(r.json()["code"])).secret
+    key = auth.new_private_key()
+    csr = auth.make_csr(key, "me").public_bytes(serialization.Encoding.PEM).decode()
+    r = http.post("/api/v1/join", json={"secret": secret, "csr_pem": csr})
+    assert r.status_code == 200, r.text
+    joined = dict(r.json())
+    return {"X-Sangama-Node": joined["node_id"], "Authorization": f"Bearer {joined['token']}"}
+
+
+def test_a_node_keeps_one_short_lived_username_and_loses_it_when_revoked(
+    http: TestClient,
+) -> None:
+    a, b = _join(http), _join(http)
+    first = TurnCredentials.from_json(http.get("/api/v1/turn", headers=a).json())
+    again = TurnCredentials.from_json(http.get("/api/v1/turn", headers=a).json())
+    other = TurnCredentials.from_json(http.get("/api/v1/turn", headers=b).json())
+    # Asking again is the same coturn user (its quota holds); another node is another.
+    assert again.username == first.username != other.username
+    assert first.username.endswith(":" + a["X-Sangama-Node"])
+    assert DEFAULT_NODE_TTL_S <= first.ttl_s <= 2 * DEFAULT_NODE_TTL_S  # not 6 hours
+    expiry = int(first.username.split(":")[0])
+    assert credentials_valid(SECRET, first.username, first.password, expiry - 1)
+
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    node = a["X-Sangama-Node"]
+    assert http.post(f"/api/v1/nodes/{node}/revoke", headers=admin).status_code == 200
+    refused = http.get("/api/v1/turn", headers=a)
+    assert refused.status_code in (401, 403) and "username" not in refused.text
+    assert http.get("/api/v1/turn", headers=b).status_code == 200
