@@ -18,6 +18,7 @@ import platformdirs
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from app.errors import ConfigError
+from app.private_files import private_dir
 from coordinator.client.session import CoordinatorClient, join
 from coordinator.contract import JoinAnswer
 from coordinator.invites import InviteCode
@@ -99,6 +100,8 @@ class Identity:
 
     @staticmethod
     def load(directory: Path) -> Identity:
+        if directory.is_dir():
+            private_dir(directory)  # narrows a folder made world-listable by older versions
         try:
             doc = json.loads((directory / IDENTITY_FILE).read_text())
             cert = auth.load_certificate((directory / "node.pem").read_bytes())
@@ -173,7 +176,9 @@ def coordinator_problem(text: str) -> str | None:
 def join_swarm(code: str, directory: Path | None = None) -> Identity:
     """Make a key pair, join with the invite code, keep everything; return the identity."""
     directory = directory or default_identity_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    # 0700: the folder holds the node's key and token where no keyring exists, and who
+    # the node is; no other account on the PC needs to list it.
+    private_dir(directory)
     key: Ed25519PrivateKey = auth.new_private_key()
     invite = InviteCode.decode(code)
     joined: JoinAnswer = join(invite, key)

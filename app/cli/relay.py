@@ -26,6 +26,7 @@ from typing import Any
 
 import platformdirs
 
+from app.cli.secret_args import TURN_SECRET_ENV, read_secret
 from app.errors import AppError
 from app.parent_watch import child_preexec
 from net import turn
@@ -340,7 +341,14 @@ def add_relay_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-port", type=int, default=turn.DEFAULT_MAX_PORT)
     p.add_argument("--realm", default=turn.DEFAULT_REALM)
     p.add_argument(
-        "--secret", default=None, help="REST shared secret (default: DIR/turn-secret, generated)"
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="file holding the REST shared secret (or set SANGAMA_TURN_SECRET; default: "
+        "DIR/turn-secret, generated)",
+    )
+    p.add_argument(
+        "--secret", default=None, help="deprecated: visible in ps; use the file or variable"
     )
     g = p.add_argument_group("limits (0 = unlimited)")
     g.add_argument("--user-quota", type=int, default=turn.DEFAULT_USER_QUOTA, help="per node")
@@ -425,12 +433,13 @@ def _is_unspecified(ip: str) -> bool:
 def run_relay_cli(args: argparse.Namespace) -> int:
     """Start coturn, print READY, and stop it on SIGINT/SIGTERM. 0 on a requested stop."""
     run_dir: Path = args.dir or default_run_dir()
-    secret = args.secret or load_or_create_secret(run_dir)
+    given = read_secret(args.secret, args.secret_file, TURN_SECRET_ENV, "--secret")
+    secret = given or load_or_create_secret(run_dir)
     cfg = config_from_args(args, run_dir, secret)
     relay = start_relay(cfg, run_dir, ready_timeout_s=args.ready_timeout)
     try:
         print(relay.ready_line, flush=True)
-        where = "given with --secret" if args.secret else f"in {run_dir / SECRET_FILE}"
+        where = "as given" if given else f"in {run_dir / SECRET_FILE}"
         print(
             f"relay config {relay.config_path}, log {cfg.log_file}; shared secret {where} "
             "(the coordinator derives node credentials from it)",

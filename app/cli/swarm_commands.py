@@ -24,7 +24,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         help="'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), or a GGUF path",
     )
     p.add_argument("--public-url", default=None, help="address written into invites")
-    p.add_argument("--admin-password", default=None, help="operator password (default: generated)")
+    p.add_argument(
+        "--admin-password-file",
+        type=Path,
+        default=None,
+        help="file holding the operator password (or set SANGAMA_ADMIN_PASSWORD; "
+        "default: generated into DATA/admin-password)",
+    )
+    p.add_argument(
+        "--admin-password", default=None, help="deprecated: visible in ps; use the file or variable"
+    )
     p.add_argument(
         "--min-stages", type=int, default=1, help="spread the model over at least N workers"
     )
@@ -117,6 +126,7 @@ def _db_args(q: argparse.ArgumentParser) -> None:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
+    from app.cli.secret_args import ADMIN_PASSWORD_ENV, read_secret
     from app.config import parse_address
     from coordinator.server.serve import CoordinatorOptions, default_data_dir, serve
     from coordinator.server.service import Settings
@@ -128,7 +138,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         db_url=args.db,
         model=args.model,
         public_url=args.public_url,
-        admin_password=args.admin_password,
+        admin_password=read_secret(
+            args.admin_password,
+            args.admin_password_file,
+            ADMIN_PASSWORD_ENV,
+            "--admin-password",
+        ),
         settings=Settings(
             min_stages=args.min_stages,
             spares=args.spares,

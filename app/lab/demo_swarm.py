@@ -8,7 +8,6 @@ a client joins, asks for a route and chats. Every part is a real process on real
 from __future__ import annotations
 
 import asyncio
-import secrets
 import sys
 import tempfile
 import time
@@ -103,8 +102,6 @@ async def run_demo_swarm(
                     model,
                     "--min-stages",
                     str(stages),
-                    "--admin-password",
-                    secrets.token_urlsafe(9),
                 ],
                 wd / "coordinator.log",
                 600,

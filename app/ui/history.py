@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
+
+from app.private_files import write_private
 
 ROLES = ("user", "assistant")
 
@@ -61,11 +62,9 @@ class History:
         return self.directory / f"{conversation_id}.json"
 
     def save(self, conversation: Conversation) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self._path(conversation.id)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(conversation.to_dict(), indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        # What the user said is theirs alone: 0600 files in a 0700 folder.
+        write_private(path, json.dumps(conversation.to_dict(), indent=1))
         return path
 
     def load(self, conversation_id: str) -> Conversation:

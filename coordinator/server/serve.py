@@ -90,10 +90,31 @@ def https_identity(ca: auth.CertifiedKey, data_dir: Path, host: str) -> tuple[Pa
     return cert_path, key_path
 
 
+def _private_data_dir(data_dir: Path) -> None:
+    """The data dir holds the CA key, the database (invites, node token hashes, operator
+    sessions) and the operator's secrets: 0700, whatever the umask."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if hasattr(os, "getuid") and data_dir.stat().st_uid == os.getuid():
+        data_dir.chmod(0o700)
+
+
+def _private_sqlite_file(url: str) -> None:
+    """An SQLite database file made 0600 before SQLite makes it with the umask (0644);
+    its journals take the database's mode."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or url == prefix + ":memory:":
+        return
+    path = Path(url[len(prefix) :].split("?", 1)[0])
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    path.chmod(0o600)
+
+
 def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
     data_dir = options.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
+    _private_data_dir(data_dir)
     url = options.db_url or default_db_url(data_dir)
+    _private_sqlite_file(url)
     migrate(url)
     store = Store(url)
     ca = load_or_create_ca(data_dir)

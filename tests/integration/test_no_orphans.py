@@ -33,7 +33,7 @@ async def main() -> None:
     child = await spawn_sangama(
         "coordinator",
         ["coordinator", "--host", "127.0.0.1", "--port", sys.argv[3], "--data", str(wd / "c"),
-         "--model", sys.argv[4], "--admin-password", "pw"],
+         "--model", sys.argv[4]],
         wd / "coordinator.log",
         120,
     )

@@ -29,6 +29,7 @@ from typing import Any
 
 import requests
 
+from app.cli.secret_args import ADMIN_PASSWORD_ENV
 from app.parent_watch import PARENT_WATCH_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -144,8 +145,6 @@ class CoordinatorProcess:
             str(data_dir),
             "--model",
             str(model),
-            "--admin-password",
-            password,
             "--min-stages",
             str(min_stages),
             *extra_args,
@@ -154,7 +153,9 @@ class CoordinatorProcess:
         # (a bench stopped with SIGTERM runs no finally), the coordinator reads EOF and
         # stops itself (app/parent_watch.py) instead of running on, orphaned.
         watch = {PARENT_WATCH_ENV: "1"}
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **watch, **(env or {})}
+        # The password by environment, not argument: a command line is public (ps).
+        secret = {ADMIN_PASSWORD_ENV: password}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **watch, **secret, **(env or {})}
         proc = subprocess.Popen(
             cmd,
             cwd=REPO_ROOT,

@@ -80,6 +80,14 @@ def count(paths: Paths, kind: str) -> int:
     return sorted(paths.values()).count(kind)
 
 
+def _secret_file(run_dir: Path, secret: str) -> Path:
+    path = run_dir / "given-secret"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def _relay(topo: Topology, run_dir: Path, secret: str) -> subprocess.Popen[str]:
     """`sangama relay` (coturn) on the public side, wait for READY."""
     args = [
@@ -92,8 +100,8 @@ def _relay(topo: Topology, run_dir: Path, secret: str) -> subprocess.Popen[str]:
         PUBLIC_IP,
         "--port",
         str(TURN_PORT),
-        "--secret",
-        secret,
+        "--secret-file",
+        str(_secret_file(run_dir, secret)),
         "--no-tcp",
     ]
     proc = subprocess.Popen(
@@ -217,8 +225,6 @@ def swarm_up(
                 str(model),
                 "--min-stages",
                 "3",
-                "--admin-password",
-                "pw",
                 "--turn",
                 f"{PUBLIC_IP}:{TURN_PORT}",
                 "--turn-secret-file",
