@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from app.api.access import ApiAccess, HostRule, default_key_path, load_or_create_key
 from app.api.openai_api import DEFAULT_MAX_TOKENS, DEFAULT_PORT, create_openai_app
 from app.api.swarm_backend import Backend, SwarmBackend
 from app.client.connect import avoiding_source, joined_links
@@ -41,6 +42,7 @@ async def serve_api(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     *,
+    api_key: str,
     stop: asyncio.Event | None = None,
     ready: Callable[[int], None] | None = None,
     log_level: str = "warning",
@@ -49,7 +51,9 @@ async def serve_api(
     """Serve the API in the running loop until `stop` is set (default: SIGINT or SIGTERM).
 
     `ready` gets the bound port once the socket listens (useful with port 0). Localhost
-    by default: the API has no authentication of its own (any API key is accepted).
+    by default. Every request must carry `api_key` as its bearer token and a Host header
+    naming the bound address or loopback (app.api.access: the API speaks with the
+    volunteer's swarm identity, so a web page must not reach it).
     """
     loop = asyncio.get_running_loop()
     signals: list[signal.Signals] = []
@@ -61,9 +65,13 @@ async def serve_api(
                 signals.append(sig)
             except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
                 break
-    app = create_openai_app(backend, default_max_tokens=default_max_tokens)
     sock = _listen_socket(host, port)  # bound here, so "port in use" is a plain OSError
     bound = int(sock.getsockname()[1])
+    app = ApiAccess(
+        create_openai_app(backend, default_max_tokens=default_max_tokens),
+        api_key,
+        HostRule(host, bound),
+    )
     server = _Server(
         uvicorn.Config(app, host=host, port=bound, log_level=log_level, timeout_graceful_shutdown=5)
     )
@@ -101,11 +109,12 @@ def _listen_socket(host: str, port: int) -> socket.socket:
 # ----------------------------------------------------------------------------- commands
 
 
-def announce(host: str, n_stages: int) -> Callable[[int], None]:
+def announce(host: str, n_stages: int, key_path: Path | None = None) -> Callable[[int], None]:
     def say(port: int) -> None:
+        where = f"the API key is in {key_path}" if key_path else "API key as given"
         print(
             f"OpenAI-compatible API on http://{host}:{port}/v1 for a {n_stages}-stage swarm "
-            "(any API key); Ctrl+C to stop",
+            f"({where}); Ctrl+C to stop",
             flush=True,
         )
 
@@ -126,8 +135,11 @@ async def serve_identity(
     """The API as a joined client: links through the coordinator (ICE for peers behind
     NAT), a fresh route from the coordinator after the old one fails. Until `stop` is set
     (default: SIGINT or SIGTERM). Used by `sangama api`, `sangama demo --api-port` and the
-    desktop app (submit it to the app's loop with its own `stop` event)."""
+    desktop app (submit it to the app's loop with its own `stop` event). The API key is
+    the one kept beside the identity (app.api.access.API_KEY_FILE), made on first use."""
     loop = asyncio.get_running_loop()
+    key_path = default_key_path(identity.directory)
+    api_key = await loop.run_in_executor(None, load_or_create_key, key_path)
 
     async def refresh() -> Route:
         new_route, _ = await loop.run_in_executor(None, fetch_route, identity)
@@ -147,7 +159,12 @@ async def serve_identity(
         )
         try:
             await serve_api(
-                backend, host, port, stop=stop, ready=ready or announce(host, len(route.stages))
+                backend,
+                host,
+                port,
+                api_key=api_key,
+                stop=stop,
+                ready=ready or announce(host, len(route.stages), key_path),
             )
         finally:
             await backend.aclose()
@@ -181,10 +198,14 @@ async def serve_static(
     max_concurrent: int = LLAMA_MAX_SEQ,
 ) -> int:
     """`sangama api --route R --credentials C`: a static swarm (no coordinator)."""
+    key_path = default_key_path(None)
+    api_key = load_or_create_key(key_path)
     tokenizer = Tokenizer.from_gguf(tokenizer_path)
     backend = SwarmBackend(creds, route, tokenizer, max_concurrent=max_concurrent)
     try:
-        await serve_api(backend, host, port, ready=announce(host, len(route.stages)))
+        await serve_api(
+            backend, host, port, api_key=api_key, ready=announce(host, len(route.stages), key_path)
+        )
     finally:
         await backend.aclose()
         tokenizer.close()

@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from app.api.access import default_key_path, load_or_create_key
 from app.api.openai_api import DEFAULT_PORT
 from app.api.openai_serve import announce, serve_api
 from app.api.swarm_backend import SwarmBackend
@@ -87,7 +88,14 @@ async def serve_local_swarm(
             swarm.client_credentials, swarm.route, tokenizer, tuning=swarm.tuning
         )
         try:
-            await serve_api(backend, host, port, ready=announce(host, len(swarm.workers)))
+            key_path = default_key_path(None)
+            await serve_api(
+                backend,
+                host,
+                port,
+                api_key=load_or_create_key(key_path),
+                ready=announce(host, len(swarm.workers), key_path),
+            )
         finally:
             await backend.aclose()
             tokenizer.close()

@@ -412,7 +412,8 @@ class ApiController(QObject):
     async def _serve(
         self, port: int, identity_dir: Path, coordinator: str | None, stop: asyncio.Event
     ) -> None:
-        from app.api.openai_serve import serve_identity  # FastAPI and uvicorn only when used
+        from app.api.access import default_key_path  # FastAPI and uvicorn only when used
+        from app.api.openai_serve import serve_identity
 
         loop = asyncio.get_running_loop()
         post = self._mailbox.post
@@ -430,10 +431,12 @@ class ApiController(QObject):
                 if stop.is_set():
                     return
 
+            key_path = default_key_path(identity.directory)
+
             def ready(bound: int) -> None:
                 url = f"http://127.0.0.1:{bound}/v1"
-                log.info("OpenAI-compatible API on %s", url)
-                post((url, url))
+                log.info("OpenAI-compatible API on %s (API key in %s)", url, key_path)
+                post((url, f"{url} (API key in {key_path})"))
 
             await serve_identity(
                 identity, route, tokenizer_path, "127.0.0.1", port, stop=stop, ready=ready

@@ -41,6 +41,8 @@ PROMPT = "The capital of France is"
 QUESTION = "Name three colours of the rainbow."
 
 B = TypeVar("B", bound=Backend)
+API_KEY = "sk-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @contextlib.contextmanager
@@ -59,7 +61,7 @@ def _api_in_thread(
             def announce(port: int) -> None:
                 ready.set_result((f"http://127.0.0.1:{port}/v1", backend, loop, stop))
 
-            await serve_api(backend, "127.0.0.1", 0, stop=stop, ready=announce)
+            await serve_api(backend, "127.0.0.1", 0, api_key=API_KEY, stop=stop, ready=announce)
 
     def run() -> None:
         try:
@@ -83,7 +85,7 @@ def _api_in_thread(
 
 
 def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=120)
 
 
 # ----------------------------------------------------------------------------- the swarm
@@ -230,7 +232,7 @@ def test_unsupported_parameters_are_refused_openai_style(swarm_api: str) -> None
         client.chat.completions.create(model=MODEL, messages=[], max_tokens=4)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=5)
-    r = httpx.post(f"{swarm_api}/chat/completions", json={"model": MODEL}, timeout=30)
+    r = httpx.post(f"{swarm_api}/chat/completions", json={"model": MODEL}, headers=AUTH, timeout=30)
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
@@ -332,7 +334,7 @@ def test_a_caller_hanging_up_ends_the_session(fake_api: tuple[str, _FakeBackend]
     before = fake.closed
     body = {"model": "x", "prompt": "Hi", "max_tokens": 10_000, "stream": True}
     for _ in range(3):
-        with httpx.stream("POST", f"{url}/completions", json=body, timeout=60) as r:
+        with httpx.stream("POST", f"{url}/completions", json=body, headers=AUTH, timeout=60) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
             assert next(lines).startswith("data: {") and next(lines) == ""
@@ -351,7 +353,7 @@ def test_abandoned_swarm_streams_end_their_sessions(swarm: tuple[str, SwarmBacke
     # each sends CLOSE when its caller hangs up, so none keeps writing a long answer.
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "stream": True}
     for _ in range(10):
-        with httpx.stream("POST", f"{url}/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", f"{url}/completions", json=body, headers=AUTH, timeout=120) as r:
             assert r.status_code == 200
             assert next(r.iter_lines()).startswith("data: {")
     _wait_until(lambda: backend.active_sessions == 0, "no session left running")

@@ -104,9 +104,16 @@ def test_the_api_setting_serves_openai_clients_from_the_app(desk: DesktopApp, qt
     _set_api_port(desk, port)
     url = f"http://127.0.0.1:{port}/v1"
     qtbot.waitUntil(lambda: desk.api.url == url, timeout=120000)
-    assert status.fields["api"].text() == url
+    # The status names where the API key is; the key is what OpenAI tools send.
+    key_file = desk.node.options.identity_dir / "api-key"
+    assert status.fields["api"].text() == f"{url} (API key in {key_file})"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url, api_key="any", max_retries=0, timeout=30).models.list()
 
-    client = openai.OpenAI(base_url=url, api_key="any", max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        base_url=url, api_key=key_file.read_text().strip(), max_retries=0, timeout=120
+    )
     (model,) = [m.id for m in client.models.list().data]
     whole = client.chat.completions.create(
         model=model, messages=QUESTION, max_tokens=24, temperature=0
