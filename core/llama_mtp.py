@@ -52,6 +52,8 @@ class LlamaMtpContext:
         cp.n_ctx = n_ctx
         cp.n_batch = cp.n_ubatch = n_batch
         cp.n_seq_max = n_seq_max
+        # An output row per sequence must fit (see llama_engine: an abort at load else).
+        cp.n_outputs_max = max(n_batch, n_seq_max)
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.kv_unified = True
         cp.no_perf = True
