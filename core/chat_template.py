@@ -98,10 +98,34 @@ def _step() -> None:
 
 
 def _size(value: object) -> int:
-    """Characters (or items) a value holds, to estimate what an operation would build."""
-    if isinstance(value, str | bytes | list | tuple | dict | set | frozenset):
+    """About how many characters `value` prints as, to estimate what an operation on it
+    would build: a text's length; for a container, its texts and separators, walked
+    without recursion and given up once past MAX_OUTPUT_CHARS (a list of a million
+    references to one long text is small in memory and huge printed)."""
+    if isinstance(value, str | bytes):
         return len(value)
-    return 0
+    if not isinstance(value, list | tuple | dict | set | frozenset):
+        return 0
+    total = 0
+    pending: list[object] = [value]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, str | bytes):
+            total += len(node) + 2
+        elif isinstance(node, dict):
+            total += 2 + 4 * len(node)
+            if total <= MAX_OUTPUT_CHARS:
+                pending.extend(node.keys())
+                pending.extend(node.values())
+        elif isinstance(node, list | tuple | set | frozenset):
+            total += 2 + 2 * len(node)
+            if total <= MAX_OUTPUT_CHARS:
+                pending.extend(node)
+        else:
+            total += 1
+        if total > MAX_OUTPUT_CHARS:
+            break
+    return total
 
 
 def _too_big(what: str, estimate: int) -> None:
@@ -157,7 +181,7 @@ def _counted(iterable: Iterable[Any]) -> Iterator[Any]:
 
 def _concat(*parts: object) -> str:
     """The `~` operator, within the size budget."""
-    _too_big("a concatenation", sum(len(p) if isinstance(p, str) else 0 for p in parts))
+    _too_big("a concatenation", sum(_size(p) for p in parts))
     return str(_check_result("a concatenation", "".join(str(p) for p in parts)))
 
 
@@ -180,6 +204,12 @@ class _CountLoops(NodeTransformer):
         return nodes.Call(
             nodes.Name(_CONCAT, "load"), list(node.nodes), [], None, None, lineno=node.lineno
         )
+
+
+def _finalize(value: object) -> object:
+    """Each `{{ ... }}` value before Jinja prints it with str()."""
+    _too_big("a printed value", _size(value))
+    return value
 
 
 def _budgeted_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
@@ -267,6 +297,7 @@ def _strftime_now(fmt: str) -> str:
 def _compile(template: str) -> jinja2.Template:
     # trim_blocks/lstrip_blocks: templates are written for this whitespace handling.
     env = _Budgeted(
+        finalize=_finalize,
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=["jinja2.ext.loopcontrols"],

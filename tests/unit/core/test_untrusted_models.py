@@ -134,6 +134,11 @@ NESTED_LOOPS = (
             "steps|oversized",
         ),
         ("{% for m in messages %}{{ lipsum(100000000) }}{% endfor %}", "lipsum|would build"),
+        # Small in memory (references to one text), huge when printed or joined.
+        ("{% set a = [['x' * 3000000]] * 3000000 %}{{ a }}", "would build"),
+        ("{% set a = ['x' * 3000000, 'y' * 3000000] %}{{ a|join }}", "would build"),
+        ("{% set a = ['x' * 3000000, 'y' * 3000000] %}{{ a }}", "would build"),
+        ("{{ dict(a=1)|tojson(indent=100000000) }}", "would build"),
     ],
 )
 def test_a_template_beyond_its_budgets_is_a_typed_error(template: str, says: str) -> None:
