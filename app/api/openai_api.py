@@ -3,7 +3,7 @@
 `create_openai_app(backend)` serves `GET /v1/models`, `GET /v1/models/{id}`,
 `POST /v1/chat/completions` and `POST /v1/completions`, streamed (Server-Sent Events,
 ending with `data: [DONE]`) and not, so tools written for OpenAI work unchanged with
-`base_url="http://127.0.0.1:PORT/v1"` and any API key. `SwarmBackend`
+`base_url="http://127.0.0.1:PORT/v1"` and the API's key (app.api.access). `SwarmBackend`
 (app.api.swarm_backend) answers through the client library: one connection to the route,
 many requests over it, several at once (each request is its own session on the workers);
 app.api.generation turns its tokens into text deltas cut at stop strings. Request bodies

@@ -120,7 +120,7 @@ class SettingsDialog(QDialog):
         self.api_hint.setText(
             "a port lets OpenAI tools on this PC use the swarm"
             if port == 0
-            else f"http://127.0.0.1:{port}/v1 (any API key)"
+            else f"http://127.0.0.1:{port}/v1 (API key: the api-key file beside the identity)"
         )
 
     @Slot()
