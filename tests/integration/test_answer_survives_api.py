@@ -38,7 +38,9 @@ BODY = {
 def _stream(url: str, on_piece: object = None) -> list[str]:
     """The streamed answer's pieces (one per SSE chunk with content)."""
     pieces: list[str] = []
-    with requests.post(f"{url}/v1/chat/completions", json=BODY, stream=True, timeout=180) as r:
+    with requests.post(
+        f"{url}/v1/chat/completions", json=BODY, headers=_auth(url), stream=True, timeout=180
+    ) as r:
         r.raise_for_status()
         for raw in r.iter_lines():
             if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
@@ -51,6 +53,14 @@ def _stream(url: str, on_piece: object = None) -> list[str]:
                 if callable(on_piece):
                     on_piece(len(pieces))
     return pieces
+
+
+_KEYS: dict[str, Path] = {}
+"""The API key file of the API at each URL (made by the API when it starts)."""
+
+
+def _auth(url: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {_KEYS[url].read_text().strip()}"}
 
 
 def _join_with_files(code: str, directory: Path) -> None:
@@ -67,7 +77,10 @@ def _wait_for_api(url: str, api: Child, timeout: float = 120.0) -> None:
     while time.monotonic() < deadline:
         assert api.alive, api.log_path.read_text()
         try:
-            if requests.get(f"{url}/v1/models", timeout=2).ok:
+            if (
+                _KEYS[url].exists()
+                and requests.get(f"{url}/v1/models", headers=_auth(url), timeout=2).ok
+            ):
                 return
         except requests.ConnectionError:
             pass
@@ -95,6 +108,7 @@ def test_middle_stage_killed_mid_answer_the_api_answer_completes_unchanged(
             await loop.run_in_executor(None, _join_with_files, code, tmp_path / "api")
             port = free_port()
             url = f"http://127.0.0.1:{port}"
+            _KEYS[url] = tmp_path / "api" / "api-key"
             api_args = ["api", "--identity", str(tmp_path / "api"), "--port", str(port)]
             api = await spawn_sangama("api", api_args, tmp_path / "api.log", 60, wait_ready=False)
             children.append(api)
