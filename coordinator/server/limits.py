@@ -2,7 +2,11 @@
 clock passed in.
 
 A caller (its address) that fails `max_failures` times within `window_s` is refused
-until the oldest of those failures leaves the window; a success clears its record. An
+until the oldest of those failures leaves the window; a success clears its record.
+An attempt is counted as a failure when it is admitted (`admit`), before it is
+answered, and cleared only if it succeeds: checking first and counting after the
+answer let 35 concurrent wrong passwords through a limit of 5, since none of them had
+failed yet when the others were checked. An
 invite secret has 128 bits and the operator's password is scrypt-hashed, so guessing is
 hopeless anyway; the limit keeps a guesser from also costing the coordinator a scrypt
 per try, and makes the attempt visible (HTTP 429) instead of silent.
@@ -37,6 +41,15 @@ class AttemptLimiter:
         if len(times) < self.max_failures:
             return 0.0
         return self.window_s - (now - times[0])
+
+    def admit(self, caller: str, now: float) -> float:
+        """0 when `caller` may try now, the attempt already counted as failed (a
+        success clears it: `succeeded`); else the seconds until it may, nothing counted.
+        Check and count are one step: call it under the lock that guards the limiter."""
+        wait = self.retry_after(caller, now)
+        if wait <= 0:
+            self.failed(caller, now)
+        return wait
 
     def failed(self, caller: str, now: float) -> None:
         if caller not in self._failures and len(self._failures) >= MAX_CALLERS:

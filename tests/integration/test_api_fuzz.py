@@ -36,6 +36,7 @@ from coordinator.server.store import Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
 from tests.support.postgres import postgres_bin, temporary_postgres
+from tests.support.probe_answerer import HARDWARE
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +113,7 @@ def swarm(db_url: str, pieces: tuple[Path, Any]) -> Iterator[Swarm]:
         "https://127.0.0.1:8443",
         HostedModel("tiny", directory, manifest),
         Settings(min_stages=1, stale_after_s=600, dead_after_s=900),
+        reachable=lambda _address: True,  # no worker answers the probe here
     )
     coord.set_admin_password("operator-pw")
     store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
@@ -121,7 +123,7 @@ def swarm(db_url: str, pieces: tuple[Path, Any]) -> Iterator[Swarm]:
         r = http.post(
             f"/api/v1/nodes/{worker[0]}/heartbeat",
             headers=_node_headers(worker),
-            json={"address": "127.0.0.1:7001", "capacity_bytes": 8 << 30},
+            json={"address": "127.0.0.1:7001", "capacity_bytes": 8 << 30, "hardware": HARDWARE},
         )
         assert r.status_code == 200 and r.json()["assignment"] is not None, r.text
     yield Swarm(app, coord, worker, fuzzed, client)

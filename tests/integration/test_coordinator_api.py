@@ -19,6 +19,7 @@ from coordinator.server.store import Invite, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
 from tests.support.postgres import postgres_bin, temporary_postgres
+from tests.support.probe_answerer import HARDWARE
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +55,7 @@ def coord(db_url: str, pieces: tuple[Path, object]) -> Iterator[Coordinator]:
         "https://127.0.0.1:8443",
         HostedModel("tiny", directory, manifest),  # type: ignore[arg-type]
         Settings(min_stages=2, stale_after_s=30, dead_after_s=60),
+        reachable=lambda _address: True,  # no worker answers the probe here
     )
     c.set_admin_password("operator-pw")
     store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
@@ -109,13 +111,13 @@ def test_invite_join_heartbeat_placement_route_and_pieces(
     r = http.post(
         f"/api/v1/nodes/{a['node_id']}/heartbeat",
         headers=_node_headers(a),
-        json={"address": "127.0.0.1:7001", "capacity_bytes": 8 << 30},
+        json={"address": "127.0.0.1:7001", "capacity_bytes": 8 << 30, "hardware": HARDWARE},
     )
     assert r.status_code == 200 and r.json()["assignment"] is None
     r = http.post(
         f"/api/v1/nodes/{b['node_id']}/heartbeat",
         headers=_node_headers(b),
-        json={"address": "127.0.0.1:7002", "capacity_bytes": 8 << 30},
+        json={"address": "127.0.0.1:7002", "capacity_bytes": 8 << 30, "hardware": HARDWARE},
     )
     got_b = r.json()["assignment"]
     got_a = http.get(f"/api/v1/nodes/{a['node_id']}/assignment", headers=_node_headers(a)).json()
@@ -221,15 +223,23 @@ def test_schema_matches_the_migrations(db_url: str) -> None:
 
 def test_signalling_carries_ice_offers_between_joined_nodes(http: TestClient) -> None:
     a, b = _join(http, _invite(http)), _join(http, _invite(http))
+    for port, w in enumerate((a, b)):  # two stages: a planned link between them
+        body = {"address": f"127.0.0.1:{7001 + port}", "capacity_bytes": 1 << 30}
+        url = f"/api/v1/nodes/{w['node_id']}/heartbeat"
+        assert http.post(url, headers=_node_headers(w), json={**body, "hardware": HARDWARE})
+    candidate = "1 1 UDP 2130706431 192.0.2.7 40000 typ host"
     offer = {
         "kind": "offer",
-        "link": "a-b",
-        "payload": {"ufrag": "u", "pwd": "p", "candidates": ["c1"]},
+        "link": "0123456789abcdef.1",
+        "payload": {"ufrag": "abcd", "pwd": "p" * 22, "candidates": [candidate], "ice_lite": False},
     }
     r = http.post(f"/api/v1/signal/{b['node_id']}", json=offer, headers=_node_headers(a))
     assert r.status_code == 200, r.text
     got = http.get("/api/v1/signal", headers=_node_headers(b)).json()
     assert got == [{"sender": a["node_id"], **offer}]
+    answer = {**offer, "kind": "answer"}
+    r = http.post(f"/api/v1/signal/{a['node_id']}", json=answer, headers=_node_headers(b))
+    assert r.status_code == 200, r.text
     assert http.get("/api/v1/signal", params={"wait": 0.2}, headers=_node_headers(b)).json() == []
     assert (
         http.post("/api/v1/signal/nobody", json=offer, headers=_node_headers(a)).status_code == 404
@@ -239,7 +249,12 @@ def test_signalling_carries_ice_offers_between_joined_nodes(http: TestClient) ->
 
 def test_heartbeat_reports_the_path_type(http: TestClient, coord: Coordinator) -> None:
     a = _join(http, _invite(http))
-    body = {"address": "127.0.0.1:7001", "capacity_bytes": 1 << 30, "path": "relayed"}
+    body = {
+        "address": "127.0.0.1:7001",
+        "capacity_bytes": 1 << 30,
+        "hardware": HARDWARE,
+        "path": "relayed",
+    }
     assert (
         http.post(
             f"/api/v1/nodes/{a['node_id']}/heartbeat", headers=_node_headers(a), json=body
@@ -273,7 +288,7 @@ def _swarm_node(http: TestClient, node_id: str) -> dict[str, object]:
 def test_heartbeat_says_what_runs_the_stage(http: TestClient) -> None:
     a = _join(http, _invite(http))
     url, headers = f"/api/v1/nodes/{a['node_id']}/heartbeat", _node_headers(a)
-    beat = {"address": "127.0.0.1:7001", "capacity_bytes": 1 << 30}
+    beat = {"address": "127.0.0.1:7001", "capacity_bytes": 1 << 30, "hardware": HARDWARE}
     assert http.post(url, headers=headers, json={**beat, **COMPUTE}).status_code == 200
     node = _swarm_node(http, a["node_id"])
     assert {k: node[k] for k in COMPUTE} == COMPUTE
@@ -296,8 +311,13 @@ def test_heartbeat_reports_sessions_and_free_kv_and_the_assignment_sizes_the_sta
 ) -> None:
     a, b = _join(http, _invite(http)), _join(http, _invite(http))
     url, headers = f"/api/v1/nodes/{a['node_id']}/heartbeat", _node_headers(a)
-    beat = {"address": "127.0.0.1:7001", "capacity_bytes": 64 << 30, **SESSIONS}
-    other = {"address": "127.0.0.1:7002", "capacity_bytes": 64 << 30}
+    beat = {
+        "address": "127.0.0.1:7001",
+        "capacity_bytes": 64 << 30,
+        "hardware": HARDWARE,
+        **SESSIONS,
+    }
+    other = {"address": "127.0.0.1:7002", "capacity_bytes": 64 << 30, "hardware": HARDWARE}
     assert http.post(url, headers=headers, json=beat).status_code == 200
     b_url = f"/api/v1/nodes/{b['node_id']}/heartbeat"
     assert http.post(b_url, headers=_node_headers(b), json=other).status_code == 200
@@ -383,7 +403,12 @@ def test_spare_capacity_forms_a_second_chain_and_routes_follow_the_load(
     def beat(w: dict[str, str], port: int, sessions: int) -> None:
         load = {"sessions": sessions, "max_sessions": 256, "kv_budget_bytes": 256 << 20}
         load["kv_reserved_bytes"] = sessions << 20
-        body = {"address": f"127.0.0.1:{port}", "capacity_bytes": 8 << 30, **load}
+        body = {
+            "address": f"127.0.0.1:{port}",
+            "capacity_bytes": 8 << 30,
+            "hardware": HARDWARE,
+            **load,
+        }
         url = f"/api/v1/nodes/{w['node_id']}/heartbeat"
         assert http.post(url, headers=_node_headers(w), json=body).status_code == 200
 
@@ -415,3 +440,113 @@ def test_spare_capacity_forms_a_second_chain_and_routes_follow_the_load(
         for _ in range(4)
     ]
     assert set(picks) == {chains[0].node_ids, chains[1].node_ids}
+
+
+def test_the_swarm_view_predicts_tokens_per_s_from_heartbeats(http: TestClient) -> None:
+    code = _invite(http, uses=2)
+    a, b = _join(http, code), _join(http, code)
+    beats = {
+        a["node_id"]: {
+            "rtt_ms": {b["node_id"]: 4.0},
+            "step_ms": [[1, 10.0], [8, 24.0]],
+            "row_budget": 8,
+            "max_sessions": 16,
+        },
+        b["node_id"]: {"rtt_ms": {a["node_id"]: 6.0}, "step_ms": [[1, 20.0]], "max_sessions": 4},
+    }
+    for port, joined in enumerate((a, b)):
+        swarm = http.get("/api/v1/swarm", headers=_admin()).json()
+        assert swarm["prediction"] is None and swarm["prediction_note"]
+        body = {
+            "address": f"127.0.0.1:{7001 + port}",
+            "capacity_bytes": 8 << 30,
+            "hardware": HARDWARE,
+        }
+        r = http.post(
+            f"/api/v1/nodes/{joined['node_id']}/heartbeat",
+            headers=_node_headers(joined),
+            json={**body, **beats[joined["node_id"]]},
+        )
+        assert r.status_code == 200, r.text
+    p = http.get("/api/v1/swarm", headers=_admin()).json()["prediction"]
+    # steps 10 + 20, both ring links at half the mean round trip (5 ms), 2 hops of 0.5 +
+    # 0.2 a row (coordinator/server/prediction.py)
+    assert p["trip_ms"] == pytest.approx(36.4)
+    assert p["one_request_tokens_per_s"] == pytest.approx(1000 / 36.4)
+    assert (p["admission_limit"], p["assumed_links"], p["slowest_node"]) == (4, 0, b["node_id"])
+    assert [lv["requests"] for lv in p["levels"]] == [1, 2, 4]
+    # 4 at once: a steps 10 + 14 x 3/7 = 16 ms, b 20 ms, hops 2 x (0.5 + 4 x 0.2)
+    assert p["levels"][-1]["tokens_per_s"] == pytest.approx(4000 / 43.6)
+    assert p["peak"]["requests"] == 4
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"step_ms": [[2, 1.0], [1, 2.0]]},
+        {"step_ms": [[0, 1.0]]},
+        {"step_ms": [[1, -1.0]]},
+        {"step_ms": [[r, 1.0] for r in range(1, 18)]},
+        {"row_budget": -1},
+        {"rtt_ms": {"peer": -0.5}},
+        {"rtt_ms": {"peer": 1e9}},
+        {"rtt_ms": {"x" * 65: 1.0}},
+        {"rtt_ms": {f"p{i}": 1.0 for i in range(65)}},
+    ],
+)
+def test_heartbeat_refuses_unbounded_timings(http: TestClient, field: dict[str, object]) -> None:
+    joined = _join(http, _invite(http))
+    r = http.post(
+        f"/api/v1/nodes/{joined['node_id']}/heartbeat", headers=_node_headers(joined), json=field
+    )
+    assert r.status_code == 422, r.text
+
+
+def test_a_single_use_invite_is_redeemed_once_by_24_concurrent_joins(
+    coord: Coordinator, http: TestClient
+) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    secret = inv.InviteCode.decode(_invite(http)).secret
+    csr, start = _csr(), threading.Barrier(24)
+
+    def redeem(_i: int) -> str:
+        start.wait()
+        try:
+            return coord.join(secret, csr).node_id
+        except inv.InviteError:
+            return ""
+
+    with ThreadPoolExecutor(24) as pool:
+        joined = [n for n in pool.map(redeem, range(24)) if n]
+    assert len(joined) == 1
+    assert [i.uses_left for i in coord.list_invites()] == [0]
+
+
+def test_a_route_report_naming_many_stages_probes_few_and_keeps_only_stages(
+    coord: Coordinator, http: TestClient
+) -> None:
+    probed: list[str] = []
+
+    def listens(address: str) -> bool:
+        probed.append(address)
+        return False  # something listens everywhere: nobody is confirmed gone
+
+    coord.liveness_probe = listens
+    workers = [_join(http, _invite(http)) for _ in range(2)]
+    for port, w in enumerate(workers):
+        body = {"address": f"127.0.0.1:{7001 + port}", "capacity_bytes": 1 << 30}
+        url = f"/api/v1/nodes/{w['node_id']}/heartbeat"
+        assert http.post(url, headers=_node_headers(w), json={**body, "hardware": HARDWARE})
+    client = _join(http, _invite(http, role="client"))
+    staged = [w["node_id"] for w in workers]
+    names = [*staged, *(f"made-up-{i}" for i in range(14))]
+    for _ in range(5):
+        r = http.get("/api/v1/route", params={"avoid": names}, headers=_node_headers(client))
+        assert r.status_code == 404  # every stage named: no route around them yet
+    assert len(probed) <= 6  # the asker's probe budget, not 2 x 5 reports
+    assert coord._suspects <= set(staged)
+    too_many = [*names, "one-more"]
+    r = http.get("/api/v1/route", params={"avoid": too_many}, headers=_node_headers(client))
+    assert r.status_code == 422

@@ -24,6 +24,7 @@ from coordinator.server.service import Coordinator, HostedModel, Settings
 from coordinator.server.store import Node, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
+from tests.support.probe_answerer import HARDWARE
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +46,7 @@ def _coordinator(url: str, ca: auth.CertifiedKey, pieces: tuple[Path, object]) -
         "https://127.0.0.1:8443",
         HostedModel("tiny", directory, manifest),  # type: ignore[arg-type]
         SETTINGS,
+        reachable=lambda _address: True,  # no worker answers the probe here
     )
     c.store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
     return c
@@ -97,7 +99,7 @@ def _beat(http: TestClient, node: dict[str, str], port: int) -> object:
     r = http.post(
         f"/api/v1/nodes/{node['node_id']}/heartbeat",
         headers=_h(node),
-        json={"address": f"127.0.0.1:{port}", "capacity_bytes": 8 << 30},
+        json={"address": f"127.0.0.1:{port}", "capacity_bytes": 8 << 30, "hardware": HARDWARE},
     )
     assert r.status_code == 200, r.text
     return r.json()["assignment"]
