@@ -203,7 +203,6 @@ class CutPolicy:
 
 
 ANY = "any"
-ATTENTION_END = "attention_end"
 PERIOD = "period"
 WHOLE = "whole"
 SLIDING_START = "sliding_start"
@@ -216,10 +215,6 @@ class ArchRule:
     why: str = ""
 
 
-_HYBRID = (
-    "every stage of a hybrid model needs a full-attention layer (llama.cpp cannot run "
-    "recurrent layers alone in hybrid memory): cuts fall right after one"
-)
 _SQRT_SCALE = (
     "the graph scales every stage's input by sqrt(n_embd), hidden states included, "
     "so only the whole model is exact"
@@ -231,11 +226,13 @@ ARCH_RULES: Mapping[str, ArchRule] = {
     "qwen2moe": ArchRule(ANY),
     "qwen3": ArchRule(ANY),
     "qwen3moe": ArchRule(ANY),
-    # llama.cpp's hybrid memory cannot run a stage without a full-attention layer (its
-    # empty KV cache has no buffer: GGML_ASSERT(buffer) in set_input_k_idxs).
-    "qwen35": ArchRule(ATTENTION_END, why=_HYBRID),
-    "qwen35moe": ArchRule(ATTENTION_END, why=_HYBRID),
-    "qwen3next": ArchRule(ATTENTION_END, why=_HYBRID),
+    # Hybrids: a stage may hold recurrent layers only or attention layers only, since the
+    # engine's llama.cpp skips the inputs of a memory no layer of the graph reads
+    # (installers/engine/patches/hybrid-memory-single-kind.patch); stock llama.cpp aborts
+    # there with GGML_ASSERT(buffer).
+    "qwen35": ArchRule(ANY),
+    "qwen35moe": ArchRule(ANY),
+    "qwen3next": ArchRule(ANY),
     "gemma3": ArchRule(ANY),
     "phi3": ArchRule(ANY),
     "starcoder": ArchRule(ANY),
@@ -290,10 +287,6 @@ def cut_policy(
         return CutPolicy((0, n_layer), why)
     if kind == PERIOD:
         return CutPolicy((*range(0, n_layer, period), n_layer), why)
-    if kind == ATTENTION_END:
-        full = [i for i in range(n_layer) if kinds[i] != "recurrent"]
-        ends = [i + 1 for i in full if i + 1 < n_layer and full[-1] > i]
-        return CutPolicy((0, *ends, n_layer), why)
     starts = [i for i in range(n_layer) if kinds[i] == "sliding" or i == 0]
     return CutPolicy((*starts, n_layer), why)
 

@@ -6,7 +6,8 @@ by side and the engine loads the best one the CPU supports (core/backends.py). V
 that differ from a kept neighbour by one rarely used feature are dropped to halve the
 build time, and the AMX variant (sapphirerapids) is never built: its AMX matrix kernels
 crash on some Xeons (docs/engine.md), and AMX CPUs run the zen4 variant instead
-(AVX-512 with VBMI, VNNI and BF16) with weight repacking intact.
+(AVX-512 with VBMI, VNNI and BF16) with weight repacking intact. The patches in
+`patches/` (each says why at its top) are applied to the sources first.
 
 The wheel lands in `<cache>/wheelhouse/<recipe digest>/`; the digest covers everything
 that changes the binary (version, CMake flags, variant list, this file), so a changed
@@ -57,6 +58,7 @@ BASE_CMAKE_ARGS = (
     "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib",
 )
 NATIVE_CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF")
+PATCHES_DIR = Path(__file__).resolve().parent / "patches"
 GPU_CMAKE_ARGS = {"vulkan": ("-DGGML_VULKAN=ON",), "cuda": ("-DGGML_CUDA=ON",)}
 
 
@@ -68,10 +70,41 @@ def cache_root() -> Path:
     return Path(base) / "sangama" / "wheelhouse"
 
 
+def patches() -> list[Path]:
+    """The source patches, in the order they are applied."""
+    return sorted(PATCHES_DIR.glob("*.patch"))
+
+
+def patches_digest() -> str:
+    h = hashlib.sha256()
+    for path in patches():
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def apply_patches(src: Path) -> None:
+    """Apply every patch with -p1 in the sdist's root; fail loudly if one does not apply."""
+    for path in patches():
+        with open(path, "rb") as f:
+            done = subprocess.run(
+                ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch"],
+                cwd=src,
+                stdin=f,
+                capture_output=True,
+                text=True,
+            )
+        if done.returncode != 0:
+            raise SystemExit(f"{path.name} does not apply; update it:\n{done.stdout}{done.stderr}")
+
+
 def recipe(gpu: tuple[str, ...], native: bool = False) -> dict[str, object]:
     if native:
         # Only for bench/engine.py: the machine's own build, as llama.cpp builds by default.
-        return {"llama_cpp_python": LLAMA_CPP_PYTHON, "cmake_args": NATIVE_CMAKE_ARGS}
+        return {
+            "llama_cpp_python": LLAMA_CPP_PYTHON,
+            "cmake_args": NATIVE_CMAKE_ARGS,
+            "patches": patches_digest(),
+        }
     cmake = list(BASE_CMAKE_ARGS)
     for name in gpu:
         cmake += GPU_CMAKE_ARGS[name]
@@ -83,6 +116,7 @@ def recipe(gpu: tuple[str, ...], native: bool = False) -> dict[str, object]:
         "cpu_variants": list(KEPT_VARIANTS),
         "gpu": list(gpu),
         "revision": RECIPE_REVISION,
+        "patches": patches_digest(),
     }
 
 
@@ -173,6 +207,7 @@ def build(gpu: tuple[str, ...], jobs: int, native: bool = False) -> Path:
         with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data")
         src = tmp / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
+        apply_patches(src)
         if not native:
             patch_variants(src / "vendor/llama.cpp/ggml/src/CMakeLists.txt")
         if "vulkan" in gpu:

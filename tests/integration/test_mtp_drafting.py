@@ -1,4 +1,5 @@
-"""The model's own MTP head guessing ahead, on a real 3-process qwen35 chain over QUIC.
+"""The model's own MTP head guessing ahead, on a real 3-process qwen35 chain over QUIC,
+dense and MoE (qwen35moe, whose stages here hold one kind of layer each at both ends).
 
 The tiny qwen35 (hybrid recurrent + attention, one MTP block) is sliced so the last
 stage alone holds the MTP block; it runs the head after every verified token and sends
@@ -41,10 +42,16 @@ RUNS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def qwen35_mtp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("qwen35mtp") / "tiny-qwen35-mtp.gguf"
-    return write_qwen35_model(path, DIMS, mtp=True, tie_mtp_head=True, echo=0.35)
+# qwen35moe with routed and shared experts, its layers irregular: cut [0, 2, 4, 6], the
+# first stage holds recurrent layers only and the last attention layers only.
+MOE_DIMS = Qwen35Dims(moe=True, pattern=(True, True, False, True, False, False))
+
+
+@pytest.fixture(scope="module", params=[DIMS, MOE_DIMS], ids=["qwen35", "qwen35moe"])
+def qwen35_mtp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dims: Qwen35Dims = request.param
+    path = tmp_path_factory.mktemp("qwen35mtp") / f"tiny-{dims.arch}-mtp.gguf"
+    return write_qwen35_model(path, dims, mtp=True, tie_mtp_head=True, echo=0.35)
 
 
 async def _runs(model: Path) -> list[list[TokenEvent]]:

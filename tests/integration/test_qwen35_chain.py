@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from core.errors import CutNotAllowedError
 from core.gguf_slices import assemble_stage, slice_model
 from core.manifest import Manifest
 from core.pipeline import LocalPipeline, compare_generations
@@ -93,14 +92,6 @@ def test_mtp_block_goes_to_the_last_stage_only(tmp_path: Path) -> None:
         assert bool(nextn) == last and all(n.startswith(f"blk.{len(layers)}.") for n in nextn)
         recurrent = r.fields["qwen35.attention.recurrent_layers"].contents()
         assert recurrent == DIMS.recurrent()[layers.start : layers.stop] + [False] * last
-
-
-def test_recurrent_only_stage_is_refused(
-    sliced: tuple[Path, Path, Manifest], tmp_path: Path
-) -> None:
-    _, pieces, manifest = sliced
-    with pytest.raises(CutNotAllowedError):
-        assemble_stage(manifest, pieces, LayerRange(0, 1), tmp_path / "s.gguf")
 
 
 def test_rejected_rows_are_undone_through_the_recurrent_snapshots(

@@ -1,6 +1,10 @@
-"""A tiny random-weight qwen35 GGUF: hybrid (gated delta-net recurrent layers plus
-full-attention layers, IMROPE positions) with an optional MTP ("nextn") block, keys and
-tensors as llama.cpp 0.3.36's src/models/qwen35.cpp loads them.
+"""A tiny random-weight qwen35 or qwen35moe GGUF: hybrid (gated delta-net recurrent layers
+plus full-attention layers, IMROPE positions) with an optional MTP ("nextn") block, keys
+and tensors as llama.cpp 0.3.36's src/models/qwen35.cpp and qwen35moe.cpp load them. The
+qwen35moe variant has what Qwen3.5-397B-A17B has in every layer, MTP block included:
+routed experts (`ffn_{gate,up,down}_exps`, a router `ffn_gate_inp`) and a shared expert
+with its own sigmoid gate (`ffn_*_shexp`, `ffn_gate_inp_shexp`), and may take an explicit,
+irregular list of recurrent layers as the converter writes it.
 
 `tie_mtp_head=True` makes the MTP block agree with the trunk often: its projection
 passes the trunk's hidden state straight through (eh_proj = [0 | I]) and its attention
@@ -19,6 +23,7 @@ import gguf
 import numpy as np
 
 ARCH = "qwen35"
+ARCH_MOE = "qwen35moe"
 
 
 @dataclass(frozen=True)
@@ -38,8 +43,23 @@ class Qwen35Dims:
     ssm_groups: int = 2
     ssm_rank: int = 4
     conv_kernel: int = 4
+    moe: bool = False
+    """qwen35moe: routed experts plus a gated shared expert in every layer."""
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_ff_shexp: int = 48
+    pattern: tuple[bool, ...] | None = None
+    """Which trunk layers are recurrent, when not every full_every-th is attention."""
+
+    @property
+    def arch(self) -> str:
+        return ARCH_MOE if self.moe else ARCH
 
     def recurrent(self) -> list[bool]:
+        if self.pattern is not None:
+            assert len(self.pattern) == self.n_layer
+            return list(self.pattern)
         return [(i + 1) % self.full_every != 0 for i in range(self.n_layer)]
 
 
@@ -65,8 +85,9 @@ def write_qwen35_model(
         return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     n_blocks = d.n_layer + (1 if mtp else 0)
-    w = gguf.GGUFWriter(str(path), arch=ARCH)
-    w.add_name("tiny-qwen35")
+    arch = d.arch
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_name(f"tiny-{arch}")
     w.add_context_length(d.n_ctx)
     w.add_embedding_length(d.n_embd)
     w.add_block_count(n_blocks)
@@ -87,8 +108,13 @@ def write_qwen35_model(
     w.add_ssm_time_step_rank(d.ssm_rank)
     w.add_ssm_group_count(d.ssm_groups)
     recurrent = d.recurrent() + ([False] if mtp else [])
+    if d.moe:
+        w.add_expert_count(d.n_expert)
+        w.add_expert_used_count(d.n_expert_used)
+        w.add_expert_feed_forward_length(d.n_ff_exp)
+        w.add_expert_shared_feed_forward_length(d.n_ff_shexp)
     w.add_key_value(
-        f"{ARCH}.attention.recurrent_layers",
+        f"{arch}.attention.recurrent_layers",
         recurrent,
         gguf.GGUFValueType.ARRAY,
         sub_type=gguf.GGUFValueType.BOOL,
@@ -106,9 +132,20 @@ def write_qwen35_model(
     w.add_tensor("output.weight", head.astype(np.float32))
 
     def ffn(p: str, scale: float | None = None) -> None:
-        w.add_tensor(p + "ffn_gate.weight", weights(d.n_ff, e))
-        w.add_tensor(p + "ffn_up.weight", weights(d.n_ff, e))
-        w.add_tensor(p + "ffn_down.weight", weights(e, d.n_ff, scale=scale))
+        if not d.moe:
+            w.add_tensor(p + "ffn_gate.weight", weights(d.n_ff, e))
+            w.add_tensor(p + "ffn_up.weight", weights(d.n_ff, e))
+            w.add_tensor(p + "ffn_down.weight", weights(e, d.n_ff, scale=scale))
+            return
+        x, f, fs = d.n_expert, d.n_ff_exp, d.n_ff_shexp
+        w.add_tensor(p + "ffn_gate_inp.weight", weights(x, e))
+        w.add_tensor(p + "ffn_gate_exps.weight", weights(x, f, e))
+        w.add_tensor(p + "ffn_up_exps.weight", weights(x, f, e))
+        w.add_tensor(p + "ffn_down_exps.weight", weights(x, e, f, scale=scale))
+        w.add_tensor(p + "ffn_gate_inp_shexp.weight", weights(e))
+        w.add_tensor(p + "ffn_gate_shexp.weight", weights(fs, e))
+        w.add_tensor(p + "ffn_up_shexp.weight", weights(fs, e))
+        w.add_tensor(p + "ffn_down_shexp.weight", weights(e, fs, scale=scale))
 
     def attention(p: str, out_scale: float | None = None) -> None:
         w.add_tensor(p + "attn_q.weight", weights(2 * d.n_head * hd, e))  # per head [q | gate]
