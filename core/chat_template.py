@@ -332,8 +332,9 @@ def render_chat_template(
             raise ChatTemplateError("each message needs a text role and text content")
     try:
         compiled = _compile(template)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ChatTemplateError(f"the model's chat template is malformed: {exc}") from None
+    except (jinja2.TemplateError, RecursionError) as exc:
+        # RecursionError: brackets nested deeper than Jinja's recursive parser goes.
+        raise ChatTemplateError(f"the model's chat template is malformed: {exc}"[:1000]) from None
     budget = _Budget()
     token = _BUDGET.set(budget)
     try:

@@ -146,6 +146,12 @@ def test_a_template_beyond_its_budgets_is_a_typed_error(template: str, says: str
         render_chat_template(template, [("user", "hi")])
 
 
+def test_brackets_nested_past_the_parsers_recursion_are_a_typed_error() -> None:
+    # Found by tests/fuzz/untrusted_atheris.py: Jinja's parser recursed until RecursionError.
+    with pytest.raises(ChatTemplateError, match="malformed"):
+        render_chat_template("{% set" + "[" * 3000 + " x = 1 %}", [("user", "hi")])
+
+
 def test_the_time_budget_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ct, "MAX_RENDER_S", -1.0)  # already past: the first step refuses
     with pytest.raises(ChatTemplateError, match="ran longer"):
