@@ -9,9 +9,9 @@ TARGET is one of:
   manifest, a name); the rest is JSON for it (or text, for a name and a manifest). Every
   outcome is a value or MalformedAnswer (UnsafeName is one) / SliceError.
 - `gguf`: the input is a GGUF file, mutated from tiny valid ones. `open_gguf` reads it or
-  raises GgufFormatError, `read_header` (every model file's first reader) NotAModelError;
-  the address space is capped (RLIMIT_AS) so that a header which makes the reader
-  allocate beyond its file's size is a crash, not a slow machine.
+  raises GgufFormatError, and every field it read can be read back; the address space is
+  capped (RLIMIT_AS) so that a header which makes the reader allocate beyond its file's
+  size is a crash, not a slow machine.
 - `template`: the input is a chat template (UTF-8, errors replaced), rendered with two
   messages. Every outcome is text within MAX_OUTPUT_CHARS or ChatTemplateError.
 
@@ -46,10 +46,9 @@ with atheris.instrument_imports(include=["coordinator", "core"]):
     from coordinator.errors import MalformedAnswer
     from coordinator.names import check_name
     from core.chat_template import MAX_OUTPUT_CHARS, ChatTemplateError, render_chat_template
-    from core.errors import GgufFormatError, NotAModelError, SliceError
+    from core.errors import GgufFormatError, SliceError
     from core.gguf_reader import open_gguf
     from core.manifest import Manifest
-    from core.model_inputs import read_header
 
 ADDRESS_SPACE = 3 << 30
 """The gguf target's cap: several times what the interpreter, numpy and gguf-py map."""
@@ -153,11 +152,15 @@ def gguf_seeds() -> list[bytes]:
 
 def one_gguf(data: bytes) -> None:
     _GGUF_PATH.write_bytes(data)
-    with contextlib.suppress(GgufFormatError):
-        open_gguf(_GGUF_PATH)
-    # What every model file given to Sangama goes through first (its values decoded).
-    with contextlib.suppress(NotAModelError):
-        read_header(_GGUF_PATH)
+    try:
+        reader = open_gguf(_GGUF_PATH)
+    except GgufFormatError:
+        return
+    for field in reader.fields.values():
+        # gguf-py decodes texts only when asked: a key's bytes that are not UTF-8 are a
+        # UnicodeDecodeError (a ValueError, which readers of a header catch), nothing else.
+        with contextlib.suppress(UnicodeDecodeError):
+            field.contents()
 
 
 # ---------------------------------------------------------------- template
