@@ -40,7 +40,6 @@ def http(tiny_llama: Path, tmp_path: Path) -> Iterator[TestClient]:
         "https://127.0.0.1:8443",
         HostedModel("tiny", tmp_path / "pieces", manifest),
         dataclasses.replace(Settings(), turn_server=("203.0.113.5", 3478), turn_secret=SECRET),
-        reachable=lambda _address: True,
     )
     store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
     yield TestClient(create_app(coord), base_url="https://testserver")
