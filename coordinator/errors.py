@@ -30,6 +30,12 @@ class JoinRefused(CoordinatorError):
     """A join or renewal whose signing request the coordinator cannot use."""
 
 
+class ModelNotHostable(CoordinatorError):
+    """The model the coordinator was started with (--model) cannot be served: no such
+    model, not a whole GGUF, an architecture not checked for exact cuts, a folder without
+    pieces. Raised before the database, the CA or any file is created."""
+
+
 class PlacementError(CoordinatorError):
     """No valid chain of stages can be formed from the given nodes."""
 

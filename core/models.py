@@ -106,10 +106,28 @@ def resolve_model(name_or_path: str) -> Path:
         return bundled_model_path(name_or_path)
     path = Path(name_or_path).expanduser()
     if not path.is_file():
-        raise ModelNotFoundError(
-            f"no GGUF file at {path} (bundled models: {', '.join(BUNDLED_MODELS)})"
-        )
+        raise ModelNotFoundError(_no_model_file(name_or_path, path))
     return path
+
+
+MODEL_CHOICES = f"'{DEFAULT_MODEL}', {', '.join(BUNDLED_MODELS)}, or a path to a GGUF file"
+"""What a model argument may be, for messages."""
+
+
+def _no_model_file(text: str, path: Path) -> str:
+    """Why `text` names no model file, and what would."""
+    if path.is_dir():
+        if (path / MANIFEST_FILE).is_file():
+            return (
+                f"{path} is a folder of pieces, not a GGUF file: build a stage from it with "
+                f"`sangama assemble {path} --layers START:STOP --out STAGE.gguf`, or give "
+                "the model's GGUF file here"
+            )
+        return f"{path} is a folder, not a GGUF file: give {MODEL_CHOICES}"
+    # A bare word is more often a mistyped model name than a missing file.
+    if "/" not in text and "\\" not in text and not text.lower().endswith(".gguf"):
+        return f"no model named {text!r}: give {MODEL_CHOICES}"
+    return f"no file at {path}: give {MODEL_CHOICES}"
 
 
 def _fingerprint(path: Path) -> str:

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,48 @@ MODEL_HELP = "'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), or
 
 
 def _parse_cuts(text: str) -> list[int]:
+    """Cut points, checked for what holds for any model; the model's own layers and
+    allowed boundaries are checked once it is read (core.model_inputs.stage_ranges)."""
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        cuts = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"cuts must be integers like 0,6,12,18, not {text!r}"
         ) from None
+    if len(cuts) < 2 or cuts[0] != 0:
+        raise argparse.ArgumentTypeError(
+            f"cuts start at 0 and end at the model's layer count, e.g. 0,6,12,18; got {text!r}"
+        )
+    if any(b <= a for a, b in pairwise(cuts)):
+        raise argparse.ArgumentTypeError(
+            f"cuts must strictly increase, e.g. 0,6,12,18; got {text!r}"
+        )
+    return cuts
+
+
+def _parse_layers(text: str) -> LayerRange:
+    """START:STOP, a stage's layers [START, STOP); the model's bounds are checked later."""
+    start, sep, stop = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return LayerRange(int(start), int(stop))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"layers are START:STOP with 0 <= START < STOP, e.g. 6:12; got {text!r}"
+        ) from None
+
+
+def _parse_token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"token ids are integers separated by commas: {text!r}"
+        ) from None
+    if not ids or min(ids) < 0 or len(ids) > 1 << 16:
+        raise argparse.ArgumentTypeError("give 1 to 65536 token ids, each 0 or more")
+    return ids
 
 
 def _parse_row_budget(text: str) -> int:
@@ -108,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("assemble", help="build a stage GGUF for layers [start, stop) from pieces")
     p.add_argument("pieces", type=Path, help="directory holding manifest.json and the pieces")
-    p.add_argument("--layers", required=True, help="START:STOP, e.g. 6:12")
+    p.add_argument("--layers", required=True, type=_parse_layers, help="START:STOP, e.g. 6:12")
     p.add_argument("--out", required=True, type=Path, help="stage GGUF to write")
 
     p = sub.add_parser("generate", help="chain stages in one process and generate")
@@ -117,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cuts", type=_parse_cuts, default=None, help="e.g. 0,10,20,30 (default: 3 even stages)"
     )
     p.add_argument("--prompt", default="The capital of France is")
+    p.add_argument(
+        "--prompt-tokens",
+        type=_parse_token_ids,
+        default=None,
+        help="the prompt as token ids, e.g. 1,5,17 (models without a tokenizer)",
+    )
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
     )
@@ -306,7 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _COMMANDS[args.command]
     try:
         return handler(args)
-    except (CoreError, AppError, NetError, CoordinatorError, InviteError) as exc:
+    # Every package's own errors, and the system's (a file that cannot be written): one
+    # line for the person, the traceback only with --verbose.
+    except (CoreError, AppError, NetError, CoordinatorError, InviteError, OSError) as exc:
+        logging.getLogger(__name__).debug("sangama %s failed", args.command, exc_info=True)
         print(f"sangama {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -339,15 +385,11 @@ def cmd_slice(args: argparse.Namespace) -> int:
 
 def cmd_assemble(args: argparse.Namespace) -> int:
     from core.gguf_slices import assemble_stage
-    from core.manifest import Manifest
+    from core.model_inputs import pieces_manifest, stage_layers
 
-    try:
-        a, b = (int(x) for x in args.layers.split(":"))
-        layers = LayerRange(a, b)
-    except ValueError as exc:
-        print(f"sangama assemble: error: --layers must be START:STOP ({exc})", file=sys.stderr)
-        return 2
-    out = assemble_stage(Manifest.load(args.pieces), args.pieces, layers, args.out)
+    manifest = pieces_manifest(args.pieces)
+    layers = stage_layers(manifest.facts, args.layers)
+    out = assemble_stage(manifest, args.pieces, layers, args.out)
     print(f"wrote stage {layers} to {out}")
     return 0
 
@@ -359,6 +401,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model=args.model,
         cuts=args.cuts,
         prompt=args.prompt,
+        prompt_tokens=args.prompt_tokens,
         chat=args.chat,
         max_tokens=args.max_tokens,
         sampling=_sampling(args),

@@ -21,7 +21,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     p.add_argument(
         "--model",
         default="default",
-        help="'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), or a GGUF path",
+        help="'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), a GGUF path, "
+        "or a folder of pieces from `sangama slice`",
     )
     p.add_argument("--public-url", default=None, help="address written into invites")
     p.add_argument(
@@ -35,7 +36,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "--admin-password", default=None, help="deprecated: visible in ps; use the file or variable"
     )
     p.add_argument(
-        "--min-stages", type=int, default=1, help="spread the model over at least N workers"
+        "--min-stages",
+        type=int,
+        default=2,
+        help="spread the model over at least N workers (default 2: no single worker sees "
+        "every prompt and picks every answer)",
     )
     p.add_argument("--spares", type=int, default=0, help="healthy workers kept out of the chain")
     p.add_argument(
@@ -46,6 +51,21 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     )
     p.add_argument("--turn", default=None, help="the swarm relay's HOST:PORT (sangama relay)")
     p.add_argument("--turn-secret-file", type=Path, default=None, help="the relay's shared secret")
+    p.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="IP[/BITS]",
+        help="a reverse proxy in front of the coordinator: the caller's address is read from "
+        "its X-Forwarded-For (repeatable; by default no header is believed)",
+    )
+    p.add_argument(
+        "--trusted-ends",
+        choices=["off", "prefer", "require"],
+        default="off",
+        help="put the first stage (reads prompts) and the last (picks answers) on nodes you "
+        "marked trusted on the operator page",
+    )
     p.add_argument("--stale-after", type=float, default=15.0, help="seconds of silence: stale")
     p.add_argument(
         "--dead-after", type=float, default=45.0, help="seconds of silence: replaced in the plan"
@@ -70,8 +90,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
     add_relay_arguments(p)
 
-    p = sub.add_parser("status", help="this node: identity, certificate, assignment, route")
+    p = sub.add_parser(
+        "status",
+        help="this node: identity, certificate, assignment, route; with --coordinator, the "
+        "swarm as its operator sees it and the tokens/s it should deliver",
+    )
     p.add_argument("--identity", type=Path, default=None, help="identity directory")
+    p.add_argument(
+        "--coordinator", default=None, help="operator view: the coordinator's URL (https://...)"
+    )
+    p.add_argument("--data", type=Path, default=None, help="the coordinator's data directory")
+    p.add_argument("--token-file", type=Path, default=None, help="default: DATA/admin-token")
+    p.add_argument("--ca", type=Path, default=None, help="default: DATA/ca/ca.pem")
+    p.add_argument("--json", action="store_true", help="operator view as JSON")
 
     p = sub.add_parser("join", help="join a swarm with an invite code")
     p.add_argument("code")
@@ -86,7 +117,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """What the tray's status window shows, for servers and scripts."""
+    """What the tray's status window shows, for servers and scripts; with --coordinator,
+    what the operator page shows of the chain and its predicted tokens/s."""
+    if args.coordinator:
+        from app.cli.fleet_status import run_fleet_status
+        from coordinator.server.serve import default_data_dir
+
+        return run_fleet_status(args, default_data_dir())
     from app.identity import Identity, default_identity_dir
     from coordinator.errors import CoordinatorError
 
@@ -152,9 +189,21 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             dead_after_s=args.dead_after,
             turn_server=parse_address(args.turn) if args.turn else None,
             turn_secret=args.turn_secret_file.read_text().strip() if args.turn_secret_file else "",
+            trusted_proxies=tuple(_networks(args.trusted_proxy)),
+            trusted_ends=args.trusted_ends,
         ),
     )
     return serve(options)
+
+
+def _networks(values: list[str]) -> list[str]:
+    """--trusted-proxy values, each an IP or a network; a clear error for anything else."""
+    import ipaddress
+
+    try:
+        return [str(ipaddress.ip_network(v, strict=False)) for v in values]
+    except ValueError as exc:
+        raise SystemExit(f"--trusted-proxy: {exc}") from None
 
 
 def cmd_invite(args: argparse.Namespace) -> int:

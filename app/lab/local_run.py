@@ -6,7 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.models import resolve_model, stage_files
+from core.errors import TokenizerError
+from core.model_inputs import model_file, stage_ranges, suggest_cuts
+from core.models import stage_files
 from core.pipeline import Generation, LocalPipeline, compare_generations
 from core.stage import Stage
 from core.tokenizer import Tokenizer
@@ -66,13 +68,25 @@ def run_generate(
     stop_at_end: bool,
     c_callback: bool,
     stream: Callable[[str], None] | None,
+    prompt_tokens: list[int] | None = None,
 ) -> dict[str, Any]:
-    model_path = resolve_model(model)
+    # The model and the cuts are checked before llama.cpp loads anything: a misuse is
+    # refused in one sentence (core.model_inputs), not half-way through loading.
+    model_path = model_file(model)
+    manifest, _ = stage_files(model_path, [])
+    n_layer = manifest.facts.n_layer
+    ranges = stage_ranges(manifest.facts, cuts or suggest_cuts(manifest.facts))
     tokenizer = Tokenizer.from_gguf(model_path)
     try:
-        prompt_tokens = (
-            tokenizer.encode_chat([("user", prompt)]) if chat else tokenizer.encode(prompt)
-        )
+        if prompt_tokens is None:
+            prompt_tokens = (
+                tokenizer.encode_chat([("user", prompt)]) if chat else tokenizer.encode(prompt)
+            )
+        elif max(prompt_tokens) >= tokenizer.n_vocab:
+            raise TokenizerError(
+                f"token id {max(prompt_tokens)} is outside the vocabulary "
+                f"(0..{tokenizer.n_vocab - 1})"
+            )
         streamer = tokenizer.streamer()
 
         def on_token(tok: int) -> None:
@@ -81,12 +95,6 @@ def run_generate(
 
         is_end = tokenizer.is_end if stop_at_end else (lambda _t: False)
         n_ctx = _context_size(len(prompt_tokens), max_tokens)
-        manifest, _ = stage_files(model_path, [])
-        n_layer = manifest.facts.n_layer
-        cuts = cuts or even_cuts(n_layer)
-        if cuts[0] != 0 or cuts[-1] != n_layer:
-            raise ValueError(f"cuts must run from 0 to {n_layer}, got {cuts}")
-        ranges = LayerRange.from_cuts(cuts)
         _, paths = stage_files(model_path, ranges)
 
         chain = build_pipeline(paths, ranges, n_layer, n_ctx, chunk, threads, c_callback)

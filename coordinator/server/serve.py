@@ -14,10 +14,13 @@ import platformdirs
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from coordinator.errors import ModelNotHostable
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import ADMIN_PASSWORD, Coordinator, HostedModel, Settings
 from coordinator.server.store import Store, migrate
-from core.models import resolve_model, sliced_model
+from core.errors import CoreError, SplitShardError
+from core.model_inputs import model_file, pieces_manifest
+from core.models import BUNDLED_MODELS, DEFAULT_MODEL, sliced_model
 from net import auth
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,31 @@ def https_identity(ca: auth.CertifiedKey, data_dir: Path, host: str) -> tuple[Pa
     return cert_path, key_path
 
 
+def hosted_model(model: str, data_dir: Path) -> HostedModel:
+    """The model to serve: a bundled model's name or a GGUF file (sliced once under
+    data_dir/models), or a folder of pieces `sangama slice` wrote, served as it is.
+    ModelNotHostable, saying what would work, for anything else."""
+    source = Path(model).expanduser()
+    try:
+        if source.is_dir() and model not in BUNDLED_MODELS and model != DEFAULT_MODEL:
+            manifest = pieces_manifest(source)
+            return HostedModel(manifest.facts.name or source.name, source, manifest)
+        # The first shard of a split model stands for it all: the slicer reads the rest.
+        model_path = model_file(model, first_shard_ok=True)
+        _private_data_dir(data_dir)  # checked: the pieces may go in now
+        pieces_dir, manifest = sliced_model(model_path, data_dir / "models")
+    except SplitShardError as exc:
+        raise ModelNotHostable(
+            f"--model {model}: shard {exc.shard} of {exc.count} of a split GGUF (gguf-split) "
+            f"was given: give the first shard ({exc.first_shard}) instead; the slicer reads "
+            "the others from the same folder"
+        ) from exc
+    except CoreError as exc:
+        raise ModelNotHostable(f"--model {model}: {exc}") from exc
+    name = DEFAULT_MODEL if model == DEFAULT_MODEL else model_path.stem
+    return HostedModel(name, pieces_dir, manifest)
+
+
 def _private_data_dir(data_dir: Path) -> None:
     """The data dir holds the CA key, the database (invites, node token hashes, operator
     sessions) and the operator's secrets: 0700, whatever the umask."""
@@ -112,19 +140,16 @@ def _private_sqlite_file(url: str) -> None:
 
 def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
     data_dir = options.data_dir
+    # The model first: a mistyped --model must not leave a database and a CA behind.
+    model = hosted_model(options.model, data_dir)
     _private_data_dir(data_dir)
     url = options.db_url or default_db_url(data_dir)
     _private_sqlite_file(url)
     migrate(url)
     store = Store(url)
     ca = load_or_create_ca(data_dir)
-    model_path = resolve_model(options.model)
-    pieces_dir, manifest = sliced_model(model_path, data_dir / "models")
-    name = "default" if options.model == "default" else model_path.stem
     public = options.public_url or f"https://{options.host}:{options.port}"
-    coord = Coordinator(
-        store, ca, public, HostedModel(name, pieces_dir, manifest), options.settings
-    )
+    coord = Coordinator(store, ca, public, model, options.settings)
     _ensure_operator_secrets(coord, data_dir, options.admin_password)
     cert_path, key_path = https_identity(ca, data_dir, options.host)
     return coord, cert_path, key_path
@@ -160,6 +185,10 @@ def serve(options: CoordinatorOptions) -> int:
         ssl_keyfile=str(key_path),
         log_level="warning",
         access_log=False,
+        # uvicorn would believe X-Forwarded-For from any loopback peer, so behind a
+        # proxy on this machine every caller could name itself: the API reads the
+        # header itself, from --trusted-proxy peers only (api.caller_address).
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
 
