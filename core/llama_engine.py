@@ -501,11 +501,19 @@ class LlamaVocab:
         self.n_vocab = int(LL.llama_vocab_n_tokens(self._vocab))
         self.bos = int(LL.llama_vocab_bos(self._vocab))
         self.eos = int(LL.llama_vocab_eos(self._vocab))
+        # tokenizer.ggml.model "none": llama.cpp makes n_vocab placeholder tokens and
+        # aborts the process if asked to tokenize or print one.
+        self.has_text = int(LL.llama_vocab_type(self._vocab)) != LL.LLAMA_VOCAB_TYPE_NONE
         self._lock = threading.Lock()
 
     def tokenize(
         self, text: str, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
+        if not self.has_text:
+            raise TokenizerError(
+                "this model has no tokenizer (tokenizer.ggml.model is 'none'): give the "
+                "prompt as token ids"
+            )
         data = text.encode()
         cap = len(data) + 16
         for _ in range(2):
@@ -523,6 +531,8 @@ class LlamaVocab:
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
         self._check(token)
+        if not self.has_text:
+            return f"<{token}>".encode()  # a placeholder token has no text of its own
         buf = ctypes.create_string_buffer(64)
         with self._lock:
             n = int(LL.llama_token_to_piece(self._vocab, token, buf, 64, 0, special))

@@ -13,11 +13,13 @@ of the hybrid memory's two halves leaves the other's inputs unset instead of abo
 
 from __future__ import annotations
 
+import json
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
+from app.cli.main import main
 from core.gguf_slices import assemble_stage, slice_model
 from core.manifest import Manifest
 from core.pipeline import Generation, LocalPipeline, compare_generations
@@ -112,3 +114,20 @@ def test_twenty_stages_of_three_layers_equal_the_whole_60_layer_model(tmp_path: 
     # Most stages of the seeds' fleet hold no attention layer at all.
     assert sum(k == {"recurrent"} for k in stage_kinds) >= 5
     _assert_exact(_chain(manifest, tmp_path / "pieces", cuts, tmp_path), _whole(model, 60))
+
+
+def test_sangama_generate_compares_a_qwen35moe_chain_with_single_kind_stages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_qwen35_model(tmp_path / "m.gguf", MOE, mtp=True, seed=3)
+    ids = ",".join(str(t) for t in PROMPT)
+    # [0,2): recurrent only; [4,6): attention only; [6,9): recurrent only.
+    argv = ["generate", "--model", str(model), "--cuts", "0,2,4,6,9,10"]
+    code = main([*argv, "--prompt-tokens", ids, "--max-tokens", "8", "--compare", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["identical"] is True and report["max_abs_logit_diff"] == 0.0
+    # A model without a tokenizer cannot take a text prompt: one line says what to do.
+    assert main([*argv, "--prompt", "hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no tokenizer" in err and "token ids" in err and len(err.splitlines()) == 1
