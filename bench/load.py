@@ -170,7 +170,10 @@ async def _level(
     solo: list[list[int]],
     n: int,
     tokens: int,
+    keep_events: bool = False,
 ) -> dict[str, Any]:
+    """One level: `n` requests at once. `keep_events`: the decode steps' TokenEvents
+    under "_events" too (bench/predict.py reads the steps' rows from them)."""
     pids = [w.process.pid for w in swarm.workers]
     cpu0 = [_cpu_s(p) for p in pids]
     proxy_pids = swarm.proxy_pids
@@ -225,6 +228,8 @@ async def _level(
     }
     floor = sum(swarm.link_delays_ms or ())
     level["limit"] = _limit(level, n_cores, floor) if ok else "; ".join(errors)
+    if keep_events:
+        level["_events"] = [e for r in ok for e in r["events"]]
     return level
 
 

@@ -297,6 +297,11 @@ class Heartbeat:
     available_until: float = 0.0
     """When the volunteer said this PC stops serving (Unix seconds; 0: not said). The
     coordinator keeps a spare ready for the stages of nodes leaving soonest."""
+    step_ms: tuple[tuple[int, float], ...] = ()
+    """The stage's step time by rows per step, (rows, ms) by increasing rows, as it
+    serves (core.step_profile); the coordinator predicts the fleet's tokens/s from it."""
+    row_budget: int = 0
+    """Rows one engine step of its stage takes at most (0: serves none)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

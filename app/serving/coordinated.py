@@ -444,6 +444,7 @@ async def _heartbeats(
         identity = await _renew_if_due(identity, client, worker)
         rtt = await worker.next_hop_rtt()
         rtt_ms = next(iter(rtt.values()), None)
+        rtt = {**await worker.ring_rtt(), **rtt}  # the ring's links back to first stages too
         if time.monotonic() - memory_at >= MEMORY_EVERY_S:
             memory, memory_at = await loop.run_in_executor(None, memory_in_use), time.monotonic()
         now = time.monotonic()
@@ -455,6 +456,8 @@ async def _heartbeats(
             kv_budget_bytes=capacity.budget_bytes,
             kv_reserved_bytes=capacity.reserved_bytes,
             rtt_ms=rtt,
+            step_ms=worker.step_times(),
+            row_budget=worker.row_budget,
             path=worker.next_hop_path,
             tokens=stats.tokens - last_tokens,  # the coordinator sums these per period
             compute_ms=stats.last_compute_ms,

@@ -223,6 +223,16 @@ class Ring:
         if link is not None:
             link.forget(session)
 
+    async def measure_rtts(self) -> dict[str, float]:
+        """Round trip in ms to each first stage this stage's ring links reach (the
+        links a token crosses back to the start of its chain), where connected."""
+        found: dict[str, float] = {}
+        for node, link in list(self._links.items()):
+            ms = await link.measure_rtt()
+            if ms is not None:
+                found[node] = ms
+        return found
+
     def update_credentials(self, creds: NodeCredentials) -> None:
         self._creds = creds
         for link in self._links.values():

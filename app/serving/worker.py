@@ -72,6 +72,7 @@ from core.errors import CoreError, PositionError
 from core.sampling import make_rng
 from core.scheduling import Queued, select_batch
 from core.stage import Stage, StepFailure, StepResult
+from core.step_profile import StepProfile
 from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials
 from net.errors import ErrorCode, FrameError
@@ -159,6 +160,8 @@ class StageWorker:
         self.row_budget = config.row_budget
         """Rows per engine step: measured at start (calibrate_budget), at most n_batch."""
         self.step_samples: list[tuple[int, float]] = []
+        self._step_profile = StepProfile()
+        """Step time by rows as this stage serves: the heartbeat carries it."""
         # Per-node OPEN limits on the first stage only: further down, every session of the
         # chain comes from one upstream worker, and limiting it would limit everyone (only
         # that upstream may open sessions there: peer_rules).
@@ -232,6 +235,16 @@ class StageWorker:
     def next_hop_relinks(self) -> int:
         """How often the path to the next stage was replaced with sessions running."""
         return 0 if self._downstream is None else self._downstream.relinks
+
+    def step_times(self) -> tuple[tuple[int, float], ...]:
+        """(rows, ms) of this stage's steps as it serves; the start-up calibration's
+        timings stand in for batch sizes no served step has had yet."""
+        self._step_profile.seed(self.step_samples)
+        return self._step_profile.points()
+
+    async def ring_rtt(self) -> dict[str, float]:
+        """Measured round trips to the first stages this last stage loops tokens to."""
+        return {} if self._ring is None else await self._ring.measure_rtts()
 
     async def next_hop_rtt(self) -> dict[str, float]:
         """Measured round trip to the next stage, for the coordinator's placement."""
@@ -505,6 +518,7 @@ class StageWorker:
                     await asyncio.sleep(0)  # let the links run between inline steps
                 self.stats.batches += 1
                 self.stats.last_compute_ms = compute_ms
+                self._step_profile.observe(rows, compute_ms)
                 self.stats.last_queue_ms = max((started - p.arrived) * 1e3 for p in batch)
                 self.stats.rows += sum(p.request.n_rows for p in batch)
                 for i, (p, result) in enumerate(zip(batch, results, strict=True)):

@@ -47,8 +47,10 @@ from coordinator.server.api_models import (
     InviteIn,
     InviteOut,
     JoinIn,
+    LevelOut,
     LoginIn,
     NodeOut,
+    PredictionOut,
     RenewIn,
     SignalIn,
     SwarmOut,
@@ -60,6 +62,7 @@ from coordinator.server.invite_book import InviteRecord
 from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.operator_logins import OperatorLogins
+from coordinator.server.prediction import Level
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import Coordinator
 from coordinator.server.store import as_utc
@@ -423,6 +426,7 @@ def _invite_out(row: InviteRecord, code: str | None = None) -> InviteOut:
 
 
 def _swarm_out(coord: Coordinator) -> SwarmOut:
+    prediction, note = _prediction_out(coord)
     current = coord.current_plan
     standby = coord.standby()
     nodes = []
@@ -476,4 +480,38 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
         standby=dict(standby.by_spare),
         plan_error=coord.plan_error,
         throughput=coord.throughput(),
+        prediction=prediction,
+        prediction_note=note,
     )
+
+
+def _level_out(lv: Level) -> LevelOut:
+    return LevelOut(
+        requests=lv.requests,
+        tokens_per_s=lv.tokens_per_s,
+        per_request_tokens_per_s=lv.per_request_tokens_per_s,
+        round_ms=lv.round_ms,
+        rows_per_step=lv.rows_per_step,
+        groups=lv.groups,
+        bound=lv.bound,
+    )
+
+
+def _prediction_out(coord: Coordinator) -> tuple[PredictionOut | None, str]:
+    fc = coord.fleet_forecast()
+    p = fc.prediction
+    if p is None:
+        return None, fc.note
+    out = PredictionOut(
+        one_request_tokens_per_s=p.one_request_tokens_per_s,
+        trip_ms=p.trip_ms,
+        compute_ms=p.compute_ms,
+        links_ms=p.links_ms,
+        hops_ms=p.hops_ms,
+        slowest_node=fc.slowest_node,
+        admission_limit=p.admission_limit,
+        assumed_links=fc.assumed_links,
+        levels=[_level_out(lv) for lv in p.levels],
+        peak=_level_out(p.peak),
+    )
+    return out, fc.note

@@ -17,6 +17,14 @@ from coordinator.server.invite_book import MAX_USES
 MAX_BODY_BYTES = 1 << 20
 MAX_LAYERS = 100_000
 """Bound on reported layer counts: far above any model, well inside a 32-bit column."""
+MAX_ROWS = 1 << 16
+"""Bound on rows per engine step (a stage's n_batch is far below)."""
+MAX_STEP_POINTS = 16
+"""Points of a step-time profile (core.step_profile.MAX_POINTS)."""
+MAX_RTT_PEERS = 64
+"""Round trips one heartbeat may report: its next hop and the first stages it loops to."""
+MAX_MS = 600_000.0
+"""Bound on a reported step time or round trip: ten minutes is no longer a measurement."""
 
 
 def _storable(value: Any) -> Any:
@@ -100,12 +108,39 @@ class HeartbeatIn(_In):
     kv_budget_bytes: int = Field(default=0, ge=0, le=1 << 50)
     kv_reserved_bytes: int = Field(default=0, ge=0, le=1 << 50)
     available_until: float = Field(default=0.0, ge=0.0, le=1e11, description="Unix seconds")
+    # The stage's step time by rows (core.step_profile), for the fleet prediction.
+    step_ms: tuple[tuple[int, float], ...] = Field(
+        default=(), max_length=MAX_STEP_POINTS, description="[rows, ms] pairs"
+    )
+    row_budget: int = Field(default=0, ge=0, le=MAX_ROWS)
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:
         if self.gpu_layers > self.n_layers:
             raise ValueError("gpu_layers cannot exceed the stage's n_layers")
         return self
+
+    @field_validator("rtt_ms")
+    @classmethod
+    def _rtts(cls, value: dict[str, float]) -> dict[str, float]:
+        if len(value) > MAX_RTT_PEERS:
+            raise ValueError(f"at most {MAX_RTT_PEERS} round trips")
+        for peer, ms in value.items():
+            if not 1 <= len(peer) <= 64:
+                raise ValueError("a peer's node id has 1 to 64 characters")
+            if not 0 <= ms <= MAX_MS:
+                raise ValueError(f"a round trip lies in 0..{MAX_MS:.0f} ms")
+        return value
+
+    @field_validator("step_ms")
+    @classmethod
+    def _steps(cls, value: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+        rows = [r for r, _ in value]
+        if any(not 1 <= r <= MAX_ROWS for r in rows) or rows != sorted(set(rows)):
+            raise ValueError(f"step rows increase strictly within 1..{MAX_ROWS}")
+        if any(not 0 <= ms <= MAX_MS for _, ms in value):
+            raise ValueError(f"a step time lies in 0..{MAX_MS:.0f} ms")
+        return value
 
 
 class NodeOut(BaseModel):
@@ -133,6 +168,33 @@ class NodeOut(BaseModel):
     kv_reserved_bytes: int
 
 
+class LevelOut(BaseModel):
+    """Predicted tokens/s at `requests` requests at once (coordinator.server.prediction)."""
+
+    requests: int
+    tokens_per_s: float
+    per_request_tokens_per_s: float
+    round_ms: float
+    rows_per_step: int
+    groups: int
+    bound: str
+
+
+class PredictionOut(BaseModel):
+    """What the main chain should deliver, from its measured step times and links."""
+
+    one_request_tokens_per_s: float
+    trip_ms: float
+    compute_ms: float
+    links_ms: float
+    hops_ms: float
+    slowest_node: str
+    admission_limit: int
+    assumed_links: int
+    levels: list[LevelOut] = Field(max_length=32)
+    peak: LevelOut
+
+
 class SwarmOut(BaseModel):
     model: str
     n_layer: int
@@ -145,6 +207,10 @@ class SwarmOut(BaseModel):
     """Spare node id -> the layers it keeps ready."""
     plan_error: str | None
     throughput: list[tuple[str, int]]
+    prediction: PredictionOut | None = None
+    """Predicted decode tokens/s of the main chain; None until every stage reported."""
+    prediction_note: str = ""
+    """Why there is no prediction, or what it assumed."""
 
 
 class SignalIn(_In):

@@ -31,6 +31,8 @@ from coordinator.contract import (
     TurnCredentials,
 )
 from coordinator.errors import AccessDenied, JoinRefused, NotFound, PlacementError
+from coordinator.server.fleet_view import FleetForecast, StageReport, forecast
+from coordinator.server.fleet_view import StageLoad as FleetLoad
 from coordinator.server.invite_book import (
     InviteRecord,
     create_invite,
@@ -151,6 +153,9 @@ class Coordinator:
         self._last_beat: dict[str, float] = {}
         self._until: dict[str, float] = {}
         """Node id -> the volunteer's declared end of availability (Unix seconds)."""
+        self._reports: dict[str, StageReport] = {}
+        """Node id -> its stage's step times from its latest heartbeat. Kept in memory:
+        every heartbeat says them again (fleet_view.py predicts from them)."""
         """Nodes a client found unreachable mid-answer (cleared by their next heartbeat)."""
         store.set_setting(CA_CERT, self.ca_pem)
 
@@ -309,6 +314,11 @@ class Coordinator:
                     Sample(at=now, node_id=node_id, tokens=beat.tokens, compute_ms=beat.compute_ms)
                 )
         with self._lock:  # its beat counts the routes handed to its chain since the last
+            self._reports[node_id] = StageReport(
+                tuple((int(r), float(ms)) for r, ms in beat.step_ms),
+                beat.row_budget,
+                beat.compute_ms,
+            )
             for i, chain in enumerate(self._chains):
                 if chain.stages[0].node_id == node_id and i < len(self._handed):
                     self._handed[i] = 0
@@ -526,6 +536,23 @@ class Coordinator:
             for st in current.stages
         )
         return RouteAnswer(self.model.name, stages)
+
+    def fleet_forecast(self) -> FleetForecast:
+        """The main chain's predicted tokens/s, alone and at 1..N requests at once, from
+        the stages' reported step times and the links' measured round trips."""
+        plan = self._plan
+        nodes = self.nodes()
+        loads = {n.node_id: FleetLoad(n.max_sessions, n.kv_budget_bytes) for n in nodes}
+        with self._lock:
+            reports = dict(self._reports)
+        return forecast(
+            plan,
+            self.model.spec,
+            reports,
+            loads,
+            self.store.rtt_map(),
+            self.settings.context_tokens,
+        )
 
     # ------------------------------------------------------------ relay
 

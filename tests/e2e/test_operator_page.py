@@ -152,6 +152,8 @@ def test_operator_page_flow(
         device_cap_bytes=8 << 30,
         gpu_layers=6,
         n_layers=N_LAYER,
+        step_ms=((1, 12.5), (16, 40.0)),
+        row_budget=16,
     )
     assert beat["assignment"]["layers"] == [0, N_LAYER]
 
@@ -180,6 +182,13 @@ def test_operator_page_flow(
 
     timing = page.locator(f'[data-testid="stage-timing"][data-node-id="{identity.node_id}"]')
     expect(timing.get_by_test_id("stage-ms")).to_have_text("12.5 ms")
+    # Predicted: one stage of 12.5 ms a row, its ring link to itself, one hop of 0.5 ms
+    # + 0.2 ms a row (coordinator/server/prediction.py): 1000 / 13.2 = 75.8 tokens/s;
+    # 16 at once step in 40 ms: 16000 / (40 + 0.5 + 3.2) = 366 tokens/s.
+    expect(tid("stat-predicted")).to_have_text("75.8")
+    level = page.locator('[data-testid="prediction-row"][data-requests="16"]')
+    expect(level.get_by_test_id("prediction-total")).to_have_text("366")
+    expect(tid("prediction-summary")).to_contain_text("one request: 75.8 tokens/s")
     expect(tid("throughput-total")).to_have_text("48 tokens in 30 min")
     expect(invite_row.get_by_test_id("invite-uses-left")).to_have_text("1 / 2")
 

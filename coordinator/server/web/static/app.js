@@ -440,6 +440,42 @@
     box.replaceChildren(...items);
   }
 
+  // ---------------------------------------------------------------- prediction
+
+  const rate = (x) => (x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed(2));
+
+  /** What the chain should deliver (coordinator/server/prediction.py): one request, the peak, each level. */
+  function renderPrediction(swarm) {
+    const p = swarm.prediction;
+    setText($("prediction-note"), swarm.prediction_note || "");
+    const body = $("prediction-body");
+    if (!p) {
+      setText($("stat-predicted"), "–");
+      setText($("prediction-summary"), swarm.plan.length ? "waiting for every stage's step times" : "no plan yet");
+      body.replaceChildren();
+      return;
+    }
+    setText($("stat-predicted"), rate(p.one_request_tokens_per_s));
+    const slow = p.slowest_node ? `; slowest stage ${p.slowest_node}` : "";
+    setText($("prediction-summary"),
+      `one request: ${rate(p.one_request_tokens_per_s)} tokens/s (a ${p.trip_ms.toFixed(1)} ms trip = `
+      + `${p.compute_ms.toFixed(1)} compute + ${p.links_ms.toFixed(1)} links + ${p.hops_ms.toFixed(1)} hops${slow}); `
+      + `at most ${rate(p.peak.tokens_per_s)} tokens/s in all at ${p.peak.requests} requests `
+      + `(admission limit ${p.admission_limit})`);
+    body.replaceChildren(...p.levels.map((lv) => {
+      const bound = lv.bound.startsWith("stage ")
+        ? `stage ${swarm.plan[Number(lv.bound.slice(6))]?.node_id ?? lv.bound.slice(6)}`
+        : "the trip round the ring";
+      return el("tr", { "data-testid": "prediction-row", "data-requests": lv.requests },
+        el("td", { className: "num", text: lv.requests }),
+        el("td", { className: "num", "data-testid": "prediction-total", text: rate(lv.tokens_per_s) }),
+        el("td", { className: "num", text: rate(lv.per_request_tokens_per_s) }),
+        el("td", { className: "num", text: lv.round_ms.toFixed(1) }),
+        el("td", { className: "num", text: lv.groups > 1 ? `${lv.rows_per_step} (${lv.groups} groups)` : lv.rows_per_step }),
+        el("td", { text: bound }));
+    }));
+  }
+
   // ---------------------------------------------------------------- throughput chart
 
   /** A round step for 4 grid lines above the largest bucket: whole tokens, 1/2/5-ish. */
@@ -710,6 +746,7 @@
     renderSummary(swarm, covered);
     renderNodes(swarm, index);
     renderTimings(swarm, index);
+    renderPrediction(swarm);
     drawThroughput();
     renderInvites();
   }
