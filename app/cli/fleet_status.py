@@ -51,9 +51,14 @@ def describe(swarm: Any) -> list[str]:
         chain = " -> ".join(
             f"{s['node_id']}[{s['layers'][0]},{s['layers'][1]})" for s in swarm["plan"]
         )
+        stages, s_, n_ = (
+            len(swarm["plan"]),
+            "s" * (len(swarm["plan"]) != 1),
+            "s" * (len(nodes) != 1),
+        )
         lines = [
-            f"swarm       model {swarm['model']}, {len(swarm['plan'])} stages, "
-            f"{len(nodes)} nodes ({healthy} healthy)",
+            f"swarm       model {swarm['model']}, {stages} stage{s_}, "
+            f"{len(nodes)} node{n_} ({healthy} healthy)",
             f"plan        {chain or 'none: ' + str(swarm.get('plan_error') or 'no stage placed')}",
         ]
         p = swarm.get("prediction")

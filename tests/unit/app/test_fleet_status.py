@@ -54,8 +54,10 @@ def test_the_prediction_is_printed_with_its_levels() -> None:
 
 
 def test_no_prediction_says_why() -> None:
-    text = "\n".join(describe({**SWARM, "prediction": None, "prediction_note": "waiting for b"}))
+    one = {**SWARM, "plan": SWARM["plan"][:1], "nodes": SWARM["nodes"][:1]}
+    text = "\n".join(describe({**one, "prediction": None, "prediction_note": "waiting for b"}))
     assert "predicted   none yet: waiting for b" in text
+    assert "1 stage, 1 node (1 healthy)" in text
 
 
 def test_an_unreadable_view_is_a_typed_error() -> None:
