@@ -548,9 +548,13 @@ class LlamaVocab:
         return bool(LL.llama_vocab_is_eog(self._vocab, token))
 
     def architecture(self) -> str:
-        buf = ctypes.create_string_buffer(128)
-        n = int(LL.llama_model_meta_val_str(self._model, b"general.architecture", buf, 128))
-        return buf.value.decode() if n > 0 else ""
+        return self.metadata("general.architecture") or ""
+
+    def metadata(self, key: str) -> str | None:
+        """A scalar GGUF metadata value as llama.cpp prints it (numbers as text), or None."""
+        buf = ctypes.create_string_buffer(256)
+        n = int(LL.llama_model_meta_val_str(self._model, key.encode(), buf, 256))
+        return buf.value.decode(errors="replace") if n >= 0 else None
 
     def chat_template(self) -> str | None:
         """The GGUF's template, else llama.cpp's built-in one named for the architecture."""

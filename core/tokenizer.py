@@ -8,6 +8,7 @@ from pathlib import Path
 
 from core.chat_template import is_jinja_template, render_chat_template
 from core.llama_engine import LlamaVocab
+from core.sampling_defaults import RecommendedSampling, recommended_sampling
 
 Message = tuple[str, str]
 """(role, content): role is "system", "user" or "assistant"."""
@@ -45,6 +46,11 @@ class Tokenizer:
 
     def chat_template(self) -> str | None:
         return self._vocab.chat_template()
+
+    def recommended_sampling(self) -> RecommendedSampling:
+        """How the model is meant to be sampled (core.sampling_defaults): its GGUF's
+        `general.sampling.*` keys, the model card's for a known model, else a default."""
+        return recommended_sampling(self._vocab.metadata)
 
     def has_own_chat_template(self) -> bool:
         """The GGUF carries a Jinja chat template (instruction-tuned models do), as

@@ -17,8 +17,11 @@ How OpenAI's parameters map onto Sangama:
   `prompt` (completions) -> `Tokenizer.encode`: a string, or one list of token ids.
 - `max_completion_tokens`, else `max_tokens`, else `default_max_tokens`; always clamped
   so prompt plus answer fit the workers' context (`context_length`).
-- `temperature` (default 1, as OpenAI's; 0 = greedy), `top_p` (0 = greedy) and `seed`
-  (default: a fresh random seed per request) map one to one.
+- `temperature` (0 = greedy), `top_p` (0 = greedy) and `seed` (default: a fresh random
+  seed per request) map one to one. What a request leaves out (temperature, top_p,
+  top_k, min_p, the repetition penalty) is the model's recommended sampling
+  (`core.sampling_defaults`: its GGUF's `general.sampling.*` keys, else its model card's,
+  else temperature 0.7, top_p 0.9, repetition penalty 1.1), not OpenAI's temperature 1.
 - `frequency_penalty` and `presence_penalty` have no exact twin: the last stage applies
   a multiplicative repetition penalty over the recent window (64 tokens). We use
   `repetition_penalty = 1 + (frequency_penalty + presence_penalty) / 2`, clamped to
@@ -163,7 +166,9 @@ def create_openai_app(
     async def answer(
         req: CommonRequest, prompt_ids: list[int], max_tokens: int, kind: Literal["chat", "text"]
     ) -> Response:
-        gen = Generation(backend, prompt_ids, max_tokens, sampling_of(req), stop_strings(req))
+        recommended = backend.tokenizer.recommended_sampling().params
+        sampling = sampling_of(req, recommended)
+        gen = Generation(backend, prompt_ids, max_tokens, sampling, stop_strings(req))
         ident = f"chatcmpl-{uuid.uuid4().hex}" if kind == "chat" else f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = backend.model_name

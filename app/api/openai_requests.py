@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import ClientError, Overloaded
+from core.sampling_defaults import FALLBACK
 from core.tokenizer import Message, Tokenizer
 from core.types import SamplingParams
 
@@ -136,22 +137,26 @@ def stop_strings(req: CommonRequest) -> list[str]:
     return [s for s in stops if s]
 
 
-def sampling_of(req: CommonRequest) -> SamplingParams:
-    temperature = 1.0 if req.temperature is None else req.temperature
-    top_p = 1.0 if req.top_p is None else req.top_p
+def sampling_of(req: CommonRequest, recommended: SamplingParams = FALLBACK) -> SamplingParams:
+    """The request's sampling; what it leaves out is the model's `recommended` sampling
+    (core.sampling_defaults), not OpenAI's temperature 1 (too hot for a small model)."""
+    temperature = recommended.temperature if req.temperature is None else req.temperature
+    top_p = recommended.top_p if req.top_p is None else req.top_p
     if top_p == 0.0:  # only the most likely token: greedy
         temperature, top_p = 0.0, 1.0
     penalty = req.repetition_penalty or req.repeat_penalty
-    if penalty is None:
+    if penalty is None and (req.frequency_penalty is not None or req.presence_penalty is not None):
         extra = (req.frequency_penalty or 0.0) + (req.presence_penalty or 0.0)
         penalty = min(3.0, max(0.5, 1.0 + extra / 2))
+    if penalty is None:
+        penalty = recommended.repetition_penalty
     seed = secrets.randbits(63) if req.seed is None else req.seed % (1 << 64)
     try:
         return SamplingParams(
             temperature=temperature,
-            top_k=req.top_k or 0,
+            top_k=recommended.top_k if req.top_k is None else req.top_k,
             top_p=top_p,
-            min_p=req.min_p or 0.0,
+            min_p=recommended.min_p if req.min_p is None else req.min_p,
             repetition_penalty=penalty,
             seed=seed,
         )

@@ -12,7 +12,7 @@ from app.credentials import load_credentials
 from app.errors import ConfigError
 from core.drafting import GuessPolicy
 from core.models import resolve_model
-from core.types import SamplingParams
+from core.sampling_defaults import SamplingChoice
 from net.tensors import WireDtype
 
 
@@ -21,7 +21,7 @@ async def _chat(
     prompt: str,
     max_tokens: int,
     chat_format: bool,
-    sampling: SamplingParams,
+    sampling: SamplingChoice,
     dtype: WireDtype,
     guesses: GuessPolicy,
 ) -> int:
@@ -53,7 +53,7 @@ def run_chat_cli(
     prompt: str,
     max_tokens: int,
     chat_format: bool,
-    sampling: SamplingParams,
+    sampling: SamplingChoice,
     wire_dtype: str,
     guesses: str = "adaptive",
 ) -> int:

@@ -18,6 +18,7 @@ from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteError
 from core.drafting import GUESS_CHOICES
 from core.errors import CoreError
+from core.sampling_defaults import SamplingChoice
 from core.types import BackendReport, LayerRange, SamplingParams
 from net.errors import NetError
 
@@ -112,6 +113,33 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--repeat-penalty", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
+
+
+def _add_chat_sampling(p: argparse.ArgumentParser) -> None:
+    """Like _add_sampling, but unset values are the model's recommendation."""
+    g = p.add_argument_group("sampling (default: the model's recommended settings)")
+    g.add_argument("--greedy", action="store_true", help="always the most likely token")
+    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--repeat-penalty", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+
+
+def _chat_sampling(args: argparse.Namespace) -> SamplingChoice:
+    given = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repeat_penalty,
+        "seed": args.seed,
+    }
+    return SamplingChoice(
+        greedy=args.greedy,
+        overrides=tuple((k, v) for k, v in given.items() if v is not None),
+    )
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
@@ -297,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="guess tokens ahead from the text (n-gram), verified in the same trip: "
         "adaptive (default) stops guessing where it does not pay",
     )
-    _add_sampling(p)
+    _add_chat_sampling(p)
 
     p = sub.add_parser(
         "api", help="serve an OpenAI-compatible API (/v1) on localhost, answered by the swarm"
@@ -539,7 +567,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         prompt=args.prompt,
         max_tokens=args.max_tokens,
         chat_format=not args.raw,
-        sampling=_sampling(args),
+        sampling=_chat_sampling(args),
         wire_dtype=args.wire_dtype,
         guesses=args.guesses,
     )

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from app.client.answer_client import AnswerClient
 from app.client.swarm_client import NO_GUESSES, TokenEvent
 from core.drafting import GuessPolicy
+from core.repetition_guard import looping_tail
+from core.sampling_defaults import SamplingChoice
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.tensors import WireDtype
@@ -62,6 +64,9 @@ class ChatReport:
     """Median client-to-client time of one decode step."""
     stages: tuple[StageTime, ...]
     """Median per-stage compute and queueing over decode steps."""
+    finish: str = "end"
+    """"end" (the model ended its turn), "length" (cut at max_tokens) or "loop" (ended
+    by the loop guard, core.repetition_guard)."""
 
     @property
     def network_and_handling_ms(self) -> float:
@@ -112,18 +117,35 @@ async def chat_once(
     t0 = time.perf_counter()
     first_ms = 0.0
     t_first = t0
-    async for ev in client.generate(
+    finish = "length"
+    answer: list[int] = []
+    generation = client.generate(
         ids, max_tokens, sampling, wire_dtype, is_end=tokenizer.is_end, guesses=guesses
-    ):
-        if not tokens:
-            t_first = time.perf_counter()
-            first_ms = (t_first - t0) * 1e3
-        else:
-            events.append(ev)
-        for tok in ev.tokens:
-            tokens.append(tok)
-            if stream is not None and not tokenizer.is_end(tok):
-                stream(streamer.push(tok))
+    )
+    try:
+        async for ev in generation:
+            if not tokens:
+                t_first = time.perf_counter()
+                first_ms = (t_first - t0) * 1e3
+            else:
+                events.append(ev)
+            for tok in ev.tokens:
+                tokens.append(tok)
+                if tokenizer.is_end(tok):
+                    finish = "end"
+                    continue
+                answer.append(tok)
+                if stream is not None:
+                    stream(streamer.push(tok))
+            if finish != "end" and looping_tail(answer):
+                finish = "loop"
+                break
+    finally:
+        close = getattr(generation, "aclose", None)
+        if close is not None:  # ends the session on the swarm when cut short
+            await close()
+    if finish == "length" and len(tokens) < max_tokens:
+        finish = "end"
     if stream is not None:
         stream(streamer.flush())
     decode_s = time.perf_counter() - t_first
@@ -136,6 +158,7 @@ async def chat_once(
         decode_tokens_per_s=n_decode / decode_s if decode_s > 0 and n_decode else 0.0,
         trip_ms=statistics.median(e.trip_ms for e in events) if events else 0.0,
         stages=_median_stages(events),
+        finish=finish,
     )
 
 
@@ -152,14 +175,17 @@ async def stream_answer(
     dtype: WireDtype,
     *,
     chat_format: bool | None = None,
-    sampling: SamplingParams | None = None,
+    sampling: SamplingParams | SamplingChoice | None = None,
     guesses: GuessPolicy = NO_GUESSES,
 ) -> ChatReport:
     """One answer streamed to stdout as it arrives: how both demos and `sangama chat` ask.
     chat_format None: the chat template when the model ships one (an instruction-tuned
-    model answers), else plain text continued with a mild repetition penalty."""
+    model answers), else plain text continued with a mild repetition penalty. A
+    SamplingChoice is resolved against the model's recommended sampling."""
     if chat_format is None:
         chat_format = follows_chat(tokenizer)
+    if isinstance(sampling, SamplingChoice):
+        sampling = sampling.resolve(tokenizer.recommended_sampling().params)
     if sampling is None:
         sampling = DEMO_CHAT_SAMPLING if chat_format else DEMO_SAMPLING
     return await chat_once(
@@ -177,6 +203,10 @@ async def stream_answer(
 
 def print_report(report: ChatReport, n_stages: int) -> None:
     """After the streamed answer: speed, then the seeds' "where the time goes" table."""
+    if report.finish == "length":
+        print("\n[cut at the token limit: --max-tokens gives longer answers]", flush=True)
+    elif report.finish == "loop":
+        print("\n[ended early: the answer kept repeating itself]", flush=True)
     print(
         f"\n\n{len(report.tokens)} tokens from a {n_stages}-stage swarm: "
         f"first token after {report.first_token_ms:.0f} ms "

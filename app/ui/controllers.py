@@ -35,6 +35,7 @@ from app.serving.guest import serve_as_guest
 from app.serving.guest_policy import GuestSettings
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteCode, InviteError
+from core.repetition_guard import looping_tail
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 
@@ -460,6 +461,19 @@ class ApiController(QObject):
 # --- chat ------------------------------------------------------------------------------
 
 
+class Finish:
+    """Why an answer ended (ChatStats.finish)."""
+
+    END = "end"
+    """The model ended its turn."""
+    LENGTH = "length"
+    """Cut at the token limit: the answer may be unfinished."""
+    LOOP = "loop"
+    """Ended by the loop guard (core.repetition_guard): the answer repeated itself."""
+    STOPPED = "stopped"
+    """The person pressed Stop."""
+
+
 @dataclass(frozen=True)
 class ChatStats:
     tokens: int
@@ -467,6 +481,31 @@ class ChatStats:
     tokens_per_s: float
     stages: int
     stopped: bool = False
+    finish: str = Finish.END
+    sampling: str = ""
+    """The sampling the answer used, in words (`sampling_words`)."""
+
+
+@dataclass(frozen=True)
+class ChatProgress:
+    """While an answer streams: tokens so far and the rate since the first one."""
+
+    tokens: int
+    first_token_ms: float
+    tokens_per_s: float
+
+
+def sampling_words(params: SamplingParams, source: str = "") -> str:
+    """A sampling setting as the chat window's footer says it."""
+    if params.greedy:
+        text = "greedy"
+    else:
+        text = f"temperature {params.temperature:g}, top p {params.top_p:g}"
+        if params.top_k:
+            text += f", top k {params.top_k}"
+    if params.repetition_penalty != 1.0:
+        text += f", repetition penalty {params.repetition_penalty:g}"
+    return f"{text} ({source})" if source else text
 
 
 class ChatController(QObject):
@@ -474,6 +513,8 @@ class ChatController(QObject):
 
     text = Signal(str)
     """A piece of the answer (decoded, UTF-8 safe)."""
+    progress = Signal(object)
+    """ChatProgress, as tokens arrive (at most once per batch of tokens)."""
     finished = Signal(object)
     """ChatStats, also after Stop."""
     failed = Signal(str)
@@ -499,6 +540,8 @@ class ChatController(QObject):
         kind, value = item
         if kind == "text":
             self.text.emit(value)
+        elif kind == "progress":
+            self.progress.emit(value)
         elif kind == "finished":
             self.finished.emit(value)
         elif kind == "failed":
@@ -515,9 +558,11 @@ class ChatController(QObject):
     def send(
         self,
         messages: Sequence[tuple[str, str]],
-        sampling: SamplingParams = SamplingParams(),
+        sampling: SamplingParams | None = None,
         max_tokens: int = 256,
     ) -> None:
+        """Ask; `sampling` None: the model's recommended sampling (its GGUF, else its
+        model card, else core.sampling_defaults.FALLBACK)."""
         if self.busy:
             return
         if self.connector is None:
@@ -533,13 +578,15 @@ class ChatController(QObject):
             self._job.cancel()
 
     async def _generate(
-        self, messages: list[tuple[str, str]], sampling: SamplingParams, max_tokens: int
+        self, messages: list[tuple[str, str]], sampling: SamplingParams | None, max_tokens: int
     ) -> None:
         t0 = time.perf_counter()
         first_ms = 0.0
         t_first = t0
         n = 0
         stages = 0
+        finish = Finish.LENGTH
+        words = ""
         try:
             if self._conn is None:
                 assert self.connector is not None
@@ -547,24 +594,59 @@ class ChatController(QObject):
             conn = self._conn
             stages = conn.stages
             tok = conn.tokenizer
+            if sampling is None:
+                recommended = tok.recommended_sampling()
+                sampling, words = (
+                    recommended.params,
+                    sampling_words(recommended.params, recommended.source),
+                )
+            else:
+                words = sampling_words(sampling)
             ids = _encode(tok, messages)
             streamer = tok.streamer()
-            async for ev in conn.client.generate(ids, max_tokens, sampling, is_end=tok.is_end):
-                for t in ev.tokens:
-                    if n == 0:
-                        t_first = time.perf_counter()
-                        first_ms = (t_first - t0) * 1e3
-                    n += 1
-                    if not tok.is_end(t):
+            answer: list[int] = []
+            stream = conn.client.generate(ids, max_tokens, sampling, is_end=tok.is_end)
+            try:
+                async for ev in stream:
+                    for t in ev.tokens:
+                        if n == 0:
+                            t_first = time.perf_counter()
+                            first_ms = (t_first - t0) * 1e3
+                        n += 1
+                        if tok.is_end(t):
+                            finish = Finish.END
+                            continue
+                        answer.append(t)
                         piece = streamer.push(t)
                         if piece:
                             self._mailbox.post(("text", piece))
+                    if ev.tokens:
+                        progress = ChatProgress(n, first_ms, _rate(n, t_first))
+                        self._mailbox.post(("progress", progress))
+                    if finish != Finish.END and looping_tail(answer):
+                        finish = Finish.LOOP
+                        break  # closing the stream ends the session on the swarm
+            finally:
+                close = getattr(stream, "aclose", None)
+                if close is not None:  # ends the session on the swarm when cut short
+                    await close()
             rest = streamer.flush()
             if rest:
                 self._mailbox.post(("text", rest))
-            self._mailbox.post(("finished", ChatStats(n, first_ms, _rate(n, t_first), stages)))
+            if finish == Finish.LENGTH and n < max_tokens:
+                finish = Finish.END  # the swarm ended the answer before the limit
+            stats = ChatStats(n, first_ms, _rate(n, t_first), stages, finish=finish, sampling=words)
+            self._mailbox.post(("finished", stats))
         except asyncio.CancelledError:
-            stats = ChatStats(n, first_ms, _rate(n, t_first), stages, stopped=True)
+            stats = ChatStats(
+                n,
+                first_ms,
+                _rate(n, t_first),
+                stages,
+                stopped=True,
+                finish=Finish.STOPPED,
+                sampling=words,
+            )
             self._mailbox.post(("finished", stats))
             raise
         except Exception as exc:

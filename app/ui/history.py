@@ -14,6 +14,7 @@ import platformdirs
 from app.private_files import write_private
 
 ROLES = ("user", "assistant")
+MAX_NAME = 80
 
 
 def default_history_dir() -> Path:
@@ -25,9 +26,13 @@ class Conversation:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     created: float = field(default_factory=time.time)
     messages: list[tuple[str, str]] = field(default_factory=list)
+    name: str = ""
+    """Set by the person (Rename); empty: the title is the first question."""
 
     @property
     def title(self) -> str:
+        if self.name.strip():
+            return self.name.strip()
         first = next((text for role, text in self.messages if role == "user"), "")
         first = " ".join(first.split())
         return (first[:40] + "…") if len(first) > 40 else (first or "New conversation")
@@ -41,6 +46,7 @@ class Conversation:
         return {
             "id": self.id,
             "created": self.created,
+            "name": self.name,
             "messages": [{"role": r, "text": t} for r, t in self.messages],
         }
 
@@ -49,7 +55,13 @@ class Conversation:
         messages = [
             (str(m["role"]), str(m["text"])) for m in doc.get("messages", []) if m["role"] in ROLES
         ]
-        return Conversation(str(doc["id"]), float(doc.get("created", 0.0)), messages)
+        name = doc.get("name", "")
+        return Conversation(
+            str(doc["id"]),
+            float(doc.get("created", 0.0)),
+            messages,
+            name if isinstance(name, str) else "",
+        )
 
 
 class History:
@@ -85,3 +97,11 @@ class History:
 
     def delete(self, conversation_id: str) -> None:
         self._path(conversation_id).unlink(missing_ok=True)
+
+    def rename(self, conversation_id: str, name: str) -> Conversation:
+        """Give a saved conversation a name of the person's choosing (blank: back to its
+        first question); returns it as saved."""
+        conversation = self.load(conversation_id)
+        conversation.name = " ".join(name.split())[:MAX_NAME]
+        self.save(conversation)
+        return conversation

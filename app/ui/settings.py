@@ -74,6 +74,17 @@ class Settings:
     """Upload cap for the stage's links in KiB/s; 0: none."""
     first_run_done: bool = False
     """The first-run walk-through (app.ui.first_run) was finished."""
+    chat_greedy: bool = False
+    """The chat window's Greedy switch: the most likely token every time."""
+    chat_custom_sampling: bool = False
+    """False: the model's recommended sampling (core.sampling_defaults); True: the
+    chat_* values below."""
+    chat_temperature: float = 0.7
+    chat_top_p: float = 0.9
+    chat_top_k: int = 0
+    chat_repetition_penalty: float = 1.1
+    chat_answer_limit: int = 256
+    """Max tokens of one answer."""
 
     def guest(self) -> GuestSettings:
         """The good-guest settings these describe; unusable quiet hours count as none
@@ -116,6 +127,8 @@ class Settings:
         for name, value in doc.items():
             f = known.get(name)
             default = getattr(cls(), name, None) if f else None
+            if f is not None and isinstance(default, float) and type(value) is int:
+                value = float(value)  # 1 in a hand-edited file means 1.0
             if f is not None and isinstance(value, type(default)):
                 kwargs[name] = value
         settings = cls(**kwargs)

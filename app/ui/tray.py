@@ -240,7 +240,9 @@ class DesktopApp(QObject):
     @Slot()
     def open_chat(self) -> ChatWindow:
         if self.chat_window is None:
-            self.chat_window = ChatWindow(self.chat, self.history)
+            self.chat_window = ChatWindow(
+                self.chat, self.history, settings=self.settings, settings_dir=self.settings_dir
+            )
         _raise(self.chat_window)
         return self.chat_window
 
@@ -371,6 +373,11 @@ class DesktopApp(QObject):
 
 
 def _raise(widget: QWidget) -> None:
+    """Bring a window to the front, restoring it if it was minimized (show() alone
+    leaves a minimized window in the taskbar)."""
+    if widget.isMinimized():
+        widget.setWindowState(widget.windowState() & ~Qt.WindowState.WindowMinimized)
+        widget.showNormal()
     widget.show()
     widget.raise_()
     widget.activateWindow()
