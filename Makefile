@@ -10,13 +10,17 @@ ENGINE := installers/engine/build_wheel.py
 # GPU backends built into the engine wheel (Vulkan: any vendor, see docs/engine.md);
 # ENGINE_GPU= builds a CPU-only wheel.
 ENGINE_GPU ?= --gpu vulkan
+# The Debian packages they need (installers/system-packages.txt, shared with .ci/run):
+# installed when run as root, else named with the command to run, before anything builds.
+PACKAGES := python3 installers/system_packages.py ensure engine $(if $(findstring vulkan,$(ENGINE_GPU)),vulkan)
 
-.PHONY: demo test lint venv clean bench engine-wheel engine-wheel-cuda engine-native
+.PHONY: demo test lint venv clean bench engine-wheel engine-wheel-cuda engine-native \
+	system-packages
 
-demo: $(STAMP)
+demo: system-packages $(STAMP)
 	$(BIN)/sangama demo
 
-test: $(STAMP)
+test: system-packages $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -32,8 +36,12 @@ bench: $(STAMP)
 
 venv: $(STAMP)
 
+system-packages:
+	@command -v python3 >/dev/null || { echo "missing Debian packages: python3 — run: sudo apt-get install python3"; exit 1; }
+	@$(PACKAGES)
+
 # The shipped engine: run-time CPU dispatch (+ ENGINE_GPU), cached by recipe digest.
-engine-wheel:
+engine-wheel: system-packages
 	$(PYTHON) $(ENGINE) $(ENGINE_GPU)
 
 # The CUDA engine for NVIDIA cards (hours on 2 cores; never part of `make test`).
@@ -59,7 +67,7 @@ installer-linux: $(STAMP)
 test-installer: $(STAMP)
 	$(BIN)/python -m pytest -m installer tests/installer
 
-$(STAMP): pyproject.toml $(ENGINE)
+$(STAMP): pyproject.toml $(ENGINE) | system-packages
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
 	$(PYTHON) $(ENGINE) $(ENGINE_GPU)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
