@@ -14,6 +14,15 @@ class ConfigError(AppError):
     """A configuration file, route or command-line value is unusable."""
 
 
+class NotJoined(ConfigError):
+    """No identity in the folder asked for: this PC has not joined a swarm (there)."""
+
+
+class IdentityTaken(ConfigError):
+    """The identity folder holds a node joined with another invite; joining again there
+    would orphan that node, so the message says how to restart it or where to join."""
+
+
 class ClientError(AppError):
     """A chat session could not run to the end."""
 

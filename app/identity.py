@@ -7,6 +7,7 @@ the node token go to the OS keyring through `keyring`. Where no keyring backend 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -17,11 +18,11 @@ from urllib.parse import urlsplit
 import platformdirs
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.errors import ConfigError
+from app.errors import ConfigError, IdentityTaken, NotJoined
 from app.private_files import private_dir
 from coordinator.client.session import CoordinatorClient, join
 from coordinator.contract import JoinAnswer
-from coordinator.invites import InviteCode
+from coordinator.invites import InviteCode, InviteUsedUp
 from net import auth
 from net.channel import NodeCredentials
 
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 
 KEYRING_SERVICE = "sangama"
 IDENTITY_FILE = "identity.json"
+INVITE_KEY = "invite_sha256"
+"""identity.json's record of the invite that made the identity: a hash, never the code
+(the code is a secret; a copy on disk could be used again while uses remain)."""
 
 
 def default_identity_dir() -> Path:
@@ -43,6 +47,16 @@ def _keyring_usable() -> bool:
         return not isinstance(keyring.get_keyring(), fail.Keyring)
     except Exception:  # a broken keyring installation is the same as none
         return False
+
+
+def secrets_place(directory: Path) -> str:
+    """Where this identity's key and token are kept: "files" (0600 files in the identity
+    folder, where no keyring was usable when it joined), "keyring", or "" before joining."""
+    if (directory / "node-key.secret").exists() or (directory / "node-token.secret").exists():
+        return "files"
+    if (directory / IDENTITY_FILE).exists():
+        return "keyring"
+    return ""
 
 
 def _store_secret(directory: Path, name: str, value: str) -> str:
@@ -102,6 +116,12 @@ class Identity:
     def load(directory: Path) -> Identity:
         if directory.is_dir():
             private_dir(directory)  # narrows a folder made world-listable by older versions
+        if not (directory / IDENTITY_FILE).exists():
+            raise NotJoined(
+                f"not joined yet (no identity in {directory}): run sangama worker --join CODE "
+                "with the code from your invite (a client invite: sangama chat --join CODE "
+                '--prompt "...")'
+            )
         try:
             doc = json.loads((directory / IDENTITY_FILE).read_text())
             cert = auth.load_certificate((directory / "node.pem").read_bytes())
@@ -173,6 +193,65 @@ def coordinator_problem(text: str) -> str | None:
     return None
 
 
+def invite_digest(code: str) -> str:
+    """Which invite made an identity, as identity.json keeps it: a hash of the code as it
+    decodes (pasted spaces and line breaks do not count)."""
+    return hashlib.sha256(
+        b"sangama-identity-invite/1\0" + "".join(code.split()).encode()
+    ).hexdigest()
+
+
+def joined_with(directory: Path) -> tuple[str, str, str] | None:
+    """(node id, role, invite digest) of the identity in `directory` ("" for the digest
+    of one joined before identities kept it); None where nothing has joined there."""
+    try:
+        doc = json.loads((directory / IDENTITY_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"the identity in {directory} is unreadable: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"the identity in {directory} is unreadable: not a JSON object")
+    return str(doc.get("node_id", "")), str(doc.get("role", "")), str(doc.get(INVITE_KEY, ""))
+
+
+def restart_command(role: str, directory: Path) -> str:
+    """The command that runs the node of `role` whose identity is in `directory` again."""
+    if role == "client":
+        return f'sangama chat --identity {directory} --prompt "..."'
+    return f"sangama worker --identity {directory}"
+
+
+def join_or_resume(
+    code: str, directory: Path, folder_flag: str = "--identity-dir"
+) -> tuple[Identity, bool]:
+    """The identity `code` made in `directory`, or a new one joined with it; and whether
+    it was already there (a restart: the invite is not used again, so the command a
+    volunteer first ran also restarts the node after Ctrl+C or a reboot).
+
+    A folder holding another invite's node is refused (IdentityTaken) rather than
+    overwritten, and an invite refused as used up says how a node that joined with it
+    restarts; `folder_flag` is the command's option naming the folder."""
+    held = joined_with(directory)
+    if held is not None:
+        node_id, role, digest = held
+        if digest == invite_digest(code):
+            return Identity.load(directory), True
+        raise IdentityTaken(
+            f"{directory} already holds node {node_id}, not joined with this invite: run "
+            f"{restart_command(role, directory)} to use it, or add {folder_flag} NEW_FOLDER "
+            "to join as a new node"
+        )
+    try:
+        return join_swarm(code, directory), False
+    except InviteUsedUp as exc:
+        raise InviteUsedUp(
+            f"{exc}: a PC that joined with it restarts with sangama worker --identity "
+            "FOLDER (the folder it joined into); for a new node ask the operator for a new "
+            "invite"
+        ) from exc
+
+
 def join_swarm(code: str, directory: Path | None = None) -> Identity:
     """Make a key pair, join with the invite code, keep everything; return the identity."""
     directory = directory or default_identity_dir()
@@ -188,7 +267,12 @@ def join_swarm(code: str, directory: Path | None = None) -> Identity:
     _store_secret(directory, "node-token", joined.token)
     (directory / IDENTITY_FILE).write_text(
         json.dumps(
-            {"node_id": joined.node_id, "role": joined.role, "coordinator": invite.coordinator},
+            {
+                "node_id": joined.node_id,
+                "role": joined.role,
+                "coordinator": invite.coordinator,
+                INVITE_KEY: invite_digest(code),
+            },
             indent=1,
         )
     )

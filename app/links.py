@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from coordinator.client.session import CoordinatorClient
+from coordinator.client.unreachable import CoordinatorUnreachable
 from coordinator.contract import TurnCredentials
 from coordinator.errors import CoordinatorError
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
@@ -157,6 +158,12 @@ class SignalRouter:
         while True:
             try:
                 messages = await loop.run_in_executor(None, self.client.signals, POLL_WAIT_S)
+            except CoordinatorUnreachable as exc:
+                # Expected while the coordinator restarts or is down: the heartbeat (a
+                # worker) or the next request (a client) says so to the person.
+                log.info("signalling: %s", exc)
+                await asyncio.sleep(1.0)
+                continue
             except CoordinatorError as exc:
                 log.warning("signalling: %s", exc)
                 await asyncio.sleep(1.0)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from app.compute import StageCompute
+from core.types import format_layers
 
 
 class ServeState(enum.Enum):
@@ -72,8 +73,7 @@ class NodeStatus:
         if s is ServeState.DOWNLOADING:
             return f"Sangama: downloading ({self.progress * 100:.0f}%)"
         if s is ServeState.SERVING and self.layers is not None:
-            a, b = self.layers
-            return f"Sangama: serving layers {a}-{b - 1} ({_sessions(self.sessions)})"
+            return f"Sangama: serving {format_layers(*self.layers)} ({_sessions(self.sessions)})"
         if s in (ServeState.PAUSING, ServeState.MOVING) and self.finishing:
             return f"Sangama: {s.value}, finishing {_sessions(self.finishing)}"
         if s is ServeState.ERROR:

@@ -55,6 +55,18 @@ class InviteRevoked(InviteError):
     pass
 
 
+USED_UP = "this invite has already been used as many times as allowed"
+
+
+def invite_refusal(message: str) -> InviteError:
+    """The coordinator's refusal of an invite (its message, as check_usable words it) as
+    the typed error: a joining node can tell "used up" (perhaps by itself, earlier) from
+    the rest."""
+    if message.startswith(USED_UP):
+        return InviteUsedUp(message)
+    return InviteError(message)
+
+
 @dataclass(frozen=True)
 class InviteCode:
     coordinator: str
@@ -152,7 +164,7 @@ def check_usable(state: InviteState | None, now: dt.datetime) -> None:
         when = state.expires_at.strftime("%Y-%m-%d %H:%M UTC")
         raise InviteExpired(f"this invite expired on {when}; ask the operator for a new one")
     if state.uses_left <= 0:
-        raise InviteUsedUp("this invite has already been used as many times as allowed")
+        raise InviteUsedUp(USED_UP)
 
 
 def parse_duration(text: str) -> dt.timedelta:

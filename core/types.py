@@ -8,6 +8,15 @@ from itertools import pairwise
 from typing import Any
 
 
+def format_layers(start: int, stop: int) -> str:
+    """Layers [start, stop) as a person reads them: "layers 20-29" (20 through 29), or
+    "layer 20" alone. The one notation of the CLI, logs, the tray and the operator page
+    (its JS copy: layerText in app.js); code and the wire keep [start, stop)."""
+    if stop - start == 1:
+        return f"layer {start}"
+    return f"layers {start}-{stop - 1}"
+
+
 @dataclass(frozen=True, order=True)
 class LayerRange:
     """Transformer blocks [start, stop) of a model; the one range type used everywhere."""
@@ -29,7 +38,7 @@ class LayerRange:
         return isinstance(layer, int) and self.start <= layer < self.stop
 
     def __str__(self) -> str:
-        return f"[{self.start},{self.stop})"
+        return format_layers(self.start, self.stop)
 
     @staticmethod
     def from_cuts(cuts: list[int] | tuple[int, ...]) -> list[LayerRange]:

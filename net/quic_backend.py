@@ -23,7 +23,10 @@ from cryptography.hazmat.primitives import serialization
 from net.ack_policy import ACK_HOLD
 from net.link_limits import STEP_WINDOW_BYTES
 from net.path_mtu import PROBE_CEILING, probe_ceiling
+from net.quic_logs import quiet_expected_closes
 from net.rate import AsyncThrottle
+
+quiet_expected_closes()  # qh3 says WARNING for every ordinary close by the peer
 
 ALPN = ["sangama/1"]
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import requests
 
+from core.types import format_layers
+
 ADMIN_TOKEN_FILE = "admin-token"  # as coordinator/server/serve.py writes it
 SWARM_PATH = "/api/v1/swarm"
 
@@ -49,7 +51,7 @@ def describe(swarm: Any) -> list[str]:
         nodes = swarm["nodes"]
         healthy = sum(1 for n in nodes if n["health"] == "healthy")
         chain = " -> ".join(
-            f"{s['node_id']}[{s['layers'][0]},{s['layers'][1]})" for s in swarm["plan"]
+            f"{s['node_id']} ({format_layers(*s['layers'])})" for s in swarm["plan"]
         )
         stages, s_, n_ = (
             len(swarm["plan"]),

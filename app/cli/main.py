@@ -13,6 +13,7 @@ from typing import Any
 
 from app.cli.swarm_commands import add_commands as add_swarm_commands
 from app.errors import AppError, ConfigError
+from app.log_limits import limit_repeats
 from app.parent_watch import maybe_watch_parent
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteError
@@ -153,11 +154,26 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
     )
 
 
+def version_text() -> str:
+    """The line `sangama --version` prints, from the installed packages' metadata (the
+    engine's too, read without loading it): what a volunteer quotes in a bug report."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"sangama {of('sangama')} (engine: llama-cpp-python {of('llama_cpp_python')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sangama", description="Run one large language model across many PCs."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("slice", help="cut a GGUF model into per-layer pieces and a manifest")
@@ -310,7 +326,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="ask the swarm; stream the answer")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--identity", type=Path, default=None, help="a joined client's identity dir")
+    p.add_argument(
+        "--join",
+        metavar="CODE",
+        default=None,
+        help="a client invite: joins once, and the same command asks again later",
+    )
+    p.add_argument(
+        "--identity",
+        type=Path,
+        default=None,
+        help="a joined client's identity dir (default: the one sangama join keeps)",
+    )
     p.add_argument("--route", type=Path, default=None, help="route JSON file (static swarm)")
     p.add_argument("--credentials", type=Path, default=None, help="dir with ca.pem, NODE.pem/.key")
     p.add_argument("--node-id", default="client", help="certificate name with --credentials")
@@ -374,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for log_handler in logging.getLogger().handlers:
+        limit_repeats(log_handler)  # a warning repeated every beat is shown once a minute
     handler = _COMMANDS[args.command]
     try:
         return handler(args)
@@ -558,10 +587,19 @@ def parse_bytes(text: str) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from app.cli.chat import run_chat_cli
 
+    identity = args.identity
+    if args.route is None and (identity is None or args.join):
+        from app.identity import default_identity_dir, join_or_resume
+
+        identity = identity or default_identity_dir()
+        if args.join:
+            joined, resumed = join_or_resume(args.join, identity, folder_flag="--identity")
+            if not resumed:
+                print(f"joined as {joined.node_id} ({joined.role})", file=sys.stderr)
     return run_chat_cli(
         route_path=args.route,
         credentials=args.credentials,
-        identity=args.identity,
+        identity=identity,
         node_id=args.node_id,
         model=args.model,
         prompt=args.prompt,

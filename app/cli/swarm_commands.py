@@ -126,6 +126,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return run_fleet_status(args, default_data_dir())
     from app.identity import Identity, default_identity_dir
     from coordinator.errors import CoordinatorError
+    from core.types import format_layers
 
     me = Identity.load(args.identity or default_identity_dir())
     cert = me.certified.certificate
@@ -138,11 +139,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         if assignment:
             hop = assignment.next_hop
             nxt = f"next hop {hop.node_id} at {hop.address}" if hop else "last stage"
-            print(f"stage       layers {assignment.layers[0]}-{assignment.layers[1]} ({nxt})")
+            print(f"stage       {format_layers(*assignment.layers)} ({nxt})")
         elif me.role == "worker":
             print("stage       none assigned (waiting, or kept as a spare)")
         route = client.route()
-        chain = " -> ".join(f"{s.node_id}[{s.layers[0]},{s.layers[1]})" for s in route.stages)
+        chain = " -> ".join(f"{s.node_id} ({format_layers(*s.layers)})" for s in route.stages)
         print(f"route       {chain}")
     except CoordinatorError as exc:
         print(f"coordinator: {exc}")
@@ -263,11 +264,14 @@ def cmd_invite(args: argparse.Namespace) -> int:
 
 
 def cmd_join(args: argparse.Namespace) -> int:
-    from app.identity import default_identity_dir, join_swarm
+    from app.identity import default_identity_dir, join_or_resume
 
-    identity = join_swarm(args.code, args.identity or default_identity_dir())
+    identity, already = join_or_resume(
+        args.code, args.identity or default_identity_dir(), folder_flag="--identity"
+    )
+    said = "already joined" if already else "joined"
     print(
-        f"joined {identity.coordinator} as {identity.node_id} ({identity.role}); "
+        f"{said} {identity.coordinator} as {identity.node_id} ({identity.role}); "
         f"identity in {identity.directory}"
     )
     return 0

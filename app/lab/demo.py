@@ -43,7 +43,7 @@ async def _demo(
         for w in swarm.workers:
             host, port = w.config.listen
             layers, pid = w.config.layers, w.process.pid
-            print(f"  {w.config.node_id}: layers {layers} on udp {host}:{port} (pid {pid})")
+            print(f"  {w.config.node_id}: {layers} on udp {host}:{port} (pid {pid})")
         conn = await open_chat(swarm.client_credentials, swarm.route, Path(swarm.route.model))
         text, chat = demo_prompt(conn.tokenizer, prompt)
         print(f"swarm ready in {time.perf_counter() - t0:.1f} s\n", flush=True)

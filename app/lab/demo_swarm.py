@@ -139,9 +139,10 @@ async def run_demo_swarm(
                 )
             )
             children.extend(workers)
-            for w in sorted(workers, key=lambda c: int(c.ready_line.split()[-1][1:].split(",")[0])):
-                _, node_id, address, layers = w.ready_line.split()
-                _say(f"   {node_id} serves layers {layers} on udp {address}")
+            # READY NODE ADDRESS layers A-B (core.types.format_layers)
+            for w in sorted(workers, key=lambda c: int(c.ready_line.split()[-1].split("-")[0])):
+                _, node_id, address, layers = w.ready_line.split(maxsplit=3)
+                _say(f"   {node_id} serves {layers} on udp {address}")
             loop = asyncio.get_running_loop()
             identity = await loop.run_in_executor(None, join_swarm, client_code, wd / "client")
             route, tokenizer_path = await _wait_for_route(identity, stages)

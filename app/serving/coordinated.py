@@ -201,8 +201,8 @@ async def _standby(prepare: Callable[[Assignment], Awaitable[object]], ready: As
     except (CoordinatorError, OSError) as exc:
         log.warning("could not get the standby stage's pieces ready: %s", exc)
         return None
-    log.info("standing by for layers %s: pieces ready", ready.layers)
-    print(f"STANDBY layers {ready.layers[0]}-{ready.layers[1]}", flush=True)
+    log.info("standing by for %s: pieces ready", LayerRange(*ready.layers))
+    print(f"STANDBY {LayerRange(*ready.layers)}", flush=True)
     return done
 
 
@@ -286,7 +286,7 @@ async def serve_coordinated(
             return
         layers = LayerRange(*assignment.layers)
         # Timestamped with -v: bench/spare_takeover.py splits a takeover at these lines.
-        log.info("assigned layers %s (%s)", layers, "pre-loaded" if loaded else "to load")
+        log.info("assigned %s (%s)", layers, "pre-loaded" if loaded else "to load")
         status = replace(
             base,
             state=ServeState.DOWNLOADING,
@@ -320,7 +320,7 @@ async def serve_coordinated(
             standby_stage.free(loaded)
             loaded = None
         if loaded is None:
-            print(f"LOADING layers {layers.start}-{layers.stop}", flush=True)
+            print(f"LOADING {layers}", flush=True)
         creds = identity.credentials()
         # Renews its relay credentials before they expire (they live under half an hour).
         ice = IceConfigSource(
@@ -364,7 +364,7 @@ async def serve_coordinated(
                 log.warning("heartbeat failed: %s", exc)
             report(serving)
             log.info(
-                "serving layers %s as %s on %s (%s)",
+                "serving %s as %s on %s (%s)",
                 layers,
                 identity.node_id,
                 address,

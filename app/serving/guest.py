@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from app.config import format_address
-from app.identity import Identity, join_swarm
+from app.identity import Identity, join_or_resume
 from app.node_status import NodeStatus, ServeState, StatusReport
 from app.serving.coordinated import CliReport, CoordinatedOptions, serve_coordinated
 from app.serving.guest_policy import BY_REQUEST, GuestSettings, GuestState, next_state
@@ -211,8 +211,10 @@ def run_guest(options: CoordinatedOptions, settings: GuestSettings) -> int:
 
     async def run() -> None:
         if options.join_code:
-            identity = join_swarm(options.join_code, options.identity_dir)
-            print(f"joined as {identity.node_id} ({identity.role})", file=sys.stderr, flush=True)
+            # The same command restarts the node: the identity this code made is reused.
+            identity, resumed = join_or_resume(options.join_code, options.identity_dir)
+            said = "restarting" if resumed else "joined"
+            print(f"{said} as {identity.node_id} ({identity.role})", file=sys.stderr, flush=True)
         await serve_as_guest(
             options, settings, stop_event(), _GuestCliReport(), on_stopped=report_stopped
         )

@@ -58,7 +58,7 @@ async def preload(config: WorkerConfig) -> LoadedStage | None:
     # Read now, not at promotion (see LoadedStage.admission).
     admission = await loop.run_in_executor(None, admission_policy, loaded.path, loaded.spec)
     loaded = replace(loaded, admission=admission)
-    print(f"PRELOADED layers {config.layers.start}-{config.layers.stop}", flush=True)
+    print(f"PRELOADED {config.layers}", flush=True)
     return loaded
 
 

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidg
 from app.node_status import NodeStatus, ServeState
 from app.ui.controllers import ApiController, NodeController
 from app.ui.icons import state_pixmap
+from core.types import format_layers
 
 
 class ThroughputPlot(QWidget):
@@ -134,7 +135,8 @@ class StatusWindow(QWidget):
         f["coordinator"].setText(s.coordinator or "—")
         if s.layers is not None:
             a, b = s.layers
-            f["stage"].setText(f"layers {a}–{b - 1} ({b - a} layers) of {s.model or 'the model'}")
+            n = f"{b - a} layer{'s' * (b - a != 1)}"
+            f["stage"].setText(f"{format_layers(a, b)} ({n}) of {s.model or 'the model'}")
         else:
             f["stage"].setText("none assigned yet")
         f["address"].setText(s.address or "—")

@@ -19,6 +19,7 @@ from urllib.parse import quote
 import requests
 import urllib3
 
+from coordinator.client.unreachable import unreachable
 from coordinator.errors import CoordinatorError
 from core.errors import PieceCorruptError
 from core.manifest import PieceInfo, verify_piece
@@ -316,10 +317,6 @@ def _size(path: Path) -> int:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, requests.Timeout):
-        return f"timed out ({exc})"
-    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
-        return "read timed out"
     if isinstance(exc, requests.RequestException | urllib3.exceptions.HTTPError):
-        return f"network error: {exc}"
+        return unreachable(exc, "").why  # "connection refused", not urllib3's repr
     return str(exc)

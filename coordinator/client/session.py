@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from coordinator import contract as c
+from coordinator.client.unreachable import unreachable
 from coordinator.contract import (
     Assignment,
     CaAnswer,
@@ -36,7 +37,7 @@ from coordinator.contract import (
     TurnCredentials,
 )
 from coordinator.errors import CoordinatorError, MalformedAnswer
-from coordinator.invites import InviteCode
+from coordinator.invites import InviteCode, invite_refusal
 from core.manifest import Manifest
 from net import auth
 
@@ -46,10 +47,6 @@ TIMEOUT = 15.0
 MAX_ANSWER_BYTES = 16 << 20
 """The largest answer read from a coordinator (a manifest of a huge model is well under
 1 MiB); pieces are downloaded elsewhere, streamed to disk."""
-
-
-class CoordinatorUnreachable(CoordinatorError):
-    pass
 
 
 class CoordinatorRefused(CoordinatorError):
@@ -91,14 +88,36 @@ def join(invite: InviteCode, private_key: Ed25519PrivateKey) -> JoinAnswer:
     ca_pem = fetch_pinned_ca(invite.coordinator, invite.ca_fingerprint)
     csr = _csr_pem(private_key, "pending-node")
     with _ca_file(ca_pem) as ca_path:
+        try:
+            doc = _call(
+                requests.Session(),
+                "POST",
+                f"{invite.coordinator}{c.JOIN}",
+                verify=ca_path,
+                json=JoinRequest(invite.secret, csr).to_json(),
+            )
+        except CoordinatorRefused as exc:
+            if exc.status != 403:
+                raise
+            # The invite's own refusal (used up, expired, revoked): typed, so a caller can
+            # say what to do about it.
+            raise invite_refusal(str(exc)) from exc
+    return replace(JoinAnswer.from_json(doc), ca_certificate_pem=ca_pem.decode())
+
+
+def check_invite(invite: InviteCode) -> c.InviteCheck:
+    """Ask the coordinator `invite` names whether it would accept the invite now, without
+    using it (POST INVITE_CHECK). Raises CoordinatorError when it cannot be asked."""
+    ca_pem = fetch_pinned_ca(invite.coordinator, invite.ca_fingerprint)
+    with _ca_file(ca_pem) as ca_path:
         doc = _call(
             requests.Session(),
             "POST",
-            f"{invite.coordinator}{c.JOIN}",
+            f"{invite.coordinator}{c.INVITE_CHECK}",
             verify=ca_path,
-            json=JoinRequest(invite.secret, csr).to_json(),
+            json=c.InviteCheckRequest(invite.secret).to_json(),
         )
-    return replace(JoinAnswer.from_json(doc), ca_certificate_pem=ca_pem.decode())
+    return c.InviteCheck.from_json(doc)
 
 
 class _ca_file:
@@ -124,10 +143,9 @@ def _call(session: requests.Session, method: str, url: str, **kw: Any) -> Any:
     try:
         with session.request(method, url, stream=True, **kw) as r:
             body = _bounded_body(r, url)
-    except requests.exceptions.SSLError as exc:
-        raise CoordinatorUnreachable(f"TLS with {url} failed: {exc}") from exc
-    except requests.RequestException as exc:
-        raise CoordinatorUnreachable(f"cannot reach the coordinator at {url}: {exc}") from exc
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        # In words, not the libraries' "HTTPSConnectionPool(...): Max retries exceeded".
+        raise unreachable(exc, url) from exc
     ctype = r.headers.get("content-type", "")
     if r.status_code >= 400:
         doc = _json(body) if ctype.startswith("application/json") else _NOT_JSON

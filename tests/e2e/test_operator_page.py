@@ -126,6 +126,8 @@ def test_operator_page_flow(
     code_box = tid("invite-code")
     expect(code_box).to_have_value(re.compile(r"^sangama1-[A-Za-z0-9_-]+$"))
     code = code_box.input_value()
+    # The hint is the command a volunteer runs for this role, again after a restart.
+    expect(tid("new-code-command")).to_have_text("sangama worker --join CODE")
     tid("invite-copy").click()
     expect(tid("copied")).to_be_visible()
     assert page.evaluate("navigator.clipboard.readText()") == code
@@ -161,7 +163,7 @@ def test_operator_page_flow(
     expect(row).to_be_visible()
     expect(row.get_by_test_id("node-role")).to_have_text("worker")
     expect(row.get_by_test_id("node-health")).to_have_text("healthy")
-    expect(row.get_by_test_id("node-layers")).to_have_text(f"0–{N_LAYER - 1} ({N_LAYER})")
+    expect(row.get_by_test_id("node-layers")).to_have_text(f"0-{N_LAYER - 1} ({N_LAYER})")
     expect(row.get_by_test_id("node-capacity")).to_have_text("8.0 GiB")
     expect(row.get_by_test_id("node-address")).to_have_text("127.0.0.1:9")
     expect(row.get_by_test_id("node-path")).to_have_text("direct")

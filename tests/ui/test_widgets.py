@@ -140,7 +140,7 @@ def test_status_window_shows_stage_and_plot(desk: DesktopApp, artifacts: Path) -
     )
     for i in range(30):
         desk.node._apply(replace(s, throughput=10 + (i % 7) * 3))
-    assert status.fields["stage"].text().startswith("layers 6–11 (6 layers)")
+    assert status.fields["stage"].text().startswith("layers 6-11 (6 layers)")
     assert "worker-2" in status.fields["next"].text()
     assert "0.8 ms round trip" in status.fields["timings"].text()
     assert "0.3 ms waiting" in status.fields["timings"].text()

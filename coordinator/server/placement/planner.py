@@ -227,11 +227,11 @@ def plan(
 
 def describe(p: Plan) -> str:
     """A small table of the chain, for the CLI and closing notes."""
-    rows = [f"{'stage':>5}  {'node':<16} {'layers':<9} {'n':>3} {'needs':>9} {'of':>9} {'use':>5}"]
+    rows = [f"{'stage':>5}  {'node':<16} {'layers':<13} {'n':>3} {'needs':>9} {'of':>9} {'use':>5}"]
     for i, s in enumerate(p.stages):
         use = s.bytes_needed / s.capacity_bytes if s.capacity_bytes else math.inf
         rows.append(
-            f"{i:>5}  {s.node_id:<16} {s.layers!s:<9} {len(s.layers):>3} "
+            f"{i:>5}  {s.node_id:<16} {s.layers!s:<13} {len(s.layers):>3} "
             f"{s.bytes_needed / 1e9:>6.1f} GB {s.capacity_bytes / 1e9:>6.1f} GB {use:>5.0%}"
         )
     rows.append(f"spares: {', '.join(p.spares) or 'none'}")

@@ -45,7 +45,7 @@ SWARM: dict[str, Any] = {
 def test_the_prediction_is_printed_with_its_levels() -> None:
     text = "\n".join(describe(SWARM))
     assert "model tiny, 2 stages, 2 nodes (1 healthy)" in text
-    assert "a[0,3) -> b[3,6)" in text
+    assert "a (layers 0-2) -> b (layers 3-5)" in text
     assert "one request 27.5 tokens/s (trip 36.4 ms = compute 30.0 + links 5.0 + hops 1.4" in text
     assert "at most 91.7 tokens/s in all, at 4 requests (admission limit 4)" in text
     assert any(

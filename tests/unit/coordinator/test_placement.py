@@ -379,7 +379,7 @@ def test_plan_helpers_and_describe() -> None:
     assert p.next_hop("g3") is None and p.next_hop("g4") is None
     assert p.covers(60) and not p.covers(61)
     text = describe(p)
-    assert "[20,40)" in text and "g3" in text and "spares: g4" in text and "moves: 3" in text
+    assert "layers 20-39" in text and "g3" in text and "spares: g4" in text and "moves: 3" in text
 
 
 def test_model_spec_from_facts_and_stage_bytes() -> None:

@@ -141,7 +141,8 @@
 
   /** Half-open [start, stop) as the inclusive range a person reads. */
   function layerText(start, stop) {
-    return stop - start === 1 ? `${start}` : `${start}–${stop - 1}`;
+    // As core.types.format_layers: 20 through 29 is "20-29".
+    return stop - start === 1 ? `${start}` : `${start}-${stop - 1}`;
   }
 
   function toast(message) {
@@ -666,6 +667,9 @@
       });
       $("invite-code").value = invite.code || "";
       setText($("new-code-role"), invite.role);
+      // What the CLI takes for each role (app/cli/main.py: worker --join, chat --join).
+      setText($("new-code-command"), invite.role === "client"
+        ? 'sangama chat --join CODE --prompt "Hello"' : "sangama worker --join CODE");
       show($("copied"), false);
       show($("new-code"), true);
       form.elements.note.value = "";
