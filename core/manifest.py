@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import PieceCorruptError, SliceError
+from core.piece_sources import Mirror, mirror_from_doc
 from core.types import LayerRange, ModelFacts
 
 MANIFEST_FORMAT = "sangama-manifest/1"
@@ -48,6 +49,9 @@ class Manifest:
     pieces: tuple[PieceInfo, ...]
     source_sha256: str
     source_size: int
+    mirror: Mirror | None = None
+    """Where the pieces' tensor bytes can also be read: ranges of the published files
+    (core.piece_sources); None for a model only the coordinator serves."""
 
     def piece(self, name: str) -> PieceInfo:
         for p in self.pieces:
@@ -80,6 +84,8 @@ class Manifest:
             "source": {"sha256": self.source_sha256, "size": self.source_size},
             "pieces": [asdict(p) for p in self.pieces],
         }
+        if self.mirror is not None:  # absent otherwise: the manifest reads as before
+            doc["mirror"] = self.mirror.to_doc()
         return json.dumps(doc, indent=1)
 
     @staticmethod
@@ -114,7 +120,12 @@ class Manifest:
             if not isinstance(doc["pieces"], list) or len(doc["pieces"]) > MAX_PIECES:
                 raise SliceError(f"malformed manifest: pieces must be a list of <= {MAX_PIECES}")
             pieces = tuple(_piece(p) for p in doc["pieces"])
-            return Manifest(facts, pieces, doc["source"]["sha256"], int(doc["source"]["size"]))
+            mirror = doc.get("mirror")
+            if mirror is not None:
+                mirror = mirror_from_doc(mirror, {p.name: p.size for p in pieces})
+            return Manifest(
+                facts, pieces, doc["source"]["sha256"], int(doc["source"]["size"]), mirror
+            )
         except SliceError:
             raise
         # RecursionError: deeply nested JSON; AttributeError: a list where a dict belongs.
