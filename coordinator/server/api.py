@@ -63,6 +63,7 @@ from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.operator_logins import OperatorLogins
 from coordinator.server.prediction import Level
+from coordinator.server.remote_model import local_piece, piece_response
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import Coordinator
 from coordinator.server.store import as_utc
@@ -338,11 +339,15 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return Response(coord.model.manifest.to_json(), media_type="application/json")
 
     @app.get(c.PIECE, tags=["nodes"], responses=_errors(401, 404))
-    def piece(name: str, file: str, _who: NodeId) -> FileResponse:
+    def piece(name: str, file: str, _who: NodeId, request: Request) -> Response:
         _check_model(coord, name)
-        known = {p.file for p in coord.model.manifest.pieces}
+        known = {p.file: p.size for p in coord.model.manifest.pieces}
         if file not in known:
             raise HTTPException(404, f"no piece {file!r}")
+        remote = coord.model.remote
+        if remote is not None and local_piece(coord.model.directory, file, known[file]) is None:
+            # Registered by URL, no copy kept: built from its header and the mirror.
+            return piece_response(remote, file, request.headers.get("range"))
         return FileResponse(coord.model.directory / file, media_type="application/octet-stream")
 
     # -- operator

@@ -42,6 +42,7 @@ from coordinator.server.invite_book import (
 from coordinator.server.liveness import confirmed_gone, nothing_listens
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
+from coordinator.server.remote_model import RemotePieces
 from coordinator.server.routes import StageLoad, pick_chain, plan_chains
 from coordinator.server.secret_hashes import check_password, hash_password, hash_token
 from coordinator.server.spare_policy import Standby
@@ -64,6 +65,9 @@ class HostedModel:
     name: str
     directory: Path
     manifest: Manifest
+    remote: RemotePieces | None = None
+    """A model registered by URL: serves the pieces that are not in `directory` from
+    their headers and the mirror (coordinator.server.remote_model)."""
 
     @property
     def spec(self) -> ModelSpec:
