@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from coordinator.errors import ModelNotHostable
+from coordinator.server.remote_model import is_url, register
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import ADMIN_PASSWORD, Coordinator, HostedModel, Settings
 from coordinator.server.store import Store, migrate
@@ -47,6 +48,9 @@ class CoordinatorOptions:
     public_url: str | None = None
     admin_password: str | None = None
     settings: Settings = field(default_factory=Settings)
+    keep_pieces: bool = False
+    """For a model registered by URL: keep a copy of its pieces (the coordinator then
+    serves a volunteer whose mirror fails from disk, not through the mirror)."""
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -93,10 +97,15 @@ def https_identity(ca: auth.CertifiedKey, data_dir: Path, host: str) -> tuple[Pa
     return cert_path, key_path
 
 
-def hosted_model(model: str, data_dir: Path) -> HostedModel:
+def hosted_model(model: str, data_dir: Path, keep_pieces: bool = False) -> HostedModel:
     """The model to serve: a bundled model's name or a GGUF file (sliced once under
-    data_dir/models), or a folder of pieces `sangama slice` wrote, served as it is.
-    ModelNotHostable, saying what would work, for anything else."""
+    data_dir/models), a folder of pieces `sangama slice` wrote, served as it is, or the
+    https:// URL of a published GGUF (its first shard), whose pieces volunteers fetch
+    from there (remote_model). ModelNotHostable, saying what would work, for anything else."""
+    if is_url(model):
+        _private_data_dir(data_dir)
+        name, folder, manifest, remote = register(model, data_dir, keep_pieces=keep_pieces)
+        return HostedModel(name, folder, manifest, remote)
     source = Path(model).expanduser()
     try:
         if source.is_dir() and model not in BUNDLED_MODELS and model != DEFAULT_MODEL:
@@ -141,7 +150,7 @@ def _private_sqlite_file(url: str) -> None:
 def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
     data_dir = options.data_dir
     # The model first: a mistyped --model must not leave a database and a CA behind.
-    model = hosted_model(options.model, data_dir)
+    model = hosted_model(options.model, data_dir, options.keep_pieces)
     _private_data_dir(data_dir)
     url = options.db_url or default_db_url(data_dir)
     _private_sqlite_file(url)
