@@ -22,7 +22,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "--model",
         default="default",
         help="'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), a GGUF path, "
-        "or a folder of pieces from `sangama slice`",
+        "a folder of pieces from `sangama slice`, or the https:// URL of a published GGUF "
+        "(its first shard): volunteers then fetch the tensor bytes from there",
+    )
+    p.add_argument(
+        "--keep-pieces",
+        action="store_true",
+        help="with --model URL: keep a copy of the pieces here too (default: only the "
+        "manifest; a volunteer whose mirror fails gets its piece through this coordinator)",
     )
     p.add_argument("--public-url", default=None, help="address written into invites")
     p.add_argument(
@@ -175,6 +182,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         data_dir=args.data or default_data_dir(),
         db_url=args.db,
         model=args.model,
+        keep_pieces=args.keep_pieces,
         public_url=args.public_url,
         admin_password=read_secret(
             args.admin_password,

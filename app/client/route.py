@@ -9,7 +9,7 @@ from app import pieces_cache
 from app.config import Route
 from app.identity import Identity
 from app.progress import print_progress
-from coordinator.client.downloads import download_pieces
+from coordinator.client.mirror import fetch_pieces
 from coordinator.contract import manifest_path, pieces_path
 from core.manifest import EMBEDDING
 
@@ -30,11 +30,12 @@ def fetch_route(identity: Identity, model: str = "default") -> tuple[Route, Path
     route = Route.from_dict(asdict(answer))
     manifest = client.manifest(manifest_path(answer.model))
     pieces_dir = pieces_cache.pieces_dir(identity.directory, answer.model)
-    (path,) = download_pieces(
+    (path,) = fetch_pieces(
         client.session,
         client.url(pieces_path(answer.model)),
+        manifest.mirror,
         [manifest.piece(EMBEDDING)],
         pieces_dir,
         progress=print_progress(),
-    )
+    ).paths
     return route, path

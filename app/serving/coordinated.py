@@ -38,7 +38,8 @@ from app.serving.beats import BeatPolicy, beat_delay
 from app.serving.serve import LoadedStage, report_stopped, start_worker, stop_event
 from app.serving.vram_check import check_within_cap
 from app.serving.worker import StageWorker
-from coordinator.client.downloads import DownloadProgress, download_pieces
+from coordinator.client.downloads import DownloadProgress
+from coordinator.client.mirror import fetch_pieces
 from coordinator.client.session import CoordinatorClient
 from coordinator.contract import (
     Assignment,
@@ -224,9 +225,12 @@ async def prepare_pieces(
     report = progress or print_progress()
     await loop.run_in_executor(
         None,
-        lambda: download_pieces(
+        # Tensor bytes from the model's public mirror when the manifest names one (the
+        # coordinator as fallback), from the coordinator otherwise.
+        lambda: fetch_pieces(
             client.session,
             client.pieces_url(assignment),
+            manifest.mirror,
             needed,
             pieces_dir,
             progress=report,
