@@ -30,6 +30,7 @@ from net.protocol import (
     SessionRejected,
 )
 from net.quic import Addr, QuicLink, QuicServer, QuicTuning, Receiver, TlsIdentity, connect
+from net.versions import this_release
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,7 @@ async def connect_channel(
         Role.INITIATOR,
         make_proof=_proof_maker(creds, server_hash),
         expected_peer=PeerIdentity(expected_node_id, "worker"),
+        release=this_release(),
     )
     channel = Channel(link, conn)
     channel.start()
@@ -354,7 +356,9 @@ class ChannelServer:
             assert channel is not None  # proofs arrive after the link is set up
             return self._check_role(data, nonce, channel)
 
-        conn = PeerConnection(Role.ACCEPTOR, check_proof=check, new_nonce=auth.new_nonce)
+        conn = PeerConnection(
+            Role.ACCEPTOR, check_proof=check, new_nonce=auth.new_nonce, release=this_release()
+        )
         channel = ch = Channel(link, conn)
         self.channels.add(ch)
 

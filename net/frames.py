@@ -185,7 +185,15 @@ class Pong:
 
 @dataclass(frozen=True)
 class Hello:
-    """Initiator, first frame: asks the acceptor for a challenge."""
+    """Initiator, first frame: asks the acceptor for a challenge, and says what it speaks.
+
+    `protocol` and `release` are an optional tail, absent at protocol 1: peers before the
+    version exchange sent an empty HELLO and refuse one with a body."""
+
+    protocol: int = 1
+    """net.wire_format.PROTOCOL_VERSION of the initiator (1: it did not say)."""
+    release: str = ""
+    """Its package version, e.g. "0.2.0", for messages ("": not said)."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +212,10 @@ class Proof:
 class Welcome:
     node_id: str
     """The identity the acceptor verified, echoed so both sides agree on it."""
+    protocol: int = 1
+    """The acceptor's PROTOCOL_VERSION; with `release`, an optional tail sent only to an
+    initiator whose HELLO had one (older initiators refuse a WELCOME with a tail)."""
+    release: str = ""
 
 
 Frame = Open | Step | Tokens | Close | Error | Ping | Pong | Hello | Challenge | Proof | Welcome

@@ -8,6 +8,12 @@ identity to the initiator. The initiator then proves its own: HELLO -> CHALLENGE
 PROOF(certificate, signature over nonce and the acceptor's certificate hash) ->
 WELCOME. Nothing else is processed before WELCOME; a refused peer is told why.
 
+Versions (net.versions): HELLO carries the initiator's protocol and release, WELCOME the
+acceptor's, only when the HELLO had them (an initiator of protocol 1 refuses a WELCOME
+with a tail). Each side then sends frames of the lower protocol: optional tails the peer
+does not read never leave. A peer older than `oldest_protocol` is refused with
+UNSUPPORTED_VERSION and a message saying to update.
+
 Once ready, the acceptor checks session ownership: STEP and CLOSE frames must name a
 session this connection opened. A violation is answered with an ERROR for that
 session; the connection and the other sessions carry on.
@@ -23,6 +29,7 @@ from enum import Enum, auto
 from net import wire
 from net.errors import ErrorCode, FrameError
 from net.link_limits import pre_auth_limits
+from net.versions import PeerTooOld, negotiate
 
 
 class Role(Enum):
@@ -52,6 +59,10 @@ class PeerIdentity:
 @dataclass(frozen=True)
 class Authenticated:
     peer: PeerIdentity
+    protocol: int = wire.PROTOCOL_VERSION
+    """The protocol negotiated: the lower of both sides'."""
+    peer_release: str = ""
+    """The package version the peer announced ("": a release before the exchange)."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,12 @@ class PeerConnection:
         new_nonce: Callable[[], bytes] | None = None,
         expected_peer: PeerIdentity | None = None,
         limits: wire.Limits = wire.DEFAULT_LIMITS,
+        protocol: int = wire.PROTOCOL_VERSION,
+        oldest_protocol: int = wire.MIN_PROTOCOL_VERSION,
+        release: str = "",
     ) -> None:
+        """`protocol` below PROTOCOL_VERSION makes this side behave as a peer of that
+        protocol (tests pump one against the current one); `release` is announced."""
         if role is Role.INITIATOR and (make_proof is None or expected_peer is None):
             raise ValueError("an initiator needs make_proof and the peer TLS verified")
         if role is Role.ACCEPTOR and (check_proof is None or new_nonce is None):
@@ -108,8 +124,18 @@ class PeerConnection:
         self._new_nonce = new_nonce
         self._expected_peer = expected_peer
         self._nonce = b""
-        self._decoder = wire.FrameDecoder(pre_auth_limits(limits))
-        """Handshake-sized caps until READY (net.link_limits), then `limits`."""
+        if not 1 <= protocol <= wire.PROTOCOL_VERSION or not 1 <= oldest_protocol <= protocol:
+            raise ValueError(f"protocol {protocol}, oldest {oldest_protocol}")
+        self.protocol = protocol
+        self.oldest_protocol = oldest_protocol
+        self.own_release = release if protocol > 1 else ""
+        self.negotiated = protocol
+        """The protocol frames are sent in: ours until the peer's HELLO or WELCOME says."""
+        self.peer_protocol = 0
+        self.peer_release = ""
+        self._decoder = wire.FrameDecoder(pre_auth_limits(limits), protocol)
+        """Handshake-sized caps until READY (net.link_limits), then `limits`; tails of
+        protocols newer than ours are refused, as a peer of our protocol does."""
         self._limits = limits
         self._out = bytearray()
         self.owned_sessions: set[str] = set()
@@ -123,7 +149,7 @@ class PeerConnection:
     def initiate(self) -> None:
         if self.state is not State.SEND_HELLO:
             raise RuntimeError(f"initiate() in state {self.state.name}")
-        self._queue(wire.Hello())
+        self._queue(wire.Hello(self.protocol, self.own_release))
         self.state = State.AWAIT_CHALLENGE
 
     def send(self, frame: wire.Frame) -> None:
@@ -137,7 +163,7 @@ class PeerConnection:
         return data
 
     def _queue(self, frame: wire.Frame) -> None:
-        self._out += wire.encode(frame, self._limits)
+        self._out += wire.encode(frame, self._limits, self.negotiated)
 
     # ------------------------------------------------------------ input
 
@@ -186,8 +212,21 @@ class PeerConnection:
 
     # ------------------------------------------------------------ handlers (one per row)
 
-    def _on_hello(self, _frame: wire.Frame) -> list[Event]:
-        assert self._new_nonce is not None
+    def _agree(self, theirs: int, release: str) -> ConnectionFailed | None:
+        """Settle the protocol with the peer's announcement; a refusal when too old."""
+        self.peer_protocol, self.peer_release = theirs, release
+        try:
+            self.negotiated = negotiate(self.protocol, theirs, self.oldest_protocol)
+        except PeerTooOld:
+            too_old = PeerTooOld(theirs, self.oldest_protocol, release)  # names the release
+            return self._fail(ErrorCode.UNSUPPORTED_VERSION, str(too_old))
+        return None
+
+    def _on_hello(self, frame: wire.Frame) -> list[Event]:
+        assert isinstance(frame, wire.Hello) and self._new_nonce is not None
+        refused = self._agree(frame.protocol, frame.release)
+        if refused is not None:
+            return [refused]
         self._nonce = self._new_nonce()
         self._queue(wire.Challenge(self._nonce))
         self.state = State.AWAIT_PROOF
@@ -206,15 +245,19 @@ class PeerConnection:
         except Exception as exc:  # any verification failure refuses the peer, with the reason
             return [self._fail(ErrorCode.UNAUTHENTICATED, f"authentication refused: {exc}")]
         self.peer = peer
-        self._queue(wire.Welcome(peer.node_id))
+        # Encoded at the negotiated protocol: an initiator of protocol 1 gets no tail.
+        self._queue(wire.Welcome(peer.node_id, self.protocol, self.own_release))
         self.state = State.READY
-        return [Authenticated(peer)]
+        return [Authenticated(peer, self.negotiated, self.peer_release)]
 
-    def _on_welcome(self, _frame: wire.Frame) -> list[Event]:
-        assert self._expected_peer is not None
+    def _on_welcome(self, frame: wire.Frame) -> list[Event]:
+        assert isinstance(frame, wire.Welcome) and self._expected_peer is not None
+        refused = self._agree(frame.protocol, frame.release)
+        if refused is not None:
+            return [refused]
         self.peer = self._expected_peer
         self.state = State.READY
-        return [Authenticated(self._expected_peer)]
+        return [Authenticated(self._expected_peer, self.negotiated, self.peer_release)]
 
     def _on_ping(self, frame: wire.Frame) -> list[Event]:
         assert isinstance(frame, wire.Ping)

@@ -64,7 +64,7 @@ def validate(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> None:
         case Ping() | Pong():
             _check_int("nonce", frame.nonce, U64_MAX)
         case Hello():
-            pass
+            _check_announced(frame.protocol, frame.release, limits)
         case Challenge():
             if len(frame.nonce) < MIN_NONCE:
                 raise FrameError(ErrorCode.BAD_VALUE, f"nonce of {len(frame.nonce)} bytes")
@@ -81,8 +81,19 @@ def validate(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> None:
             _check_string("node_id", frame.node_id, limits)
             if not frame.node_id:
                 raise FrameError(ErrorCode.BAD_VALUE, "node_id is empty")
+            _check_announced(frame.protocol, frame.release, limits)
         case _:
             raise FrameError(ErrorCode.MALFORMED, f"not a frame: {type(frame).__name__}")
+
+
+def _check_announced(protocol: int, release: str, limits: Limits) -> None:
+    """HELLO's and WELCOME's version tail: a protocol (1: no tail, so no release)."""
+    _check_int("protocol", protocol, U16_MAX)
+    if protocol < 1:
+        raise FrameError(ErrorCode.BAD_VALUE, f"protocol {protocol}")
+    _check_string("release", release, limits)
+    if protocol == 1 and release:
+        raise FrameError(ErrorCode.BAD_VALUE, "a release without a protocol (1 sends neither)")
 
 
 def _check_open(frame: Open, limits: Limits) -> None:

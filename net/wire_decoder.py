@@ -6,7 +6,7 @@ from enum import Enum
 
 from net.errors import ErrorCode, FrameError
 from net.frames import Frame
-from net.wire_format import DEFAULT_LIMITS, HEADER, LENGTH, FrameType, Limits
+from net.wire_format import DEFAULT_LIMITS, HEADER, LENGTH, PROTOCOL_VERSION, FrameType, Limits
 from net.wire_reader import check_header, check_length, parse_body
 
 
@@ -28,8 +28,10 @@ class FrameDecoder:
     Frames before a bad one in the same `feed` are not returned: the stream is untrusted.
     """
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, version: int = PROTOCOL_VERSION) -> None:
         self.limits = limits
+        self.version = version
+        """The newest protocol whose optional tails it reads (net.wire_reader.parse_body)."""
         self._buffer = bytearray()
         self._offset = 0
         """Start of the first unread byte: consumed frames are cut off once per feed."""
@@ -96,7 +98,7 @@ class FrameDecoder:
         body = memoryview(self._buffer)[start + HEADER.size : end]
         self._offset = end
         self._state = _State.HEADER
-        return parse_body(self._type, body, self.limits)
+        return parse_body(self._type, body, self.limits, self.version)
 
     def _fail(self, exc: FrameError) -> None:
         self._state = _State.FAILED

@@ -29,8 +29,17 @@ from net.frames import (
     Welcome,
 )
 from net.tensors import WireDtype
+from net.versions import needed
 from net.wire_checks import as_enum, validate
-from net.wire_format import DEFAULT_LIMITS, HEADER, U32_MAX, VERSION, FrameType, Limits
+from net.wire_format import (
+    DEFAULT_LIMITS,
+    HEADER,
+    PROTOCOL_VERSION,
+    U32_MAX,
+    VERSION,
+    FrameType,
+    Limits,
+)
 
 
 class _Reader:
@@ -176,6 +185,25 @@ def _read_tokens(r: _Reader) -> Tokens:
                   looped, guessed)  # fmt: skip
 
 
+def _read_announced(r: _Reader) -> tuple[int, str]:
+    """HELLO's and WELCOME's optional tail: protocol and release; (1, "") when absent."""
+    if r.offset == len(r.body):
+        return 1, ""
+    protocol, release = r.u(_U16), r.string()
+    if protocol < 2:  # one encoding per frame: protocol 1 is the frame without a tail
+        raise FrameError(ErrorCode.MALFORMED, f"a version tail saying protocol {protocol}")
+    return protocol, release
+
+
+def _read_hello(r: _Reader) -> Hello:
+    return Hello(*_read_announced(r))
+
+
+def _read_welcome(r: _Reader) -> Welcome:
+    node_id = r.string()
+    return Welcome(node_id, *_read_announced(r))
+
+
 def _read_error(r: _Reader) -> Error:
     session = r.string()
     code = as_enum(ErrorCode, r.u(_U16), ErrorCode.BAD_VALUE, "error code")
@@ -190,10 +218,10 @@ _READERS: dict[FrameType, Callable[[_Reader], Frame]] = {
     FrameType.ERROR: _read_error,
     FrameType.PING: lambda r: Ping(r.u(_U64)),
     FrameType.PONG: lambda r: Pong(r.u(_U64)),
-    FrameType.HELLO: lambda r: Hello(),
+    FrameType.HELLO: _read_hello,
     FrameType.CHALLENGE: lambda r: Challenge(r.blob()),
     FrameType.PROOF: lambda r: Proof(r.blob()),
-    FrameType.WELCOME: lambda r: Welcome(r.string()),
+    FrameType.WELCOME: _read_welcome,
 }
 
 
@@ -211,22 +239,31 @@ def check_header(version: int, ftype: int) -> FrameType:
     return as_enum(FrameType, ftype, ErrorCode.MALFORMED, "frame type")
 
 
-def parse_body(ftype: FrameType, body: memoryview, limits: Limits) -> Frame:
+def parse_body(
+    ftype: FrameType, body: memoryview, limits: Limits, version: int = PROTOCOL_VERSION
+) -> Frame:
+    """`version`: the newest protocol whose tails are read (a reader of an older release
+    took them for trailing bytes: tests model such peers with it)."""
     reader = _Reader(body)
     frame = _READERS[ftype](reader)
     reader.finish()
+    if version < PROTOCOL_VERSION and needed(frame) > version:
+        raise FrameError(
+            ErrorCode.MALFORMED, f"trailing bytes in body (a tail of protocol {needed(frame)})"
+        )
     validate(frame, limits)
     return frame
 
 
-def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Frame:
+def decode(data: bytes, limits: Limits = DEFAULT_LIMITS, version: int = PROTOCOL_VERSION) -> Frame:
     """Exactly one whole frame from `data`, validated; anything else is a FrameError."""
     if len(data) < HEADER.size:
         raise FrameError(ErrorCode.MALFORMED, f"{len(data)} bytes is shorter than a header")
-    length, version, ftype = HEADER.unpack_from(data)
+    length, layout, raw_type = HEADER.unpack_from(data)
     check_length(length, limits)
     if HEADER.size + length != len(data):
         raise FrameError(
             ErrorCode.MALFORMED, f"header says {length} body bytes, {len(data) - HEADER.size} given"
         )
-    return parse_body(check_header(version, ftype), memoryview(data)[HEADER.size :], limits)
+    ftype = check_header(layout, raw_type)
+    return parse_body(ftype, memoryview(data)[HEADER.size :], limits, version)

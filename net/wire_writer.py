@@ -20,8 +20,17 @@ from net.frames import (
     Tokens,
     Welcome,
 )
+from net.versions import downgrade
 from net.wire_checks import validate
-from net.wire_format import DEFAULT_LIMITS, HEADER, U32_MAX, VERSION, FrameType, Limits
+from net.wire_format import (
+    DEFAULT_LIMITS,
+    HEADER,
+    PROTOCOL_VERSION,
+    U32_MAX,
+    VERSION,
+    FrameType,
+    Limits,
+)
 
 
 class _Writer:
@@ -47,8 +56,13 @@ class _Writer:
         self.pack(f">I{'Iddd' * len(values)}", len(values), *flat)
 
 
-def encode(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> bytes:
-    """One whole frame as bytes; refuses (FrameError) any frame `decode` would refuse."""
+def encode(frame: Frame, limits: Limits = DEFAULT_LIMITS, version: int = PROTOCOL_VERSION) -> bytes:
+    """One whole frame as bytes; refuses (FrameError) any frame `decode` would refuse.
+
+    `version` is the protocol negotiated with the peer: tails it lacks are left out
+    (net.versions.downgrade), so an older peer gets a frame it reads."""
+    if version < PROTOCOL_VERSION:
+        frame = downgrade(frame, version)
     validate(frame, limits)
     data = _pack(frame)
     if len(data) > limits.max_frame_bytes:
@@ -132,6 +146,9 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
             w.pack(">Q", frame.nonce)
             return FrameType.PING if isinstance(frame, Ping) else FrameType.PONG
         case Hello():
+            if frame.protocol > 1:  # the optional tail: absent, the HELLO of protocol 1
+                w.pack(">H", frame.protocol)
+                w.string(frame.release)
             return FrameType.HELLO
         case Challenge():
             w.blob(frame.nonce)
@@ -141,4 +158,7 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
             return FrameType.PROOF
         case Welcome():
             w.string(frame.node_id)
+            if frame.protocol > 1:  # the optional tail, as HELLO's
+                w.pack(">H", frame.protocol)
+                w.string(frame.release)
             return FrameType.WELCOME

@@ -210,7 +210,7 @@ def test_full_handshake_authenticates_both_sides(swarm: Swarm) -> None:
     a.initiate()
     assert state(a) is State.AWAIT_CHALLENGE
     hello = a.data_to_send()
-    assert frames_in(hello) == [wire.Hello()]
+    assert frames_in(hello) == [wire.Hello(wire.PROTOCOL_VERSION)]
 
     assert b.receive_data(hello) == []
     assert state(b) is State.AWAIT_PROOF
@@ -226,7 +226,7 @@ def test_full_handshake_authenticates_both_sides(swarm: Swarm) -> None:
     assert state(b) is State.READY
     assert b.peer == PeerIdentity(CLIENT_ID, "client")
     welcome_bytes = b.data_to_send()
-    assert frames_in(welcome_bytes) == [wire.Welcome(CLIENT_ID)]
+    assert frames_in(welcome_bytes) == [wire.Welcome(CLIENT_ID, wire.PROTOCOL_VERSION)]
 
     assert a.receive_data(welcome_bytes) == [Authenticated(PeerIdentity(SERVER_ID, "worker"))]
     assert state(a) is State.READY
