@@ -45,6 +45,9 @@ class NodeStatus:
     next_hop: str = ""
     """'node at address (path)', or '' on the last stage."""
     sessions: int = 0
+    """Sessions opened since this stage started serving (a running total)."""
+    running: int = 0
+    """Sessions open on this stage right now (conversations going through this PC)."""
     steps: int = 0
     errors: int = 0
     throughput: float = 0.0
@@ -73,7 +76,8 @@ class NodeStatus:
         if s is ServeState.DOWNLOADING:
             return f"Sangama: downloading ({self.progress * 100:.0f}%)"
         if s is ServeState.SERVING and self.layers is not None:
-            return f"Sangama: serving {format_layers(*self.layers)} ({_sessions(self.sessions)})"
+            counts = f"{self.running} running now, {self.sessions} since start"
+            return f"Sangama: serving {format_layers(*self.layers)} ({counts})"
         if s in (ServeState.PAUSING, ServeState.MOVING) and self.finishing:
             return f"Sangama: {s.value}, finishing {_sessions(self.finishing)}"
         if s is ServeState.ERROR:

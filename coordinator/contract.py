@@ -45,6 +45,7 @@ PIECE = f"{PIECES}/{{file}}"
 LOGIN = f"{API}/login"
 LOGOUT = f"{API}/logout"
 INVITES = f"{API}/invites"
+INVITE_CHECK = f"{API}/invites/check"
 INVITE = f"{API}/invites/{{invite_id}}"
 SWARM = f"{API}/swarm"
 
@@ -222,6 +223,40 @@ class JoinRequest:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class InviteCheckRequest:
+    """POST INVITE_CHECK: is this invite's secret usable? Nothing is used or changed."""
+
+    secret: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class InviteCheck:
+    """The answer to INVITE_CHECK: whether joining with it would be accepted now, the role
+    it grants, and why not in words (never its uses, expiry date or id)."""
+
+    valid: bool
+    role: str = ""
+    reason: str = ""
+
+    @staticmethod
+    def from_json(doc: Any) -> InviteCheck:
+        def build(d: dict[str, Any]) -> InviteCheck:
+            valid = d["valid"]
+            if not isinstance(valid, bool):
+                raise MalformedAnswer(f"valid is a {type(valid).__name__}, not true or false")
+            return InviteCheck(
+                valid,
+                _text(d.get("role", ""), "role", empty=True),
+                _text(d.get("reason", ""), "reason", 300, empty=True),
+            )
+
+        return _read("invite check", build, doc)
 
 
 @dataclass(frozen=True)

@@ -485,6 +485,7 @@ async def _heartbeats(
         serving = replace(
             serving,
             sessions=stats.sessions_opened,
+            running=worker.session_count,
             steps=stats.steps,
             errors=stats.errors,
             throughput=(stats.rows - last_rows) / max(now - last_t, 1e-6),

@@ -33,6 +33,8 @@ from app.node_status import NodeStatus, ServeState, plain_reason, shown_while_pa
 from app.serving.coordinated import CoordinatedOptions
 from app.serving.guest import serve_as_guest
 from app.serving.guest_policy import GuestSettings
+from coordinator.client.session import check_invite
+from coordinator.contract import InviteCheck
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteCode, InviteError
 from core.repetition_guard import looping_tail
@@ -150,6 +152,8 @@ class NodeController(QObject):
     """NodeStatus, always emitted in the Qt thread."""
     join_finished = Signal(bool, str)
     """(ok, message): the node id on success, the coordinator's reason on failure."""
+    code_checked = Signal(bool, str, str)
+    """(valid, role, reason): the coordinator's answer to `check_code`, nothing used."""
 
     def __init__(
         self,
@@ -170,6 +174,8 @@ class NodeController(QObject):
         """pause() was called and the loop has not ended yet (see shown_while_pausing)."""
         self._status = NodeStatus()
         self._mailbox = Mailbox(self._apply, self)
+        self.invite_checker: Callable[[InviteCode], InviteCheck] = check_invite
+        """Asks the code's coordinator whether it would accept the code (replaceable)."""
         if self.joined:
             self._status = NodeStatus(
                 state=ServeState.PAUSED, node_id=str(self.identity_doc().get("node_id", ""))
@@ -201,6 +207,9 @@ class NodeController(QObject):
         if isinstance(item, _JoinResult):
             self.join_finished.emit(item.ok, item.message)
             return
+        if isinstance(item, _CheckResult):
+            self.code_checked.emit(item.check.valid, item.check.role, item.check.reason)
+            return
         assert isinstance(item, NodeStatus)
         if self._pause_asked:
             if item.state in (ServeState.PAUSED, ServeState.ERROR, ServeState.NOT_JOINED):
@@ -216,10 +225,30 @@ class NodeController(QObject):
 
     # --- commands (from the Qt thread) -------------------------------------------------
 
+    def check_code(self, code: str) -> None:
+        """Ask the code's coordinator whether it would accept the code now; the answer
+        comes as `code_checked`. Nothing stops, nothing is used."""
+        problem = validate_code(code)
+        if problem is not None:
+            self.code_checked.emit(False, "", problem)
+            return
+        self.runner.submit(self._check(code))
+
+    async def _check(self, code: str) -> InviteCheck:
+        loop = asyncio.get_running_loop()
+        try:
+            invite = InviteCode.decode(code)
+            found = await loop.run_in_executor(None, self.invite_checker, invite)
+        except Exception as exc:  # unreachable, an old coordinator: said, never raised
+            found = InviteCheck(False, "", f"the code could not be checked: {plain_reason(exc)}")
+        self._mailbox.post(_CheckResult(found))
+        return found
+
     def join(self, code: str, vram_cap_bytes: int) -> None:
         """Join with an invite code (the path `sangama join` takes), then start serving.
 
-        A refused code leaves whatever ran before (serving, paused) as it was."""
+        The code is checked with its coordinator before anything stops: a refused code
+        leaves whatever ran before (serving, paused) as it was."""
         problem = validate_code(code)
         if problem is not None:
             self.join_finished.emit(False, problem)
@@ -230,6 +259,15 @@ class NodeController(QObject):
 
     async def _join(self, code: str, vram_cap_bytes: int, before: NodeStatus) -> None:
         loop = asyncio.get_running_loop()
+        was_serving = self.serving
+        if was_serving or self.joined:
+            # Leaving a swarm for a code that would be refused must not happen: ask first.
+            check = await self._check_quietly(code)
+            if not check.valid:
+                log.info("join refused before leaving the swarm: %s", check.reason)
+                self._report(before)
+                self._from_join(False, check.reason)
+                return
         try:
             # Joined elsewhere before? Stop that stage first: the identity is replaced.
             await self._stop_serving_here()
@@ -238,6 +276,10 @@ class NodeController(QObject):
             reason = plain_reason(exc)
             log.info("join refused: %s", reason)
             self._report(before)
+            if was_serving and not self.serving:
+                # Refused after the check said yes (used up meanwhile): the old identity
+                # is untouched (it is replaced only on success), so serve with it again.
+                self._start_serving()
             self._from_join(False, reason)
             return
         # Served before under another identity? That stage stops; the new one starts.
@@ -253,6 +295,13 @@ class NodeController(QObject):
             )
         )
         self._start_serving()
+
+    async def _check_quietly(self, code: str) -> InviteCheck:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(None, self.invite_checker, InviteCode.decode(code))
+        except Exception as exc:
+            return InviteCheck(False, "", f"the code could not be checked: {plain_reason(exc)}")
 
     async def _stop_serving_here(self) -> None:
         """In the loop: stop the serve loop (running sessions finish first) and wait."""
@@ -363,6 +412,11 @@ class NodeController(QObject):
 class _JoinResult:
     ok: bool
     message: str
+
+
+@dataclass(frozen=True)
+class _CheckResult:
+    check: InviteCheck
 
 
 # --- the OpenAI-compatible API ------------------------------------------------------------

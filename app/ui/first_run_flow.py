@@ -43,9 +43,12 @@ WHAT_SANGAMA_DOES = (
     "runs, this PC serves a few consecutive layers of the swarm's model: it downloads "
     "only those layers once, keeps them in memory (on the GPU when there is one), and "
     "passes numbers on to the next PC for each word someone's chat produces.",
-    "It never sees whole conversations: only the hidden numbers between layers. It uses "
-    "at most the memory you allow on the next page, and you can pause it from the tray "
-    "icon at any time.",
+    "What passes through depends on the layers it gets. A stage in the middle sees only "
+    "the hidden numbers between layers (which can still be decoded back to much of the "
+    "text); the first stage reads each prompt's words and the last stage chooses every "
+    "word of the answers, so a PC there sees the conversations that run through it. "
+    "It uses at most the memory you allow on the next page, and you "
+    "can pause it from the tray icon at any time.",
     "Closing a window never stops serving; Quit in the tray menu does.",
 )
 
@@ -232,7 +235,7 @@ def serving_notice(status: NodeStatus) -> tuple[str, str]:
 def quit_question(status: NodeStatus) -> str | None:
     """What Quit should ask first, or None to quit at once: quitting ends the stage, so
     people's conversations running through it would break off."""
-    n = status.sessions if status.state is ServeState.SERVING else status.finishing
+    n = status.running if status.state is ServeState.SERVING else status.finishing
     if n <= 0:
         return None
     who = "1 conversation runs" if n == 1 else f"{n} conversations run"

@@ -1,5 +1,6 @@
-"""Settings: VRAM cap, start on login, coordinator address, the local OpenAI-compatible
-API, log level and logs location."""
+"""Settings: VRAM cap, start on login, when to step aside (GPU busy, battery, quiet hours)
+and bandwidth caps, coordinator address, the local OpenAI-compatible API, log level and
+logs location."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
+    QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -23,11 +25,39 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.identity import coordinator_url
+from app.identity import coordinator_url, secrets_place
+from app.serving.guest_policy import SettingsError, parse_quiet_hours
 from app.ui.controllers import validate_coordinator
 from app.ui.settings import LOG_LEVELS, Settings, set_start_on_login
 
 GIB = 1024**3
+MAX_KIB_S = 10_000_000
+
+
+def secrets_note(place: str, identity_dir: Path | None) -> str:
+    """Where the node's key and token really are, in words (app.identity.secrets_place)."""
+    if place == "files":
+        where = f" in {identity_dir}" if identity_dir is not None else ""
+        return (
+            "The node's key and token are kept in files only your account can read "
+            f"(mode 0600){where}, never in this settings file: this PC had no usable "
+            "system keyring when it joined."
+        )
+    if place == "keyring":
+        return "The node's key and token are kept in the system keyring, never in this file."
+    return (
+        "When you join, the node's key and token go to the system keyring where one is "
+        "usable, else to files only your account can read in the identity folder; never "
+        "to this settings file."
+    )
+
+
+def quiet_hours_problem(text: str) -> str | None:
+    try:
+        parse_quiet_hours(text)
+    except SettingsError as exc:
+        return str(exc)
+    return None
 
 
 class SettingsDialog(QDialog):
@@ -39,6 +69,7 @@ class SettingsDialog(QDialog):
         parent: QWidget | None = None,
         *,
         joined_coordinator: str = "",
+        identity_dir: Path | None = None,
     ) -> None:
         super().__init__(parent)
         self.settings = settings
@@ -56,6 +87,37 @@ class SettingsDialog(QDialog):
         self.autostart = QCheckBox("Start Sangama when I log in")
         self.autostart.setChecked(settings.start_on_login)
         form.addRow("", self.autostart)
+
+        # Good-guest settings: the same ones `sangama worker` takes as flags; the tray's
+        # worker reads them from this file (Settings.guest).
+        guest = QGroupBox("Be a good guest on this PC")
+        gform = QFormLayout(guest)
+        self.gpu_pause = QCheckBox("Pause while another program keeps the GPU busy (a game)")
+        self.gpu_pause.setChecked(settings.pause_when_gpu_busy)
+        self.battery_pause = QCheckBox("Pause while on battery")
+        self.battery_pause.setChecked(settings.pause_on_battery)
+        gform.addRow(self.gpu_pause)
+        gform.addRow(self.battery_pause)
+        self.quiet_hours = QLineEdit(settings.quiet_hours)
+        self.quiet_hours.setPlaceholderText("none; e.g. 22:00-07:00 or 09:00-12:00,14:00-17:00")
+        self.quiet_hint = QLabel()
+        self.quiet_hint.setWordWrap(True)
+        self.quiet_hint.setStyleSheet("color: #c62828;")
+        gform.addRow("Quiet hours:", self.quiet_hours)
+        gform.addRow("", self.quiet_hint)
+        self.max_download = QSpinBox()
+        self.max_download.setRange(0, MAX_KIB_S)
+        self.max_download.setSuffix(" KiB/s")
+        self.max_download.setSpecialValueText("no cap")
+        self.max_download.setValue(settings.max_download_kib_s)
+        self.max_upload = QSpinBox()
+        self.max_upload.setRange(0, MAX_KIB_S)
+        self.max_upload.setSuffix(" KiB/s")
+        self.max_upload.setSpecialValueText("no cap")
+        self.max_upload.setValue(settings.max_upload_kib_s)
+        gform.addRow("Download at most:", self.max_download)
+        gform.addRow("Upload at most:", self.max_upload)
+        self.guest_form = gform
         self.coordinator = QLineEdit(settings.coordinator)
         self.coordinator.setPlaceholderText(
             f"as the invite named: {joined_coordinator}"
@@ -89,8 +151,10 @@ class SettingsDialog(QDialog):
         row.addWidget(self.log_dir, 1)
         row.addWidget(open_logs)
         form.addRow("Logs:", row)
-        note = QLabel("Keys and tokens are kept in the system keyring, never in this file.")
+        place = secrets_place(identity_dir) if identity_dir is not None else ""
+        note = QLabel(secrets_note(place, identity_dir))
         note.setWordWrap(True)
+        self.secrets_label = note
         buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
         )
@@ -98,11 +162,14 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         self.save_button = buttons.button(QDialogButtonBox.StandardButton.Save)
         self.coordinator.textChanged.connect(self._check_coordinator)
+        self.quiet_hours.textChanged.connect(self._check_quiet_hours)
         self.api_port.valueChanged.connect(self._show_api)
         self._check_coordinator(self.coordinator.text())
+        self._check_quiet_hours(self.quiet_hours.text())
         self._show_api(self.api_port.value())
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        layout.addWidget(guest)
         layout.addWidget(note)
         layout.addWidget(buttons)
 
@@ -112,8 +179,22 @@ class SettingsDialog(QDialog):
         problem = validate_coordinator(text)
         self.coordinator_hint.setText(problem or "")
         self.form.setRowVisible(self.coordinator_hint, problem is not None)
-        self.save_button.setEnabled(problem is None)
-        self.adjustSize()  # room for the hint (a dialog does not grow by itself)
+        self._update_save()
+
+    @Slot(str)
+    def _check_quiet_hours(self, text: str) -> None:
+        """Quiet hours the worker could not read are said at once, and cannot be saved."""
+        problem = quiet_hours_problem(text)
+        self.quiet_hint.setText(problem or "")
+        self.guest_form.setRowVisible(self.quiet_hint, problem is not None)
+        self._update_save()
+
+    def _update_save(self) -> None:
+        ok = validate_coordinator(self.coordinator.text()) is None and (
+            quiet_hours_problem(self.quiet_hours.text()) is None
+        )
+        self.save_button.setEnabled(ok)
+        self.adjustSize()  # room for the hints (a dialog does not grow by itself)
 
     @Slot(int)
     def _show_api(self, port: int) -> None:
@@ -139,6 +220,11 @@ class SettingsDialog(QDialog):
         text = self.coordinator.text().strip()
         s.coordinator = coordinator_url(text) if text else ""
         s.api_port = self.api_port.value()
+        s.pause_when_gpu_busy = self.gpu_pause.isChecked()
+        s.pause_on_battery = self.battery_pause.isChecked()
+        s.quiet_hours = self.quiet_hours.text().strip()
+        s.max_download_kib_s = self.max_download.value()
+        s.max_upload_kib_s = self.max_upload.value()
         s.log_level = self.log_level.currentText()
         s.log_dir = self.log_dir.text().strip()
         s.save(self.settings_dir)

@@ -149,7 +149,10 @@ class StatusWindow(QWidget):
             if s.state in (ServeState.PAUSING, ServeState.MOVING)
             else ""
         )
-        f["sessions"].setText(f"{s.sessions} opened, {s.steps} steps, {s.errors} errors{finishing}")
+        f["sessions"].setText(
+            f"{s.running} running now, {s.sessions} since start, {s.steps} steps, "
+            f"{s.errors} errors{finishing}"
+        )
         rtt = f", {s.rtt_ms:.1f} ms round trip to the next hop" if s.rtt_ms is not None else ""
         f["timings"].setText(
             f"{s.compute_ms:.1f} ms compute and {s.queue_ms:.1f} ms waiting in the last step{rtt}"

@@ -34,8 +34,9 @@ from app.ui.first_run_flow import needs_first_run, quit_question
 from app.ui.history import History
 from app.ui.icons import state_icon
 from app.ui.join_dialog import JoinDialog
-from app.ui.settings import Settings
+from app.ui.settings import Settings, config_dir
 from app.ui.settings_dialog import SettingsDialog
+from app.ui.single_instance import claim
 from app.ui.status_window import StatusWindow
 from core.hardware import detect_hardware
 
@@ -270,6 +271,7 @@ class DesktopApp(QObject):
             self.settings_dir,
             detect_hardware().usable_bytes,
             joined_coordinator=str(self.node.identity_doc().get("coordinator", "")),
+            identity_dir=self.node.options.identity_dir,
         )
         dialog.accepted.connect(lambda: self._settings_saved(before))
         self.settings_dialog = dialog
@@ -318,6 +320,15 @@ class DesktopApp(QObject):
         if self._fixed_connector is None:
             self.chat.set_connector(self._joined_connector())
         self._serve_api()
+
+    @Slot()
+    def bring_to_front(self) -> None:
+        """Another start of the app: show this one instead (the walk-through while it
+        is not finished, else the status window, as a click on the icon does)."""
+        if self.first_run is not None and self.first_run.isVisible():
+            _raise(self.first_run)
+        else:
+            self.open_status()
 
     def open_first_run(self) -> FirstRunWizard:
         """The first-run walk-through (app.ui.first_run); run_app opens it on a first start."""
@@ -405,8 +416,14 @@ def run_app(argv: Sequence[str] | None = None) -> int:
     app.setQuitOnLastWindowClosed(False)
     settings = Settings.load()
     _configure_logging(settings)
+    instance = claim(config_dir())
+    if instance is None:
+        log.info("sangama-app already runs for this user: brought it to the front")
+        return 0
     desktop = DesktopApp(settings)
+    instance.show_requested.connect(desktop.bring_to_front)
     app.aboutToQuit.connect(desktop.quit)
+    app.aboutToQuit.connect(instance.release)
     if needs_first_run(settings, desktop.node.joined):
         desktop.open_first_run()
     log.info("sangama-app started on %s", QGuiApplication.platformName())

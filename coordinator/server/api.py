@@ -32,6 +32,7 @@ from coordinator.contract import (
     CaAnswer,
     Heartbeat,
     HeartbeatAnswer,
+    InviteCheck,
     JoinAnswer,
     RouteAnswer,
     RouteStage,
@@ -44,6 +45,7 @@ from coordinator.server.api_models import (
     ERROR_REASONS,
     MAX_BODY_BYTES,
     HeartbeatIn,
+    InviteCheckIn,
     InviteIn,
     InviteOut,
     JoinIn,
@@ -58,7 +60,7 @@ from coordinator.server.api_models import (
 from coordinator.server.api_models import (
     documented_errors as _errors,
 )
-from coordinator.server.invite_book import InviteRecord
+from coordinator.server.invite_book import InviteRecord, check_invite
 from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.operator_logins import OperatorLogins
@@ -66,7 +68,7 @@ from coordinator.server.prediction import Level
 from coordinator.server.remote_model import local_piece, piece_response
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import Coordinator
-from coordinator.server.store import as_utc
+from coordinator.server.store import as_utc, utcnow
 
 _TOO_BIG = f"request body larger than {MAX_BODY_BYTES} bytes"
 SESSION_COOKIE = "sangama_session"
@@ -154,6 +156,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     app.state.sessions = sessions
     # Failed operator logins and invite redemptions per caller address (limits.py).
     login_limits, join_limits = AttemptLimiter(5, 60.0), AttemptLimiter(10, 60.0)
+    check_limits = AttemptLimiter(10, 60.0)  # invite checks: no guessing codes through it
     limits_lock = threading.Lock()  # sync routes run on a thread pool
 
     def limited(limiter: AttemptLimiter, request: Request) -> str:
@@ -224,6 +227,20 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
             raise
         attempt(join_limits, caller, ok=True)
         return answer
+
+    @app.post(
+        c.INVITE_CHECK,
+        response_model=InviteCheck,
+        tags=["public"],
+        responses=_errors(413, 429),
+    )
+    def invite_check(body: InviteCheckIn, request: Request) -> InviteCheck:
+        """Would this invite be accepted now? Nothing is used; refusals count against the
+        caller like failed joins do, so it cannot be used to guess codes."""
+        caller = limited(check_limits, request)
+        found = check_invite(coord.store, body.secret, utcnow())
+        attempt(check_limits, caller, ok=found.valid)
+        return found
 
     @app.get(c.HEALTH, tags=["public"])
     def health() -> dict[str, str]:

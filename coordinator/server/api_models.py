@@ -79,6 +79,10 @@ class JoinIn(_In):
     csr_pem: str = Field(min_length=1, max_length=8000)
 
 
+class InviteCheckIn(_In):
+    secret: str = Field(min_length=1, max_length=200)
+
+
 class RenewIn(_In):
     csr_pem: str = Field(min_length=1, max_length=8000)
 

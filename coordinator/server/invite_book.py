@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from coordinator import invites as inv
+from coordinator.contract import InviteCheck
 from coordinator.errors import NotFound
 from coordinator.server.store import Invite, Store, as_utc, utcnow
 
@@ -90,3 +91,21 @@ def revoke_invite(store: Store, invite_id: int) -> None:
         if row is None:
             raise NotFound(f"no invite {invite_id}")
         row.revoked = True
+
+
+def check_invite(store: Store, secret: str, now: dt.datetime) -> InviteCheck:
+    """Would joining with `secret` be accepted now? Read-only: no use is taken, so a
+    volunteer can check a new code before leaving the swarm they serve."""
+    with store.session() as s:
+        row = s.scalars(select(Invite).where(Invite.secret_hash == inv.hash_secret(secret))).first()
+        state = (
+            None
+            if row is None
+            else inv.InviteState(row.role, row.uses_left, as_utc(row.expires_at), row.revoked)
+        )
+    try:
+        inv.check_usable(state, now)
+    except inv.InviteError as exc:
+        return InviteCheck(False, "", str(exc))
+    assert state is not None
+    return InviteCheck(True, state.role, "")

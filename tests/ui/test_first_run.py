@@ -157,14 +157,14 @@ def test_first_run_walks_through_to_serving(
         assert desk.node.status.state is ServeState.SERVING and not desk.quitting
 
         # Quit asks while a conversation runs (the status a heartbeat would report)
-        desk.node._apply(replace(desk.node.status, sessions=1))
+        desk.node._apply(replace(desk.node.status, sessions=5, running=1))
         box = desk.request_quit()
         assert box is not None and box.isVisible() and not desk.quitting
         assert box.text().startswith("1 conversation runs through this PC")
         assert box.grab().save(str(artifacts / "first_run_quit_question.png"))
         box.button(QMessageBox.StandardButton.No).click()
         assert not desk.quitting and desk.node.status.state is ServeState.SERVING
-        desk.node._apply(replace(desk.node.status, sessions=0))
+        desk.node._apply(replace(desk.node.status, sessions=5, running=0))
         assert desk.request_quit() is None and desk.quitting  # nothing running: at once
     finally:
         desk.quit()

@@ -84,15 +84,16 @@ def test_join_serve_pause_resume_quit(
         assert compute is not None and compute.backend, compute
         assert compute.layers_text.endswith("/4 layers on GPU")
 
-        # a used code: the coordinator's reason, in words
+        # a used code while serving: checked with the coordinator, nothing stops
         dialog.hide()
         dialog2 = desk.open_join()
         dialog2.code.setText(good)
-        with qtbot.waitSignal(desk.node.join_finished, timeout=20000):
+        with qtbot.waitSignal(desk.node.code_checked, timeout=20000):
             dialog2.join_button.click()
         assert "already been used" in dialog2.result_label.text()
+        assert "keeps serving" in dialog2.result_label.text()
+        assert desk.node.status.state is ServeState.SERVING and desk.node.serving
         dialog2.hide()
-        qtbot.waitUntil(lambda: desk.node.status.state is ServeState.SERVING, timeout=60000)
 
         # pause stops and frees the stage; resume rejoins and serves again
         desk.rebuild_menu()
@@ -109,3 +110,66 @@ def test_join_serve_pause_resume_quit(
     finally:
         desk.quit()
     assert not desk.runner.running  # the loop thread ended: clean shutdown
+
+
+def test_a_revoked_code_leaves_the_stage_serving_and_a_good_one_asks_first(
+    qapp: QApplication,
+    qtbot: QtBot,
+    coord: CoordinatorProcess,
+    tmp_path: Path,
+    isolated_dirs: Path,
+) -> None:
+    qapp.setQuitOnLastWindowClosed(False)
+    settings = Settings(vram_cap_bytes=2 * 1024**3)  # the volunteer's own cap
+    desk = DesktopApp(
+        settings,
+        settings_dir=tmp_path / "settings",
+        identity_dir=tmp_path / "identity",
+        history=History(tmp_path / "chats"),
+        tray_available=True,
+    )
+    try:
+        first = coord.admin.create_invite("worker")["code"]
+        desk.node.join(first, settings.vram_cap_bytes)
+        qtbot.waitUntil(lambda: desk.node.status.state is ServeState.SERVING, timeout=60000)
+        node_id = desk.node.status.node_id
+        serving = desk.node.status
+
+        revoked = coord.admin.create_invite("worker")
+        coord.admin.delete(f"/api/v1/invites/{revoked['id']}")
+        dialog = desk.open_join()
+        assert dialog.cap_bytes == settings.vram_cap_bytes  # the cap set, not all that is free
+        states: list[ServeState] = []
+        desk.node.status_changed.connect(lambda s: states.append(s.state))
+        dialog.code.setText(revoked["code"])
+        with qtbot.waitSignal(desk.node.code_checked, timeout=20000) as checked:
+            dialog.join_button.click()
+        assert checked.args is not None and checked.args[0] is False
+        assert "revoked" in dialog.result_label.text()
+        assert "keeps serving" in dialog.result_label.text()
+        assert desk.node.serving and desk.node.status.state is ServeState.SERVING
+        assert desk.node.status.node_id == node_id and desk.node.status.layers == serving.layers
+        assert all(s is ServeState.SERVING for s in states), states  # never left, not even briefly
+        assert dialog.isVisible()
+        shots = Path(__file__).resolve().parents[2] / "artifacts"
+        shots.mkdir(exist_ok=True)
+        assert dialog.grab().save(str(shots / "join_dialog_revoked_code_keeps_stage.png"))
+
+        # A good code: valid, but leaving the swarm is asked first; nothing stopped yet.
+        second = coord.admin.create_invite("worker")["code"]
+        dialog.code.setText(second)
+        with qtbot.waitSignal(desk.node.code_checked, timeout=20000) as checked:
+            dialog.join_button.click()
+        assert checked.args is not None and checked.args[0] is True
+        assert "Leave" in dialog.join_button.text() and dialog.join_button.isEnabled()
+        assert "leaves the swarm" in dialog.result_label.text()
+        assert desk.node.serving and desk.node.status.node_id == node_id
+        with qtbot.waitSignal(desk.node.join_finished, timeout=60000) as joined:
+            dialog.join_button.click()
+        assert joined.args is not None and joined.args[0] is True, joined.args
+        assert joined.args[1] != node_id
+        qtbot.waitUntil(lambda: desk.node.status.state is ServeState.SERVING, timeout=60000)
+        assert desk.node.status.node_id == joined.args[1]
+        assert Settings.load(tmp_path / "settings").vram_cap_bytes == 2 * 1024**3
+    finally:
+        desk.quit()

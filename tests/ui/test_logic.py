@@ -86,8 +86,8 @@ def test_status_summary_words() -> None:
     assert NodeStatus().summary == "Sangama: not joined"
     s = NodeStatus(state=ServeState.DOWNLOADING, progress=0.42)
     assert s.summary == "Sangama: downloading (42%)"
-    s = NodeStatus(state=ServeState.SERVING, layers=(4, 9), sessions=1)
-    assert s.summary == "Sangama: serving layers 4-8 (1 session)"
+    s = NodeStatus(state=ServeState.SERVING, layers=(4, 9), sessions=9, running=1)
+    assert s.summary == "Sangama: serving layers 4-8 (1 running now, 9 since start)"
     s = NodeStatus(state=ServeState.ERROR, error="Disk full")
     assert s.summary == "Sangama: error: Disk full"
     s = NodeStatus(state=ServeState.PAUSING, finishing=2)

@@ -150,9 +150,10 @@ def test_the_serving_notice_names_the_layers_and_how_to_stop() -> None:
 
 
 def test_quit_asks_only_while_conversations_run() -> None:
-    assert quit_question(NodeStatus(state=ServeState.SERVING, sessions=0)) is None
+    # `sessions` is a running total: 9 opened since start, none open now, asks nothing.
+    assert quit_question(NodeStatus(state=ServeState.SERVING, sessions=9, running=0)) is None
     assert quit_question(NodeStatus(state=ServeState.PAUSED)) is None
-    one = quit_question(NodeStatus(state=ServeState.SERVING, sessions=1))
+    one = quit_question(NodeStatus(state=ServeState.SERVING, sessions=9, running=1))
     assert one is not None and one.startswith("1 conversation runs") and "it off" in one
     two = quit_question(NodeStatus(state=ServeState.PAUSING, finishing=2))
     assert two is not None and two.startswith("2 conversations run") and "them off" in two
