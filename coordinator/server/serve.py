@@ -9,6 +9,7 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import platformdirs
 from cryptography.hazmat.primitives import serialization
@@ -95,6 +96,32 @@ def https_identity(ca: auth.CertifiedKey, data_dir: Path, host: str) -> tuple[Pa
     _write_secret(key_path, pem.decode())
     cert_path.write_bytes(auth.certificate_chain_pem(cert, ca.certificate))
     return cert_path, key_path
+
+
+def fingerprint_text(sha256_hex: str) -> str:
+    """A certificate's sha256 as browsers show it: "SHA256:AB:CD:..."."""
+    pairs = [sha256_hex[i : i + 2].upper() for i in range(0, len(sha256_hex), 2)]
+    return "SHA256:" + ":".join(pairs)
+
+
+def page_guidance(page_url: str, ca_path: Path, ca_fingerprint: str) -> str:
+    """What the operator reads at start: where the page is and how to trust the swarm's
+    certificate (the browser has never heard of this swarm's CA, so it warns)."""
+    url = urlsplit(page_url)
+    host = url.hostname or ""
+    if host in ("0.0.0.0", "::"):  # every interface: this PC's own address, whatever it is
+        local = f"https://127.0.0.1:{url.port or 443}/"
+        where = f"https://THIS-PC'S-ADDRESS:{url.port or 443}/ ({local} on this PC)"
+    else:
+        where = page_url.rstrip("/") + "/"
+    return (
+        f"operator page: open {where}\n"
+        "  your browser will warn about the certificate: it comes from this swarm's own CA,\n"
+        f"  at {ca_path}, fingerprint {fingerprint_text(ca_fingerprint)}.\n"
+        "  Check that fingerprint in the browser's certificate viewer (the issuer,\n"
+        "  sangama-swarm) before accepting the warning, or import that file as a trusted\n"
+        "  authority in the browser's certificate settings so it stops warning."
+    )
 
 
 def hosted_model(model: str, data_dir: Path, keep_pieces: bool = False) -> HostedModel:
@@ -207,6 +234,8 @@ def serve(options: CoordinatorOptions) -> int:
     async def startup(sockets: object = None) -> None:
         await original_startup(sockets)  # type: ignore[arg-type]
         print(f"READY {coord.public_url} ca={coord.ca_fingerprint}", flush=True)
+        ca_path = options.data_dir / "ca" / "ca.pem"
+        print(page_guidance(coord.public_url, ca_path, coord.ca_fingerprint), file=sys.stderr)
 
     server.startup = startup  # type: ignore[method-assign]
     server.run()

@@ -88,6 +88,11 @@ class Node(Base):
     last_seen: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The operator's name for it (its invite's note at first) and when the operator
+    # forgot it: a forgotten node is out of the registry, its row kept (revoked) until
+    # its certificates expire (migration 0005).
+    name: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    forgotten_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class Certificate(Base):
@@ -116,6 +121,18 @@ class Sample(Base):
     node_id: Mapped[str] = mapped_column(String(64))
     tokens: Mapped[int] = mapped_column(Integer, default=0)
     compute_ms: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Event(Base):
+    """One line of the operator's timeline (coordinator/server/timeline.py keeps the
+    newest few hundred). `node_id` is no foreign key: a forgotten node's story stays."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    node_id: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    detail: Mapped[str] = mapped_column(String(300), default="", server_default="")
 
 
 class Setting(Base):
@@ -190,7 +207,9 @@ class Store:
 
     # -- queries used by several routes
     def nodes(self, s: Session) -> list[Node]:
-        return list(s.scalars(select(Node).order_by(Node.node_id)))
+        """The registry: every node the operator has not forgotten."""
+        query = select(Node).where(Node.forgotten_at.is_(None)).order_by(Node.node_id)
+        return list(s.scalars(query))
 
     def revoked_serials(self) -> list[str]:
         with self.session() as s:
@@ -199,6 +218,22 @@ class Store:
     def rtt_map(self) -> dict[tuple[str, str], float]:
         with self.session() as s:
             return {(r.src, r.dst): r.ms for r in s.scalars(select(Rtt))}
+
+    # -- the operator's timeline (coordinator/server/timeline.py)
+    def add_events(self, rows: list[Event], keep: int) -> None:
+        """Add events; keep only the newest `keep` (ids grow by one an event, so one
+        indexed delete; a gap in the ids only keeps fewer)."""
+        with self.session() as s:
+            s.add_all(rows)
+            s.flush()
+            newest = max(r.id for r in rows)
+            s.execute(delete(Event).where(Event.id <= newest - keep))
+
+    def events(self, after: int, limit: int) -> list[Event]:
+        """The newest `limit` events with an id above `after`, oldest first."""
+        with self.session() as s:
+            query = select(Event).where(Event.id > after).order_by(Event.id.desc()).limit(limit)
+            return list(reversed(s.scalars(query).all()))
 
     # -- operator logins (by token hash)
     def add_login(self, token_hash: str, expires_at: dt.datetime) -> None:
