@@ -74,8 +74,10 @@ class _State:
 
     def weigh(self, outcome: str, reason: str, max_failures: int) -> SourceHealth:
         with self.lock:
-            self.health = after(self.health, outcome, reason, max_failures)
-            return self.health
+            before, self.health = self.health, after(self.health, outcome, reason, max_failures)
+        if self.health.demoted and not before.demoted:  # said once, whichever piece did it
+            log.warning("mirror demoted (%s): the coordinator serves the rest", reason)
+        return self.health
 
     def usable(self) -> bool:
         with self.lock:
@@ -155,7 +157,7 @@ def fetch_pieces(
         ranges = mirror.ranges(piece.name)
         if ranges is not None and state.usable():
             path = _from_mirror(
-                session, base_url, http, mirror, ranges, piece, dest, state, opts, retries
+                session, base_url, http, mirror, ranges, piece, dest, state, opts, retries, backoff
             )
             if path is not None:
                 return path
@@ -207,6 +209,7 @@ def _from_mirror(
     state: _State,
     opts: RangeOptions,
     retries: int,
+    backoff: float,
 ) -> Path | None:
     """The piece built from its header and the mirror's bytes and verified, or None when
     the mirror failed it (the caller then asks the coordinator)."""
@@ -237,17 +240,16 @@ def _from_mirror(
                     state.progress(piece, done)
             verify_piece(dest, replace(piece, file=part.name))
         except MirrorError as exc:
-            health = state.weigh(exc.outcome, exc.reason, retries)
             if exc.outcome == WRONG:
                 part.unlink(missing_ok=True)
             log.info("mirror failed piece %s: %s", piece.name, exc)
-            if health.demoted:
-                log.warning("mirror demoted (%s): the coordinator serves the rest", health.reason)
+            health = state.weigh(exc.outcome, exc.reason, retries)
+            if not health.demoted and state.stop.wait(backoff * 2 ** max(health.failures - 1, 0)):
+                raise _Cancelled from exc
             continue
         except PieceCorruptError as exc:
             part.unlink(missing_ok=True)
             state.weigh(WRONG, f"piece {piece.name}: {exc.reason}", retries)
-            log.warning("mirror gave piece %s wrong bytes (%s): demoted", piece.name, exc.reason)
             return None
         state.weigh(OK, "", retries)
         part.replace(final)

@@ -48,7 +48,8 @@ class RangeServer:
     None when absent) and `sent_bytes[f]` (body bytes written out).
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, tls: tuple[Path, Path] | None = None) -> None:
+        """`tls`: (certificate chain, key) files to serve HTTPS with instead of HTTP."""
         self.root = Path(root).resolve()
         self.fail_after_bytes: dict[str, int] = {}
         self.stall_after_bytes: dict[str, int] = {}
@@ -65,9 +66,11 @@ class RangeServer:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self.port: int = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         config = uvicorn.Config(
             self,
+            ssl_certfile=str(tls[0]) if tls else None,
+            ssl_keyfile=str(tls[1]) if tls else None,
             log_config=None,
             log_level=logging.CRITICAL,  # the injected aborts would log tracebacks
             access_log=False,
@@ -168,9 +171,9 @@ def _take(names: set[str], name: str) -> bool:
 
 
 @contextmanager
-def serve_dir(path: Path) -> Iterator[RangeServer]:
+def serve_dir(path: Path, tls: tuple[Path, Path] | None = None) -> Iterator[RangeServer]:
     """Serve the files under `path` on a fresh loopback port for the `with` block."""
-    server = RangeServer(path)
+    server = RangeServer(path, tls)
     server.start()
     try:
         yield server
