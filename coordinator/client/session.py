@@ -38,8 +38,10 @@ from coordinator.contract import (
 )
 from coordinator.errors import CoordinatorError, MalformedAnswer
 from coordinator.invites import InviteCode, invite_refusal
+from coordinator.releases import RELEASE_HEADER
 from core.manifest import Manifest
 from net import auth
+from net.versions import this_release
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,9 @@ def _call(session: requests.Session, method: str, url: str, **kw: Any) -> Any:
     # session.verify, which would silently swap our pinned swarm CA for system roots.
     kw.setdefault("verify", session.verify)
     kw.setdefault("timeout", TIMEOUT)
+    # Every call says which release asks: the coordinator refuses releases too old to
+    # share a chain with the others (coordinator.releases), in words the tray shows.
+    kw["headers"] = {RELEASE_HEADER: this_release(), **kw.get("headers", {})}
     try:
         with session.request(method, url, stream=True, **kw) as r:
             body = _bounded_body(r, url)
