@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -71,14 +72,14 @@ class Swarm:
     tmp: Path
 
     def fetch(
-        self, layers: LayerRange, dest: str, only: list[str] | None = None, **kw: object
+        self, layers: LayerRange, dest: str, only: list[str] | None = None, **kw: Any
     ) -> FetchReport:
         """Fetch the pieces of a stage holding `layers` (those named in `only`, if given)."""
         pieces = [p for p in self.manifest.pieces_for(layers) if only is None or p.name in only]
         kw.setdefault("chunk_bytes", CHUNK)
         kw.setdefault("backoff", 0.0)
         with requests.Session() as coord:
-            return fetch_pieces(  # type: ignore[arg-type]
+            return fetch_pieces(
                 coord,
                 self.coordinator.url,
                 self.manifest.mirror,
@@ -135,7 +136,7 @@ def swarm(
     if request.param == "shards":
         first = split_gguf(model, hub_dir, "rich", 5)[0].name
     else:
-        first = shutil.copy(model, hub_dir / "rich.gguf").name
+        first = Path(shutil.copy(model, hub_dir / "rich.gguf")).name
     with requests.Session() as mirror:
         mirror.verify = str(tls.ca)
         hub = RangeServer(hub_dir, tls.pair)
