@@ -34,6 +34,9 @@ ASSIGNMENT = f"{API}/nodes/{{node_id}}/assignment"
 RENEW = f"{API}/nodes/{{node_id}}/renew"
 REVOKE_NODE = f"{API}/nodes/{{node_id}}/revoke"
 TRUST_NODE = f"{API}/nodes/{{node_id}}/trust"
+NODE = f"{API}/nodes/{{node_id}}"
+NAME_NODE = f"{API}/nodes/{{node_id}}/name"
+EVENTS = f"{API}/events"
 TURN = f"{API}/turn"
 SIGNALS = f"{API}/signal"
 SIGNAL_TO = f"{API}/signal/{{peer_id}}"
@@ -337,6 +340,13 @@ class Heartbeat:
     serves (core.step_profile); the coordinator predicts the fleet's tokens/s from it."""
     row_budget: int = 0
     """Rows one engine step of its stage takes at most (0: serves none)."""
+    activity: str = ""
+    """What the node does now: waiting (for a stage), standby (a spare getting a stage
+    ready), downloading, loading or serving; "" from a node that does not say. The
+    operator's timeline and page show it."""
+    download_done_bytes: int = 0
+    download_total_bytes: int = 0
+    """While downloading: its stage's pieces on disk, and in all."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -401,6 +411,10 @@ class HeartbeatAnswer:
     standby: Assignment | None = None
     """For a spare: the stage it should get ready for (download its pieces now), the
     one most at risk of losing its node (coordinator/server/spare_policy.py)."""
+    latest_release: str = ""
+    """The newest Sangama release the operator announced ("": none)."""
+    min_release: str = ""
+    """The oldest release this swarm admits ("": every one)."""
 
     @staticmethod
     def from_json(doc: Any) -> HeartbeatAnswer:
@@ -412,6 +426,8 @@ class HeartbeatAnswer:
                 None if not found else Assignment.from_json(found),
                 tuple(_text(s, "a revoked serial", 128) for s in serials),
                 None if not ready else Assignment.from_json(ready),
+                _text(d.get("latest_release", ""), "latest_release", 64, empty=True),
+                _text(d.get("min_release", ""), "min_release", 64, empty=True),
             )
 
         return _read("heartbeat answer", build, doc)

@@ -50,7 +50,7 @@ from coordinator.errors import CoordinatorError
 from core.admission import LLAMA_MAX_SEQ
 from core.hardware import detect_hardware, memory_in_use
 from core.types import LayerRange
-from net import event_loop
+from net import event_loop, reach_probe
 from net.quic import DEFAULT_LIBRARY, QuicTuning
 from net.rate import Throttle, upload_throttle
 
@@ -157,6 +157,42 @@ def _beat(client: CoordinatorClient, report: Heartbeat) -> HeartbeatAnswer:
     return client.heartbeat(report)
 
 
+FIRST_PROGRESS_BEAT_S = 0.5
+"""The first heartbeat of a download comes this soon: its size is known by then, and the
+operator's timeline shows a short download too."""
+
+
+class _BeatsMeanwhile:
+    """Heartbeats while a stage is downloaded and loaded (an async context): the
+    coordinator's timeline and page show the progress, and a long download does not
+    look like a dead node. `now` is the heartbeat to send next; the answers are not
+    read (the assignment is read again once the stage serves)."""
+
+    def __init__(self, client: CoordinatorClient, now: Heartbeat) -> None:
+        self.client, self.now = client, now
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _BeatsMeanwhile:
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(FIRST_PROGRESS_BEAT_S)
+        while True:
+            try:
+                await loop.run_in_executor(None, _beat, self.client, self.now)
+            except CoordinatorError as exc:  # said again at the next beat
+                log.info("heartbeat failed: %s", exc)
+            await asyncio.sleep(HEARTBEAT_S)
+
+
 async def _wait_for_assignment(
     client: CoordinatorClient,
     report_beat: Heartbeat,
@@ -171,7 +207,9 @@ async def _wait_for_assignment(
     fetching: asyncio.Task[object] | None = None
     while not stop.is_set():
         try:
-            beat = await loop.run_in_executor(None, _beat, client, report_beat)
+            doing = "waiting" if ready is None else "standby"
+            asking = replace(report_beat, activity=doing)
+            beat = await loop.run_in_executor(None, _beat, client, asking)
             if beat.assignment is not None:
                 # The standby stage promoted: served as pre-loaded. Another stage: the
                 # pre-load is freed (a download resumes later where it stopped).
@@ -283,9 +321,17 @@ async def serve_coordinated(
         return await standby_stage.preload(stage_config(options, identity, port, ready, pieces))
 
     while not stop.is_set():
-        assignment, loaded = await _wait_for_assignment(
-            client, report_beat, stop, report, base, standby
-        )
+        # The coordinator places a node only once its address answered a probe
+        # (net/reach_probe.py): answered from the port the stage will serve on, free
+        # again before the stage binds it.
+        responder = await reach_probe.open_responder(host, port)
+        try:
+            assignment, loaded = await _wait_for_assignment(
+                client, report_beat, stop, report, base, standby
+            )
+        finally:
+            if responder is not None:
+                responder.close()
         if assignment is None:
             return
         layers = LayerRange(*assignment.layers)
@@ -300,8 +346,20 @@ async def serve_coordinated(
         )
         report(status)
 
-        def on_progress(p: DownloadProgress, status: NodeStatus = status) -> None:
+        meanwhile = _BeatsMeanwhile(client, replace(report_beat, activity="downloading"))
+
+        def on_progress(
+            p: DownloadProgress,
+            status: NodeStatus = status,
+            meanwhile: _BeatsMeanwhile = meanwhile,
+        ) -> None:
             fraction = p.all_done_bytes / p.all_total_bytes if p.all_total_bytes else 1.0
+            # Called on the download's thread: one attribute set, read by the beat task.
+            meanwhile.now = replace(
+                meanwhile.now,
+                download_done_bytes=min(p.all_done_bytes, p.all_total_bytes),
+                download_total_bytes=p.all_total_bytes,
+            )
             report(
                 replace(
                     status,
@@ -311,35 +369,37 @@ async def serve_coordinated(
                 )
             )
 
-        pieces_dir = await prepare_pieces(
-            identity, client, assignment, on_progress, options.download_bytes_per_s
-        )
-        if stop.is_set():  # paused while downloading: nothing to load
-            standby_stage.free(loaded)
-            return
-        report(replace(status, state=ServeState.LOADING, progress=1.0))
-        hop = assignment.next_hop
-        config = stage_config(options, identity, port, assignment, pieces_dir)
-        if loaded is not None and not loaded.fits(config):
-            standby_stage.free(loaded)
-            loaded = None
-        if loaded is None:
-            print(f"LOADING {layers}", flush=True)
-        creds = identity.credentials()
-        # Renews its relay credentials before they expire (they live under half an hour).
-        ice = IceConfigSource(
-            client, advertised_candidates(options.advertise), relay_only=options.relay_only
-        )
-        await loop.run_in_executor(None, ice.current)
-        router = SignalRouter(client)
-        tuning = QuicTuning(
-            library=options.quic_library,
-            send_throttle=upload_throttle(options.upload_bytes_per_s),
-        )
-        link_dialer = LinkDialer(creds, router, ice, tuning, direct=not options.relay_only)
-        log.info("starting the stage (%s)", "pre-loaded" if loaded else "loaded now")
-        worker = await start_worker(config, creds, link_dialer.dial_with_path, loaded)
-        log.info("stage started")
+        async with meanwhile:
+            pieces_dir = await prepare_pieces(
+                identity, client, assignment, on_progress, options.download_bytes_per_s
+            )
+            if stop.is_set():  # paused while downloading: nothing to load
+                standby_stage.free(loaded)
+                return
+            report(replace(status, state=ServeState.LOADING, progress=1.0))
+            meanwhile.now = replace(report_beat, activity="loading")
+            hop = assignment.next_hop
+            config = stage_config(options, identity, port, assignment, pieces_dir)
+            if loaded is not None and not loaded.fits(config):
+                standby_stage.free(loaded)
+                loaded = None
+            if loaded is None:
+                print(f"LOADING {layers}", flush=True)
+            creds = identity.credentials()
+            # Renews its relay credentials before they expire (they live under half an hour).
+            ice = IceConfigSource(
+                client, advertised_candidates(options.advertise), relay_only=options.relay_only
+            )
+            await loop.run_in_executor(None, ice.current)
+            router = SignalRouter(client)
+            tuning = QuicTuning(
+                library=options.quic_library,
+                send_throttle=upload_throttle(options.upload_bytes_per_s),
+            )
+            link_dialer = LinkDialer(creds, router, ice, tuning, direct=not options.relay_only)
+            log.info("starting the stage (%s)", "pre-loaded" if loaded else "loaded now")
+            worker = await start_worker(config, creds, link_dialer.dial_with_path, loaded)
+            log.info("stage started")
         try:
             serve_ice_offers(router, worker.server, ice)
             router.start()
@@ -358,7 +418,11 @@ async def serve_coordinated(
                 compute=compute,
             )
             # Fixed for the stage's life (the offload plan is made once, at load).
-            stage_beat = replace(report_beat, **(compute.heartbeat_fields() if compute else {}))
+            stage_beat = replace(
+                report_beat,
+                activity="serving",
+                **(compute.heartbeat_fields() if compute else {}),
+            )
             # Tell the coordinator before anyone is told "serving": a long download and
             # load can outlast its dead-node timeout, and a client asking for a route the
             # moment this stage serves must find it there.

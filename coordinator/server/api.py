@@ -41,9 +41,11 @@ from coordinator.contract import (
     TurnCredentials,
 )
 from coordinator.errors import AccessDenied, JoinRefused, NotFound
+from coordinator.releases import RELEASE_HEADER, ReleaseRefused, check_release
 from coordinator.server.api_models import (
     ERROR_REASONS,
     MAX_BODY_BYTES,
+    EventOut,
     HeartbeatIn,
     InviteCheckIn,
     InviteIn,
@@ -51,23 +53,28 @@ from coordinator.server.api_models import (
     JoinIn,
     LevelOut,
     LoginIn,
+    NameIn,
     NodeOut,
     PredictionOut,
     RenewIn,
     SignalIn,
     SwarmOut,
+    TrustIn,
 )
 from coordinator.server.api_models import (
     documented_errors as _errors,
 )
+from coordinator.server.events import KINDS
 from coordinator.server.invite_book import InviteRecord, check_invite
 from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
+from coordinator.server.node_claims import TooFast
 from coordinator.server.operator_logins import OperatorLogins
 from coordinator.server.prediction import Level
 from coordinator.server.remote_model import local_piece, piece_response
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator
+from coordinator.server.service import Coordinator, NodeAlive
+from coordinator.server.signalling import SignalRefused
 from coordinator.server.store import as_utc, utcnow
 
 _TOO_BIG = f"request body larger than {MAX_BODY_BYTES} bytes"
@@ -78,8 +85,44 @@ ADMIN_TOKEN = "admin_token_hash"
 # ---------------------------------------------------------------- who is asking
 
 
+_FORWARDING_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
+
+
+def _in(host: str, networks: tuple[str, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(n, strict=False) for n in networks)
+
+
+def caller_address(request: Request, trusted_proxies: tuple[str, ...]) -> str:
+    """Who is asking: the connection's peer, or, where that peer is a configured
+    trusted proxy (`--trusted-proxy`), the nearest address in its X-Forwarded-For that
+    is not itself a trusted proxy. No header is believed from anyone else: a caller
+    would name itself anew on every try and escape every limit."""
+    peer = request.client.host if request.client is not None else "unknown"
+    if not trusted_proxies or not _in(peer, trusted_proxies):
+        return peer
+    hops = [h.strip() for h in request.headers.get("x-forwarded-for", "").split(",")]
+    for hop in reversed(hops):
+        if not hop or _in(hop, trusted_proxies):
+            continue
+        try:
+            return str(ipaddress.ip_address(hop))
+        except ValueError:
+            return peer  # a hop we cannot read: the proxy itself answers for it
+    return peer
+
+
 def _loopback(request: Request) -> bool:
-    host = request.client.host if request.client is not None else ""
+    """Asked from this machine, and not passed on by a proxy on this machine (which
+    would make every caller on the internet look local)."""
+    trusted: tuple[str, ...] = request.app.state.coord.settings.trusted_proxies
+    host = caller_address(request, trusted)
+    peer = request.client.host if request.client is not None else ""
+    if not _in(peer, trusted) and any(h in request.headers for h in _FORWARDING_HEADERS):
+        return False
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -159,10 +202,18 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     check_limits = AttemptLimiter(10, 60.0)  # invite checks: no guessing codes through it
     limits_lock = threading.Lock()  # sync routes run on a thread pool
 
+    def admit_release(stated: str | None) -> None:
+        # 426 Upgrade Required: the node's release is older than this swarm admits.
+        try:
+            check_release(stated, coord.settings.min_release)
+        except ReleaseRefused as exc:
+            raise HTTPException(426, str(exc)) from None
+
     def limited(limiter: AttemptLimiter, request: Request) -> str:
-        caller = request.client.host if request.client is not None else "unknown"
+        """The caller, its attempt counted as failed until it succeeds; else a 429."""
+        caller = caller_address(request, coord.settings.trusted_proxies)
         with limits_lock:
-            wait = limiter.retry_after(caller, time.monotonic())
+            wait = limiter.admit(caller, time.monotonic())
         if wait > 0:
             seconds = str(math.ceil(wait))
             raise HTTPException(
@@ -173,11 +224,9 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         return caller
 
     def attempt(limiter: AttemptLimiter, caller: str, ok: bool) -> None:
-        with limits_lock:
-            if ok:
+        if ok:  # a failure was counted when the attempt was admitted
+            with limits_lock:
                 limiter.succeeded(caller)
-            else:
-                limiter.failed(caller, time.monotonic())
 
     app.add_middleware(_LimitBody)
 
@@ -203,6 +252,22 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     async def refused(_r: Request, exc: JoinRefused) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, 400)
 
+    @app.exception_handler(TooFast)
+    async def too_fast(_r: Request, exc: TooFast) -> JSONResponse:
+        seconds = str(max(1, math.ceil(exc.retry_after_s)))
+        return JSONResponse({"detail": str(exc)}, 429, headers={"Retry-After": seconds})
+
+    @app.exception_handler(SignalRefused)
+    async def signal_refused(_r: Request, exc: SignalRefused) -> JSONResponse:
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+        return JSONResponse(
+            {"detail": str(exc)}, exc.status, headers=headers if exc.status == 429 else None
+        )
+
+    @app.exception_handler(NodeAlive)
+    async def alive(_r: Request, exc: NodeAlive) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 409)
+
     @app.exception_handler(ValueError)
     async def bad_value(_r: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, 400)
@@ -220,6 +285,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     )
     def join(body: JoinIn, request: Request) -> JoinAnswer:
         caller = limited(join_limits, request)
+        admit_release(request.headers.get(RELEASE_HEADER))
         try:
             answer = coord.join(body.secret, body.csr_pem)
         except inv.InviteError:
@@ -271,16 +337,21 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         c.HEARTBEAT,
         response_model=HeartbeatAnswer,
         tags=["nodes"],
-        responses=_errors(400, 401, 403, 413),
+        responses=_errors(400, 401, 403, 413, 429),
     )
-    def heartbeat(node_id: NodePath, body: HeartbeatIn, who: NodeId) -> HeartbeatAnswer:
+    def heartbeat(
+        node_id: NodePath, body: HeartbeatIn, who: NodeId, request: Request
+    ) -> HeartbeatAnswer:
         if node_id != who:
             raise HTTPException(403, "a node may only report for itself")
+        admit_release(request.headers.get(RELEASE_HEADER))
         found = coord.heartbeat(who, Heartbeat(**body.model_dump()))
         return HeartbeatAnswer(
             assignment=found,
             revoked_serials=tuple(coord.revoked_serials()),
             standby=None if found is not None else coord.standby_assignment(who),
+            latest_release=coord.settings.latest_release,
+            min_release=coord.settings.min_release,
         )
 
     @app.get(
@@ -319,7 +390,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
             raise HTTPException(404, "this swarm has no relay")
         return creds
 
-    @app.post(c.SIGNAL_TO, tags=["nodes"], responses=_errors(400, 401, 404, 413))
+    @app.post(c.SIGNAL_TO, tags=["nodes"], responses=_errors(400, 401, 403, 404, 413, 429))
     def signal(peer_id: NodePath, body: SignalIn, who: NodeId) -> dict[str, str]:
         coord.post_signal(who, peer_id, SignalPost(**body.model_dump()))
         return {"status": "queued"}
@@ -343,12 +414,12 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
 
     @app.get(c.ROUTE, response_model=RouteAnswer, tags=["nodes"], responses=_errors(401, 404))
     def route(
-        _who: NodeId,
+        who: NodeId,
         model: str = "default",
-        avoid: Annotated[list[str] | None, Query()] = None,
+        avoid: Annotated[list[str] | None, Query(max_length=16)] = None,
     ) -> RouteAnswer:
-        # A client that found stages dead asks around them (at most 16 ids are read).
-        return coord.route(model, tuple(a[:64] for a in (avoid or [])[:16]))
+        # A client that found stages dead asks around them (at most 16 ids).
+        return coord.route(model, tuple(a[:64] for a in (avoid or [])), asker=who)
 
     @app.get(c.MANIFEST, tags=["nodes"], responses=_errors(401, 404))
     def manifest(name: str, _who: NodeId) -> Response:
@@ -418,6 +489,45 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         coord.revoke_node(node_id)
         return {"status": "revoked"}
 
+    @app.post(c.TRUST_NODE, tags=["operator"], responses=_errors(401, 404, 413))
+    def trust_node(node_id: NodePath, body: TrustIn, _a: Admin) -> dict[str, str]:
+        """Mark a node trusted (or not) for the first and last stage (--trusted-ends)."""
+        coord.set_trusted(node_id, body.trusted)
+        return {"status": "trusted" if body.trusted else "not trusted"}
+
+    @app.post(c.NAME_NODE, tags=["operator"], responses=_errors(401, 404, 413))
+    def name_node(node_id: NodePath, body: NameIn, _a: Admin) -> dict[str, str]:
+        """Name a node as the operator knows it (at first, its invite's note)."""
+        return {"name": coord.rename_node(node_id, body.name)}
+
+    @app.delete(c.NODE, tags=["operator"], responses=_errors(401, 404, 409))
+    def forget_node(node_id: NodePath, _a: Admin) -> dict[str, str]:
+        """Forget a gone or revoked node: out of the registry and the page for good
+        (its certificates revoked); 409 for a node that is alive, stale or paused."""
+        coord.forget_node(node_id)
+        return {"status": "forgotten"}
+
+    @app.get(c.EVENTS, response_model=list[EventOut], tags=["operator"], responses=_errors(401))
+    def events(
+        _a: Admin,
+        after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+        limit: Annotated[int, Query(ge=1, le=500)] = 200,
+    ) -> list[EventOut]:
+        """The swarm's story, oldest first: the newest `limit` events with ids above
+        `after` (joins, downloads, pauses, deaths, promotions, re-plans, ...)."""
+        return [
+            EventOut(
+                id=e.id,
+                at=e.at,
+                kind=e.kind,
+                label=KINDS[e.kind].label if e.kind in KINDS else e.kind,
+                tone=KINDS[e.kind].tone if e.kind in KINDS else "info",
+                node_id=e.node_id,
+                detail=e.detail,
+            )
+            for e in coord.events(after, limit)
+        ]
+
     @app.get(c.SWARM, response_model=SwarmOut, tags=["operator"], responses=_errors(401))
     def swarm(_a: Admin) -> SwarmOut:
         return _swarm_out(coord)
@@ -451,9 +561,12 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
     prediction, note = _prediction_out(coord)
     current = coord.current_plan
     standby = coord.standby()
+    trusted = coord.trusted_nodes()
     nodes = []
+    coord.sweep()
     for n in coord.nodes():
         stage = None if current is None else current.stage_of(n.node_id)
+        doing = coord.activity(n.node_id)
         nodes.append(
             NodeOut(
                 node_id=n.node_id,
@@ -477,6 +590,13 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
                 max_sessions=n.max_sessions,
                 kv_budget_bytes=n.kv_budget_bytes,
                 kv_reserved_bytes=n.kv_reserved_bytes,
+                trusted=n.node_id in trusted,
+                name=n.name,
+                state=coord.node_state(n),
+                activity=doing.activity,
+                download_done_bytes=doing.done_bytes,
+                download_total_bytes=doing.total_bytes,
+                forgettable=coord.can_forget(n),
             )
         )
     addresses = {n.node_id: n.address for n in nodes}

@@ -7,12 +7,15 @@ import datetime as dt
 import math
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from coordinator.contract import (
     RouteStage,
 )
+from coordinator.server.events import MAX_NAME
 from coordinator.server.invite_book import MAX_USES
+from coordinator.server.node_claims import check_report
+from net.ice_values import IceOffer
 
 MAX_BODY_BYTES = 1 << 20
 MAX_LAYERS = 100_000
@@ -23,6 +26,8 @@ MAX_STEP_POINTS = 16
 """Points of a step-time profile (core.step_profile.MAX_POINTS)."""
 MAX_RTT_PEERS = 64
 """Round trips one heartbeat may report: its next hop and the first stages it loops to."""
+MAX_SIGNAL_CANDIDATES = 64
+"""Candidates in one ICE offer (net.ice_values.MAX_CANDIDATES)."""
 MAX_MS = 600_000.0
 """Bound on a reported step time or round trip: ten minutes is no longer a measurement."""
 
@@ -117,12 +122,24 @@ class HeartbeatIn(_In):
         default=(), max_length=MAX_STEP_POINTS, description="[rows, ms] pairs"
     )
     row_budget: int = Field(default=0, ge=0, le=MAX_ROWS)
+    # What the node does now, and its download's progress (the operator's timeline).
+    activity: str = Field(default="", pattern="^(|waiting|standby|downloading|loading|serving)$")
+    download_done_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    download_total_bytes: int = Field(default=0, ge=0, le=1 << 50)
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:
         if self.gpu_layers > self.n_layers:
             raise ValueError("gpu_layers cannot exceed the stage's n_layers")
+        if self.download_done_bytes > self.download_total_bytes:
+            raise ValueError("download_done_bytes cannot exceed download_total_bytes")
         return self
+
+    @field_validator("hardware", "stats")
+    @classmethod
+    def _reports(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # Stored and shown on the operator page: bounded in depth and size here.
+        return dict(check_report(str(info.field_name), value))
 
     @field_validator("rtt_ms")
     @classmethod
@@ -170,6 +187,18 @@ class NodeOut(BaseModel):
     max_sessions: int
     kv_budget_bytes: int
     kv_reserved_bytes: int
+    trusted: bool = False
+    """Marked trusted by the operator (for the first and last stage)."""
+    name: str = ""
+    """The operator's name for it (its invite's note at first); "" for none."""
+    state: str = ""
+    """health, but "paused" for a node that said it pauses and is not yet gone."""
+    activity: str = ""
+    """What it last said it does: waiting, standby, downloading, loading, serving."""
+    download_done_bytes: int = 0
+    download_total_bytes: int = 0
+    forgettable: bool = False
+    """Gone or revoked: the operator may forget it (DELETE on the node)."""
 
 
 class LevelOut(BaseModel):
@@ -221,8 +250,46 @@ class SignalIn(_In):
     """contract.SignalPost, checked."""
 
     kind: str = Field(pattern="^(offer|answer)$")
-    link: str = Field(min_length=1, max_length=64, description="id both ends use for this link")
+    link: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,32}\.[1-9]$",
+        description="id both ends use for this link, then the round: LINK.1, LINK.2",
+    )
     payload: dict[str, Any] = Field(description="ICE ufrag, pwd and candidates")
+
+    @field_validator("payload")
+    @classmethod
+    def _ice_offer(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Exactly an ICE offer (net.ice_values: ufrag, pwd, at most 64 parsed UDP
+        # candidates), as the receiving node will parse it; nothing else is carried.
+        candidates = value.get("candidates")
+        if isinstance(candidates, list):
+            if len(candidates) > MAX_SIGNAL_CANDIDATES:
+                raise ValueError(f"at most {MAX_SIGNAL_CANDIDATES} candidates")
+            if any(not isinstance(c, str) or len(c) > 256 for c in candidates):
+                raise ValueError("a candidate is a text of at most 256 characters")
+        return IceOffer.from_dict(value).to_dict()
+
+
+class TrustIn(_In):
+    trusted: bool = True
+
+
+class NameIn(_In):
+    name: str = Field(max_length=MAX_NAME, description="the operator's name for it; empty: none")
+
+
+class EventOut(BaseModel):
+    """One line of the operator's timeline (coordinator/server/events.py: KINDS)."""
+
+    id: int
+    at: dt.datetime
+    kind: str
+    label: str
+    """The kind as the page words it."""
+    tone: str
+    """ok, info, warn or bad."""
+    node_id: str
+    detail: str
 
 
 class LoginIn(_In):
@@ -238,8 +305,9 @@ ERROR_REASONS = {
     401: "Missing or wrong credentials",
     403: "Not allowed (an unusable invite, another node's resource)",
     404: "No such thing",
+    409: "Not in this state (forgetting a node that is alive, stale or paused)",
     413: f"Request body larger than {MAX_BODY_BYTES} bytes",
-    429: "Too many failed attempts from this address; the answer says when to try again",
+    429: "Too many attempts or requests from this caller; the answer says when to try again",
 }
 
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import datetime as dt
 import hmac
+import ipaddress
+import json
 import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from coordinator import contract
 from coordinator import invites as inv
@@ -30,7 +34,22 @@ from coordinator.contract import (
     SignalPost,
     TurnCredentials,
 )
-from coordinator.errors import AccessDenied, JoinRefused, NotFound, PlacementError
+from coordinator.errors import (
+    AccessDenied,
+    CoordinatorError,
+    JoinRefused,
+    NotFound,
+    PlacementError,
+)
+from coordinator.releases import DEFAULT_MIN_RELEASE
+from coordinator.server.events import (
+    PlanView,
+    Report,
+    clean_name,
+    forgettable,
+    name_from_note,
+    node_state,
+)
 from coordinator.server.fleet_view import FleetForecast, StageReport, forecast
 from coordinator.server.fleet_view import StageLoad as FleetLoad
 from coordinator.server.invite_book import (
@@ -40,24 +59,60 @@ from coordinator.server.invite_book import (
     revoke_invite,
 )
 from coordinator.server.liveness import confirmed_gone, nothing_listens
+from coordinator.server.node_claims import (
+    BeatLimiter,
+    TooFast,
+    check_address,
+    hardware_bytes,
+    peer_bound_capacities,
+    split_address,
+)
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan
+from coordinator.server.placement.trusted_ends import with_trusted_ends
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
 from coordinator.server.remote_model import RemotePieces
 from coordinator.server.routes import StageLoad, pick_chain, plan_chains
 from coordinator.server.secret_hashes import check_password, hash_password, hash_token
+from coordinator.server.signalling import SignalBoxes, planned_peers
 from coordinator.server.spare_policy import Standby
 from coordinator.server.standby import standby_assignment, standby_of, warm_layers
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
+from coordinator.server.timeline import StoredEvent, Timeline
 from core.manifest import Manifest
-from net import auth
+from net import auth, reach_probe
 from net.turn import DEFAULT_NODE_TTL_S, node_credentials, stun_uri, turn_uri
 
 log = logging.getLogger(__name__)
 
 NODE_CERT_HOURS = 24
-MAX_PENDING_SIGNALS = 64
 ADMIN_PASSWORD = "admin_password_hash"
 CA_CERT = "ca_certificate_pem"
+TRUSTED_NODES = "trusted_nodes"
+"""Setting: the JSON list of node ids the operator marked trusted (for trusted ends)."""
+MAX_TRUSTED_CHARS = 4000
+"""The settings column's width."""
+PROBE_RETRY_S = 5.0
+"""An address that did not answer the reachability probe is probed again after this."""
+SAMPLES_KEPT = dt.timedelta(hours=1)
+"""Throughput samples older than this are deleted (the operator's plot shows 30 min)."""
+PRUNE_EVERY_S = 60.0
+MAX_AVOID_PROBES = 2
+"""Stages one route request may have probed (each probe waits up to 0.3 s)."""
+AVOID_PROBES_PER_S = 0.5
+AVOID_PROBE_BURST = 4.0
+"""One client's reports may have 4 stages probed at once, then one every 2 s: a client
+recovering from a dead stage reports one or two."""
+
+
+class NodeAlive(CoordinatorError):
+    """The operator asked to forget a node that is alive, stale or paused."""
+
+
+def _plan_view(plan: Plan) -> PlanView:
+    return PlanView(
+        tuple((st.node_id, (st.layers.start, st.layers.stop)) for st in plan.stages),
+        tuple(plan.spares),
+    )
 
 
 @dataclass(frozen=True)
@@ -80,7 +135,9 @@ class Settings:
     """A node silent this long is shown as stale."""
     dead_after_s: float = 45.0
     """A node silent this long is dropped from the plan (its spare takes over)."""
-    min_stages: int = 1
+    min_stages: int = 2
+    """At least two stages: with one, a single node (whose claims may be false) would
+    see every prompt and choose every answer."""
     spares: int = 0
     warm_spares: bool = True
     """Spares download the pieces of the stage most at risk in advance (spare_policy)."""
@@ -101,6 +158,20 @@ class Settings:
     """One username per node per window this long (net.turn.node_credentials)."""
     metrics_public: bool = False
     """Serve /metrics to anyone; by default only to the operator and to loopback."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Reverse proxies (IPs or networks) whose X-Forwarded-For header names the real
+    caller (api.py); by default no header is believed."""
+    trusted_ends: str = "off"
+    """off, prefer or require: the first and last stage on nodes the operator marked
+    trusted (placement/trusted_ends.py)."""
+    probe_timeout_s: float = 0.5
+    """How long the reachability probe of a node's address waits for its answer."""
+    min_release: str = DEFAULT_MIN_RELEASE
+    """The oldest Sangama release admitted at join and heartbeat (coordinator.releases);
+    "": every release."""
+    latest_release: str = ""
+    """The newest release the operator knows of: nodes are told, the tray offers the
+    update (the coordinator never looks it up itself). "": none announced."""
 
 
 def placement_capacity(node: Node) -> int:
@@ -117,6 +188,19 @@ def _stage_load(node: Node | None) -> StageLoad:
     return StageLoad(node.sessions, node.max_sessions, node.kv_budget_bytes, node.kv_reserved_bytes)
 
 
+def _rowcount(result: Any) -> int:
+    """Rows an UPDATE changed (a CursorResult's rowcount; typed loosely by SQLAlchemy)."""
+    return int(getattr(result, "rowcount", 0))
+
+
+def _is_loopback_url(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class Coordinator:
     def __init__(
         self,
@@ -125,7 +209,10 @@ class Coordinator:
         public_url: str,
         model: HostedModel,
         settings: Settings = Settings(),
+        reachable: Callable[[str], bool] | None = None,
     ) -> None:
+        """`reachable`: whether an advertised address answers the coordinator's probe
+        (net/reach_probe.py by default; tests of the API alone pass their own)."""
         self.store = store
         self.ca = ca
         self.public_url = public_url.rstrip("/")
@@ -144,7 +231,22 @@ class Coordinator:
         a restart, so that assignments stay put (coordinator/server/plan_store.py)."""
         self._plan_error: str | None = None
         self._plan_inputs: tuple[Any, ...] = ()
-        self._signals: dict[str, list[Signal]] = {}
+        self._signals = SignalBoxes()
+        self._reachable = reachable or self._probe
+        self.loopback_ok = _is_loopback_url(self.public_url)
+        """Nodes may advertise loopback addresses only to a coordinator on loopback."""
+        self._verified: dict[str, str] = {}
+        """Node id -> the address that answered our probe (placement needs one)."""
+        self._probe_failed: dict[str, tuple[str, float]] = {}
+        """Node id -> (address, when) of its last unanswered probe."""
+        self._proven: dict[str, int] = {}
+        """Node id -> bytes of the largest stage it reported serving (node_claims.py)."""
+        self._beats = BeatLimiter()
+        self._avoid_probes = BeatLimiter(AVOID_PROBES_PER_S, AVOID_PROBE_BURST)
+        """Probes each asker's reports of dead stages may cost (route's avoid)."""
+        self._pruned_at = 0.0
+        self.liveness_probe: Callable[[str], bool] = nothing_listens
+        """Whether nothing listens at a reported stage's address (liveness.py)."""
         self._paused: dict[str, str] = {}
         """Nodes that said they are paused, and why. Kept in memory: a paused node says so
         in every heartbeat, so a restarted coordinator learns it again within seconds."""
@@ -162,6 +264,12 @@ class Coordinator:
         every heartbeat says them again (fleet_view.py predicts from them)."""
         """Nodes a client found unreachable mid-answer (cleared by their next heartbeat)."""
         store.set_setting(CA_CERT, self.ca_pem)
+        self.timeline = Timeline(store)
+        """The operator's event timeline (timeline.py; the rules in events.py)."""
+        self.timeline.record("started", "", f"serving model {model.name}")
+        if self._kept is not None:  # probed by the run that planned them: no re-plan storm
+            kept = set(self._kept.node_ids)
+            self._verified = {n.node_id: n.address for n in self.nodes() if n.node_id in kept}
 
     # ------------------------------------------------------------ invites
 
@@ -186,19 +294,39 @@ class Coordinator:
             csr = auth.load_csr(csr_pem.encode())
         except auth.AuthError as exc:
             raise JoinRefused(f"bad signing request: {exc}") from exc
+        secret_hash = inv.hash_secret(secret)
         with self.store.session() as s:
-            row = s.scalars(
-                select(Invite).where(Invite.secret_hash == inv.hash_secret(secret))
-            ).first()
+            # One conditional UPDATE takes the use, first: the database serialises
+            # concurrent joins with one code, and only one that found a use left gets
+            # it. Every later refusal raises inside this transaction, which undoes it.
+            taken = s.execute(
+                update(Invite)
+                .where(
+                    Invite.secret_hash == secret_hash,
+                    Invite.uses_left > 0,
+                    Invite.revoked.is_(False),
+                )
+                .values(uses_left=Invite.uses_left - 1)
+                .execution_options(synchronize_session=False)
+            )
+            row = s.scalars(select(Invite).where(Invite.secret_hash == secret_hash)).first()
             state = (
                 None
                 if row is None
-                else inv.InviteState(row.role, row.uses_left, as_utc(row.expires_at), row.revoked)
+                else inv.InviteState(
+                    row.role,
+                    row.uses_left + (1 if _rowcount(taken) == 1 else 0),
+                    as_utc(row.expires_at),
+                    row.revoked,
+                )
             )
             inv.check_usable(state, now)  # raises the InviteError a person should read
-            assert row is not None
-            row.uses_left -= 1
+            if row is None or _rowcount(taken) != 1:  # checked usable, yet another took it
+                raise inv.InviteUsedUp("this invite has already been used as many times as allowed")
             node_id = f"{row.role}-{secrets.token_hex(3)}"
+            base = clean_name(row.note)
+            similar = select(Node.name).where(Node.name.startswith(base, autoescape=True))
+            name = name_from_note(row.note, set(s.scalars(similar)) if base else set())
             cert = auth.issue_from_csr(self.ca, csr, node_id, row.role, hours=NODE_CERT_HOURS)
             token = secrets.token_urlsafe(24)
             s.add(
@@ -207,6 +335,7 @@ class Coordinator:
                     role=row.role,
                     token_hash=hash_token(token),
                     invite_id=row.id,
+                    name=name,
                     hardware={},
                     stats={},
                 )
@@ -221,6 +350,8 @@ class Coordinator:
                 )
             )
         log.info("node %s joined as %s", node_id, state.role if state else "?")
+        named = f" ({name})" if name else ""
+        self.timeline.record("joined", node_id, f"as {row.role} with invite #{row.id}{named}")
         return JoinAnswer(
             node_id,
             row.role,
@@ -235,6 +366,10 @@ class Coordinator:
             node = s.get(Node, node_id)
             if node is None or not hmac.compare_digest(node.token_hash, hash_token(token)):
                 raise AccessDenied("unknown node or wrong node token")
+            if node.forgotten_at is not None:
+                raise AccessDenied(
+                    f"node {node_id} was forgotten by the operator: join again with a new invite"
+                )
             if node.revoked:
                 raise AccessDenied(f"node {node_id} was revoked by the operator")
             return node
@@ -272,6 +407,10 @@ class Coordinator:
             node.revoked = True
             for cert in s.scalars(select(Certificate).where(Certificate.node_id == node_id)):
                 cert.revoked = True
+        with self._lock:
+            self._signals.forget([node_id])
+            self._verified.pop(node_id, None)
+        self.timeline.record("revoked", node_id, "by the operator: its certificate no longer works")
         self.replan(force=True)
 
     def revoked_serials(self) -> list[str]:
@@ -280,7 +419,17 @@ class Coordinator:
     # ------------------------------------------------------------ registry
 
     def heartbeat(self, node_id: str, beat: Heartbeat) -> Assignment | None:
-        """Record what an (already authenticated) node reports; return its assignment."""
+        """Record what an (already authenticated) node reports; return its assignment.
+        TooFast past its heartbeat rate, ClaimRefused for an address peers must not be
+        sent to; an address that does not answer the reachability probe is stored but
+        not placed."""
+        with self._lock:
+            wait = self._beats.take(node_id, time.monotonic())
+        if wait > 0:
+            raise TooFast(f"{node_id} beats too often", wait)
+        address = check_address(beat.address, self.loopback_ok) if beat.address else ""
+        if address and not beat.paused:
+            self._check_reachable(node_id, address)
         now = utcnow()
         with self._lock:
             self._suspects.discard(node_id)  # it speaks: whoever could not reach it, it lives
@@ -292,7 +441,8 @@ class Coordinator:
         with self.store.session() as s:
             node = s.get(Node, node_id)
             assert node is not None
-            node.address = beat.address[:200]
+            heard = node.last_seen
+            node.address = address
             node.capacity_bytes = max(0, beat.capacity_bytes)
             node.vram_cap_bytes = max(0, beat.vram_cap_bytes)
             node.hardware = beat.hardware
@@ -326,8 +476,67 @@ class Coordinator:
             for i, chain in enumerate(self._chains):
                 if chain.stages[0].node_id == node_id and i < len(self._handed):
                     self._handed[i] = 0
+        self._note_served(node_id, beat.n_layers)
+        self._prune(time.monotonic())
         self.replan()
+        self._tell_beat(node_id, beat, heard, now)
         return self.assignment(node_id)
+
+    def _check_reachable(self, node_id: str, address: str) -> None:
+        """Probe a node's address once (again after PROBE_RETRY_S while it does not
+        answer): placement takes only nodes whose address answered."""
+        with self._lock:
+            if self._verified.get(node_id) == address:
+                return
+            failed = self._probe_failed.get(node_id)
+            recent = failed is not None and time.monotonic() - failed[1] < PROBE_RETRY_S
+            if recent and failed is not None and failed[0] == address:
+                return
+        ok = self._reachable(address)  # outside the lock: it waits for an answer
+        with self._lock:
+            if ok:
+                self._verified[node_id] = address
+                self._probe_failed.pop(node_id, None)
+            else:
+                self._verified.pop(node_id, None)
+                self._probe_failed[node_id] = (address, time.monotonic())
+                log.warning("%s: %s did not answer the reachability probe", node_id, address)
+
+    def _probe(self, address: str) -> bool:
+        host, port = split_address(address)
+        return reach_probe.probe(host, port, self.settings.probe_timeout_s)
+
+    def _note_served(self, node_id: str, n_layers: int) -> None:
+        """A node that reports serving its whole stage has shown it holds that much."""
+        chains = self._chains or ([self._kept] if self._kept is not None else [])
+        stage = next((st for c in chains if (st := c.stage_of(node_id)) is not None), None)
+        if stage is None or n_layers <= 0 or n_layers != stage.layers.stop - stage.layers.start:
+            return
+        with self._lock:
+            self._proven[node_id] = max(self._proven.get(node_id, 0), stage.bytes_needed)
+
+    def _prune(self, now: float) -> None:
+        """Now and then: old throughput samples, and probe records of the past."""
+        with self._lock:
+            if now - self._pruned_at < PRUNE_EVERY_S:
+                return
+            self._pruned_at = now
+            for key, (_a, at) in list(self._probe_failed.items()):
+                if now - at > PROBE_RETRY_S:
+                    del self._probe_failed[key]
+        with self.store.session() as s:
+            s.execute(delete(Sample).where(Sample.at < utcnow() - SAMPLES_KEPT))
+            # Forgotten nodes are kept (revoked) while a certificate of theirs could
+            # still open links; then they go for good.
+            live_certs = select(Certificate.node_id).where(Certificate.not_after > utcnow())
+            done = select(Node.node_id).where(
+                Node.forgotten_at.is_not(None), Node.node_id.not_in(live_certs)
+            )
+            ids = list(s.scalars(done))
+            if ids:
+                s.execute(delete(Certificate).where(Certificate.node_id.in_(ids)))
+                s.execute(delete(Rtt).where(Rtt.src.in_(ids)))
+                s.execute(delete(Node).where(Node.node_id.in_(ids)))
 
     def _note_uptime(self, node_id: str, until: float) -> None:
         """Measured uptime: a beat after a silence past `dead_after_s` starts a new run."""
@@ -365,15 +574,124 @@ class Coordinator:
         with self.store.session() as s:
             node = s.get(Node, node_id)
             assert node is not None
+            heard = node.last_seen
             node.last_seen = now
         with self._lock:
             self._paused[node_id] = beat.paused[:100]
+        self._tell_beat(node_id, beat, heard, now)  # the pause, then the plan it changes
         self.replan()
 
     def paused_reason(self, node_id: str) -> str:
         """Why the node said it is paused; "" when it offers to serve."""
         with self._lock:
             return self._paused.get(node_id, "")
+
+    # ------------------------------------------------------------ the operator's story
+
+    def record_event(self, kind: str, node_id: str = "", detail: str = "") -> None:
+        """Add an event to the operator's timeline: `kind` one of events.KINDS (e.g.
+        "probe_failed"), `node_id` the node it is about ("" for the swarm), `detail` a
+        line for the operator. UnknownEventKind for any other kind."""
+        self.timeline.record(kind, node_id, detail)
+
+    def events(self, after: int = 0, limit: int = 200) -> list[StoredEvent]:
+        """The timeline's newest events (after silences were looked at), oldest first."""
+        self.sweep()
+        return self.timeline.events(after, limit)
+
+    def node_state(self, node: Node, now: dt.datetime | None = None) -> str:
+        """What the page shows: health, or "paused" for a paused node not yet gone."""
+        return node_state(self.health(node, now), self.paused_reason(node.node_id))
+
+    def activity(self, node_id: str) -> Report:
+        """What the node last said it is doing (downloading with its bytes, loading...)."""
+        return self.timeline.report_of(node_id) or Report()
+
+    def can_forget(self, node: Node, now: dt.datetime | None = None) -> bool:
+        at = now or utcnow()
+        joined_s = (at - as_utc(node.created_at)).total_seconds()
+        return forgettable(self.node_state(node, at), joined_s, self.settings.dead_after_s)
+
+    def rename_node(self, node_id: str, name: str) -> str:
+        """Give a node the operator's name for it ("" for none); the name as kept."""
+        kept = clean_name(name)
+        with self.store.session() as s:
+            node = s.get(Node, node_id)
+            if node is None or node.forgotten_at is not None:
+                raise NotFound(f"no node {node_id}")
+            old, node.name = node.name, kept
+        if old != kept:
+            self.timeline.record("renamed", node_id, f"{old or node_id!r} -> {kept or node_id!r}")
+        return kept
+
+    def forget_node(self, node_id: str) -> None:
+        """Take a gone (or revoked) node out of the registry and off the page, for good:
+        its certificates are revoked and its token stops working. NodeAlive for a node
+        that is alive, stale or paused (it might come back), NotFound for none."""
+        now = utcnow()
+        with self.store.session() as s:
+            node = s.get(Node, node_id)
+            if node is None or node.forgotten_at is not None:
+                raise NotFound(f"no node {node_id}")
+            if not self.can_forget(node, now):
+                state = self.node_state(node, now)
+                raise NodeAlive(f"{node_id} is {state}: only a gone or revoked node is forgotten")
+            node.forgotten_at = now
+            node.revoked = True
+            for cert in s.scalars(select(Certificate).where(Certificate.node_id == node_id)):
+                cert.revoked = True
+        with self._lock:
+            self._signals.forget([node_id])
+            for memory in (self._verified, self._paused, self._reports, self._proven):
+                memory.pop(node_id, None)
+            for times in (self._up_since, self._last_beat, self._until):
+                times.pop(node_id, None)
+        self.timeline.forget(node_id)
+        self.timeline.record("forgotten", node_id, "by the operator: out of the registry")
+        self.replan(force=True)
+
+    def sweep(self, due: bool = False) -> None:
+        """Now and then (or now, when `due`): events for nodes gone silent (stale, then
+        gone)."""
+        if not self.timeline.sweep_due(time.monotonic()) and not due:
+            return
+        now = utcnow()
+        states = {}
+        for n in self.nodes():
+            seen = max(as_utc(n.last_seen), self.started_at) if n.last_seen else now
+            states[n.node_id] = (self.node_state(n, now), (now - seen).total_seconds())
+        self.timeline.sweep(states)
+
+    def _tell_beat(
+        self, node_id: str, beat: Heartbeat, heard: dt.datetime | None, now: dt.datetime
+    ) -> None:
+        """The timeline hears what a heartbeat said (after the node was silent since
+        `heard`), then looks at every node's silence."""
+        since = None if heard is None else max(as_utc(heard), self.started_at)
+        silent = 0.0 if since is None else (now - since).total_seconds()
+        report = Report(
+            activity=beat.activity,
+            paused=beat.paused[:100],
+            layers=self._layers_of(node_id, beat.activity),
+            done_bytes=max(0, beat.download_done_bytes),
+            total_bytes=max(0, beat.download_total_bytes),
+        )
+        self.timeline.beat(node_id, report, max(0.0, silent))
+        self.sweep()
+
+    def _layers_of(self, node_id: str, activity: str) -> tuple[int, int] | None:
+        """The layers a node works on: those it stands by for (a spare's word that it
+        stands by is about those, even just after it was promoted), or its stage."""
+        if activity == "standby":
+            return self.standby().by_spare.get(node_id)
+        for chain in self._chains or ([self._kept] if self._kept is not None else []):
+            stage = chain.stage_of(node_id)
+            if stage is not None:
+                return (stage.layers.start, stage.layers.stop)
+        return None
+
+    def _names(self) -> dict[str, str]:
+        return {n.node_id: n.name for n in self.nodes() if n.name}
 
     def health(self, node: Node, now: dt.datetime | None = None) -> str:
         if node.revoked:
@@ -398,16 +716,30 @@ class Coordinator:
     # ------------------------------------------------------------ placement
 
     def replan(self, force: bool = False) -> Plan | None:
+        """Place the healthy, reachable, unpaused workers (when what placement sees
+        changed, or `force`); the timeline hears of a plan that changed."""
+        before = self._plan
+        plan = self._replan(force)
+        if plan is not before:  # a node gone silent is told before the plan without it
+            self.sweep(due=True)
+        view = None if plan is None else _plan_view(plan)
+        self.timeline.plan_now(view, self._plan_error or "", self._names)
+        return plan
+
+    def _replan(self, force: bool) -> Plan | None:
         now = utcnow()
         with self._lock:
             paused = set(self._paused)
             suspects = set(self._suspects)
             gone = set(self._gone)
+            verified = dict(self._verified)
+            proven = dict(self._proven)
         workers = [
             n
             for n in self.nodes()
             if n.role == "worker"
             and n.address
+            and verified.get(n.node_id) == n.address  # it answered at this address
             and n.node_id not in paused
             and n.node_id not in gone
             and (
@@ -415,11 +747,19 @@ class Coordinator:
                 or (self.health(n, now) == "stale" and n.node_id not in suspects)
             )
         ]
+        # What a node claims, held to its hardware report; then to what its peers offer
+        # unless it served more itself (node_claims.bounded_capacity).
+        clamped = {
+            n.node_id: min(placement_capacity(n), hardware_bytes(n.hardware)) for n in workers
+        }
+        bounded = peer_bound_capacities(clamped, proven)
         infos = tuple(
-            NodeInfo(n.node_id, placement_capacity(n), healthy=True, address=n.address)
+            NodeInfo(n.node_id, bounded[n.node_id], healthy=True, address=n.address)
             for n in workers
         )
-        inputs = (infos, self.settings)
+        claims = tuple(replace(i, capacity_bytes=clamped[i.node_id]) for i in infos)
+        trusted = self.trusted_nodes()
+        inputs = (infos, claims, self.settings, trusted)
         # Computed from the last plan, before this one: the spare warm for a stage that
         # just died is the one its repair should take (it serves without loading).
         warm = warm_layers(self.standby()) if self.settings.warm_spares else {}
@@ -435,18 +775,14 @@ class Coordinator:
                 self._chains, self._handed = [], []
                 return None
             try:
-                chains = plan_chains(
-                    self.model.spec,
-                    infos,
-                    max_chains=self.settings.max_chains,
-                    rtt_ms=self.store.rtt_map(),
-                    previous=self._chains or ([self._kept] if self._kept else []),
-                    sessions_per_stage=self.settings.sessions_per_stage,
-                    context_tokens=self.settings.context_tokens,
-                    spares=self.settings.spares,
-                    min_stages=self.settings.min_stages,
-                    warm=warm,
-                )
+                try:
+                    chains = self._plan_chains(infos, warm, trusted)
+                except PlacementError:
+                    if claims == infos:
+                        raise
+                    # The bounded capacities hold no chain: the model cannot be served
+                    # without believing the claims (held to hardware), so they are used.
+                    chains = self._plan_chains(claims, warm, trusted)
                 if [c.node_ids for c in chains] != [c.node_ids for c in self._chains]:
                     self._handed = [0] * len(chains)
                 self._chains, self._plan, self._plan_error = chains, chains[0], None
@@ -457,6 +793,59 @@ class Coordinator:
                 self._plan, self._plan_error = None, str(exc)
                 self._chains, self._handed = [], []
             return self._plan
+
+    def _plan_chains(
+        self, infos: tuple[NodeInfo, ...], warm: dict[tuple[int, int], str], trusted: frozenset[str]
+    ) -> list[Plan]:
+        """Placement's chains, with trusted ends as the operator asked (the main chain
+        raises where `require` cannot be met; a further chain is then left out)."""
+        chains = plan_chains(
+            self.model.spec,
+            infos,
+            max_chains=self.settings.max_chains,
+            rtt_ms=self.store.rtt_map(),
+            previous=self._chains or ([self._kept] if self._kept else []),
+            sessions_per_stage=self.settings.sessions_per_stage,
+            context_tokens=self.settings.context_tokens,
+            spares=self.settings.spares,
+            min_stages=self.settings.min_stages,
+            warm=warm,
+        )
+        mode = self.settings.trusted_ends
+        if mode == "off":
+            return chains
+        capacity = {i.node_id: i.capacity_bytes for i in infos}
+        kept = [with_trusted_ends(chains[0], trusted, capacity, mode)]
+        for extra in chains[1:]:
+            try:
+                kept.append(with_trusted_ends(extra, trusted, capacity, mode))
+            except PlacementError:
+                continue
+        return kept
+
+    # ------------------------------------------------------------ trusted nodes
+
+    def trusted_nodes(self) -> frozenset[str]:
+        """The nodes the operator marked trusted (for the first and last stage)."""
+        stored = self.store.get_setting(TRUSTED_NODES)
+        try:
+            ids = json.loads(stored) if stored else []
+        except ValueError:
+            ids = []
+        return frozenset(str(i) for i in ids if isinstance(i, str))
+
+    def set_trusted(self, node_id: str, trusted: bool) -> None:
+        """Mark a joined node trusted (or not); NotFound for an unknown node."""
+        with self.store.session() as s:
+            if s.get(Node, node_id) is None:
+                raise NotFound(f"no node {node_id}")
+        ids = set(self.trusted_nodes())
+        ids = ids | {node_id} if trusted else ids - {node_id}
+        text = json.dumps(sorted(ids))
+        if len(text) > MAX_TRUSTED_CHARS:
+            raise ValueError("too many trusted nodes to store; unmark some first")
+        self.store.set_setting(TRUSTED_NODES, text)
+        self.replan(force=True)
 
     @property
     def chains(self) -> list[Plan]:
@@ -498,22 +887,38 @@ class Coordinator:
             context_tokens=self.settings.context_tokens,
         )
 
-    def route(self, model: str, avoid: tuple[str, ...] = ()) -> RouteAnswer:
+    def route(self, model: str, avoid: tuple[str, ...] = (), asker: str = "") -> RouteAnswer:
         """The current chain; with `avoid` (stages a client found dead mid-answer), only
         a chain without them. A reported node already silent past `stale_after_s` leaves
         the plan at once instead of at `dead_after_s`: its spare takes over sooner, and
-        a node that still heartbeats cannot be pushed out by a client's report."""
+        a node that still heartbeats cannot be pushed out by a client's report. Only
+        stages are kept as reported, and `asker` has few probes to spend (a report
+        naming many live stages would otherwise hold this thread 0.3 s for each)."""
         if model not in (self.model.name, "default"):
             raise NotFound(f"this swarm serves {self.model.name!r}, not {model!r}")
         if avoid:
+            # Only stages of a current chain count (no other id is kept), and only a few
+            # of them not probed just now are probed: a report naming many live stages
+            # must not hold this thread 0.3 s for each.
+            now = time.monotonic()
+            with self._lock:
+                staged = {st.node_id for c in self._chains for st in c.stages} - self._gone
+                named = [a for a in dict.fromkeys(avoid) if a in staged]
+                fresh = []
+                for a in named[:MAX_AVOID_PROBES]:  # each probe costs the asker a token
+                    if self._avoid_probes.take(asker, now) > 0:
+                        break
+                    fresh.append(a)
             # Outside the lock: a refusal at the node's own address drops it now, not
             # once silent past stale_after_s (the spare then waits for nothing more).
-            staged = {st.node_id for c in self._chains for st in c.stages} - self._gone
-            addresses = {n.node_id: n.address for n in self.nodes() if n.node_id in staged}
-            gone = confirmed_gone(avoid, addresses.get, nothing_listens)
+            addresses = {n.node_id: n.address for n in self.nodes() if n.node_id in fresh}
+            gone = confirmed_gone(fresh, addresses.get, self.liveness_probe)
             with self._lock:
-                self._suspects.update(avoid)
+                self._suspects.update(named)
                 self._gone.update(gone)
+            for node_id in sorted(gone):
+                detail = "a client could not reach it, and its port refused the coordinator's probe"
+                self.timeline.said_gone(node_id, detail)
         current = self.replan()
         if current is None:
             raise NotFound(f"no route yet: {self._plan_error or 'no plan'}")
@@ -580,20 +985,22 @@ class Coordinator:
     # ------------------------------------------------------------ signalling
 
     def post_signal(self, src: str, dst: str, message: SignalPost) -> None:
-        """Carry an ICE offer/answer from one joined node to another (WebRTC-style)."""
+        """Carry an ICE offer/answer from one joined node to another (WebRTC-style),
+        only along a link the plan has (signalling.py); SignalRefused otherwise."""
         with self.store.session() as s:
-            peer = s.get(Node, dst)
-            if peer is None or peer.revoked:
+            peer, sender = s.get(Node, dst), s.get(Node, src)
+            if peer is None or peer.revoked or sender is None:
                 raise NotFound(f"no node {dst!r} to signal")
+            role = sender.role
+        chains = self._chains or ([self._kept] if self._kept is not None else [])
+        allowed = planned_peers(chains, src, role)
+        signal = Signal(src, message.kind, message.link, message.payload)
         with self._lock:
-            box = self._signals.setdefault(dst, [])
-            if len(box) >= MAX_PENDING_SIGNALS:
-                raise ValueError(f"{dst} has too many unread signals")
-            box.append(Signal(src, message.kind, message.link, message.payload))
+            self._signals.post(signal, dst, allowed, time.monotonic())
 
     def take_signals(self, node_id: str) -> list[Signal]:
         with self._lock:
-            return self._signals.pop(node_id, [])
+            return self._signals.take(node_id, time.monotonic())
 
     # ------------------------------------------------------------ operator
 

@@ -21,6 +21,7 @@ import pytest
 
 from coordinator.contract import Heartbeat
 from tests.support.coordinator_proc import REPO_ROOT, CoordinatorProcess
+from tests.support.probe_answerer import HARDWARE, ProbeAnswerer
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.e2e
@@ -76,11 +77,21 @@ def browser_page(coordinator: CoordinatorProcess) -> Iterator[Any]:
             browser.close()
 
 
+_answerer: ProbeAnswerer | None = None
+
+
 def _node_heartbeat(identity: Any, **extra: Any) -> dict[str, Any]:
     """The heartbeat answer as the JSON it travelled as (lists, not the client's tuples)."""
-    answer = identity.client().heartbeat(
-        Heartbeat(address="127.0.0.1:9", capacity_bytes=8 << 30, vram_cap_bytes=0, **extra)
+    global _answerer
+    if _answerer is None:  # the coordinator places only addresses that answer its probe
+        _answerer = ProbeAnswerer()
+    beat = Heartbeat(
+        address=_answerer.address,
+        capacity_bytes=8 << 30,
+        vram_cap_bytes=0,
+        **{"hardware": HARDWARE, **extra},
     )
+    answer = identity.client().heartbeat(beat)
     result: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(answer)))
     return result
 
@@ -162,10 +173,14 @@ def test_operator_page_flow(
     row = page.locator(f'[data-testid="node-row"][data-node-id="{identity.node_id}"]')
     expect(row).to_be_visible()
     expect(row.get_by_test_id("node-role")).to_have_text("worker")
+    # Named by its invite's note, shown as text, never parsed as markup.
+    expect(row.get_by_test_id("node-name")).to_have_text("<b>rack 3</b>")
+    expect(row.locator("b")).to_have_count(0)
     expect(row.get_by_test_id("node-health")).to_have_text("healthy")
     expect(row.get_by_test_id("node-layers")).to_have_text(f"0-{N_LAYER - 1} ({N_LAYER})")
     expect(row.get_by_test_id("node-capacity")).to_have_text("8.0 GiB")
-    expect(row.get_by_test_id("node-address")).to_have_text("127.0.0.1:9")
+    assert _answerer is not None
+    expect(row.get_by_test_id("node-address")).to_have_text(_answerer.address)
     expect(row.get_by_test_id("node-path")).to_have_text("direct")
     expect(row.get_by_test_id("node-backend")).to_have_text(
         f"Vulkan0 (NVIDIA GeForce RTX 4090), 6/{N_LAYER} layers"
@@ -323,3 +338,186 @@ def test_the_page_says_which_layers_have_no_spare(
         expect(tid("spares")).to_have_text(f"{spare_id} (ready for {lo}–{hi - 1})")  # inclusive
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "operator-page-no-spare.png"), full_page=True)
+
+
+class _Beats:
+    """Test nodes heartbeating every 0.4 s on a thread, as workers do; `kill` stops one."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._nodes: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.failures: list[str] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def set(self, identity: Any, **fields: Any) -> None:
+        """From now on `identity` beats with `fields` (and says so at once)."""
+        with self._lock:
+            self._nodes[identity.node_id] = (identity, fields)
+        _node_heartbeat(identity, **fields)
+
+    def kill(self, identity: Any) -> None:
+        with self._lock:
+            self._nodes.pop(identity.node_id, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.4):
+            with self._lock:
+                nodes = list(self._nodes.values())
+            for identity, fields in nodes:
+                try:
+                    _node_heartbeat(identity, **fields)
+                except Exception as exc:  # shown when the test fails
+                    self.failures.append(f"{identity.node_id}: {exc}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def test_the_timeline_tells_a_pause_a_death_and_a_promotion(
+    tmp_path_factory: pytest.TempPathFactory, browser_page: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two stages and a spare, named by their invites' notes: a download's progress on the
+    page, a stage killed (stale, then gone, the spare promoted in its place) and a stage
+    paused by its volunteer: paused with the reason, distinct from gone, all in the
+    timeline; the gone node forgotten and a node renamed from the page. The timeline's
+    screenshot goes to artifacts/operator-timeline.png."""
+    import time
+
+    from app.identity import join_swarm
+
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    root = tmp_path_factory.mktemp("timeline")
+    model = write_tiny_model(root / "tiny-llama.gguf", n_layer=N_LAYER)
+    args = ["--spares", "1", "--stale-after", "3", "--dead-after", "6"]
+    with CoordinatorProcess.start(
+        root / "data", model, password=PASSWORD, min_stages=2, extra_args=args
+    ) as coord:
+        # The operator reads at start where the page is and how to trust its certificate.
+        deadline = time.monotonic() + 10
+        while "fingerprint SHA256:" not in coord.output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert f"operator page: open {coord.url.rstrip('/')}/" in coord.output()
+        assert str(coord.ca_path) in coord.output()
+
+        notes = ["Asha's PC", "rack 3", "Ravi's laptop"]
+        nodes = []
+        for i, note in enumerate(notes):
+            code = coord.admin.post(
+                "/api/v1/invites", json={"role": "worker", "uses": 1, "expires": "1h", "note": note}
+            )["code"]
+            nodes.append(join_swarm(code, root / f"node{i}"))
+        beats = _Beats()
+        try:
+            for identity in nodes:
+                beats.set(identity, activity="waiting")
+            swarm = coord.admin.swarm()
+            assert len(swarm["plan"]) == 2 and len(swarm["spares"]) == 1
+            by_id = {n.node_id: n for n in nodes}
+            first, second = (by_id[s["node_id"]] for s in swarm["plan"])
+            spare = by_id[swarm["spares"][0]]
+            name = {n.node_id: note for n, note in zip(nodes, notes, strict=True)}
+
+            page = browser_page
+            tid = page.get_by_test_id
+            page.goto(coord.url)
+            tid("login-password").fill(PASSWORD)
+            tid("login-submit").click()
+
+            def row(identity: Any) -> Any:
+                return page.locator(f'[data-testid="node-row"][data-node-id="{identity.node_id}"]')
+
+            def events(kind: str, identity: Any | None = None) -> Any:
+                where = f'[data-node-id="{identity.node_id}"]' if identity else ""
+                return page.locator(f'[data-testid="event"][data-kind="{kind}"]{where}')
+
+            # -- names from the invites' notes; a download's progress, then serving
+            expect(row(first).get_by_test_id("node-name")).to_have_text(name[first.node_id])
+            mib = 1 << 20
+            progress = {"download_done_bytes": 40 * mib, "download_total_bytes": 100 * mib}
+            beats.set(first, activity="downloading", **progress)
+            expect(row(first).get_by_test_id("node-activity")).to_have_text(
+                "downloading 40% (40 of 100 MiB)"
+            )
+            expect(row(first).get_by_test_id("node-progress")).to_be_visible()
+            expect(events("downloading", first)).to_have_count(1)
+            for stage in (first, second):
+                beats.set(stage, activity="serving", backend="CPU (haswell)", n_layers=4)
+            beats.set(spare, activity="standby")
+            expect(row(first).get_by_test_id("node-activity")).to_have_text("serving")
+            expect(row(first).get_by_test_id("node-progress")).to_be_hidden()
+            expect(events("serving", first)).to_have_count(1)
+
+            # -- kill the second stage: silent, then gone; the spare takes its layers
+            beats.kill(second)
+            expect(events("stale", second)).to_have_count(1, timeout=TIMEOUT_MS)
+            expect(events("gone", second)).to_have_count(1, timeout=TIMEOUT_MS)
+            expect(events("promoted", spare)).to_have_count(1, timeout=TIMEOUT_MS)
+            expect(row(second).get_by_test_id("node-health")).to_have_text("gone")
+            told = [(e["kind"], e["node_id"]) for e in coord.admin.get("/api/v1/events")]
+            # Told in the order it happened: gone, then the plan without it.
+            assert told.index(("gone", second.node_id)) < told.index(("promoted", spare.node_id))
+            assert ("standby", spare.node_id) in told
+            beats.set(spare, activity="serving", backend="CPU (haswell)", n_layers=4)
+
+            # -- the first stage's volunteer pauses: paused with the reason, not gone
+            beats.set(first, paused="on battery")
+            first_row = row(first)
+            expect(first_row.get_by_test_id("node-health")).to_have_text("paused")
+            expect(first_row.get_by_test_id("node-paused-reason")).to_have_text("on battery")
+            expect(events("paused", first).get_by_test_id("event-detail")).to_have_text(
+                "on battery"
+            )
+            expect(events("no_plan")).to_have_count(1)
+            # Slow paused beats are no death: still paused after the stale time.
+            beats.kill(first)
+            _node_heartbeat(first, paused="on battery")
+            time.sleep(4)
+            expect(first_row.get_by_test_id("node-health")).to_have_text("paused")
+            expect(row(second).get_by_test_id("node-health")).to_have_text("gone")
+            expect(events("stale", first)).to_have_count(0)
+            _node_heartbeat(first, paused="on battery")
+            expect(first_row.get_by_test_id("node-forget")).to_be_hidden()
+            expect(row(second).get_by_test_id("node-forget")).to_be_visible()
+            # The newest event comes first; node names beside their ids.
+            expect(tid("event").first).to_have_attribute("data-kind", "no_plan")
+            expect(events("gone", second).get_by_test_id("event-node")).to_contain_text(
+                f"{name[second.node_id]} {second.node_id}"
+            )
+
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.evaluate("window.scrollTo(0, 0)")
+            swarm_box = tid("swarm-table").bounding_box()
+            panel = page.locator("section", has=tid("timeline"))
+            panel.scroll_into_view_if_needed()
+            page.evaluate("window.scrollTo(0, 0)")
+            top = swarm_box["y"] - 60
+            bottom_box = panel.bounding_box()
+            page.screenshot(
+                path=str(ARTIFACTS / "operator-timeline.png"),
+                full_page=True,
+                clip={
+                    "x": 0,
+                    "y": top,
+                    "width": 1360,
+                    "height": bottom_box["y"] + bottom_box["height"] - top + 12,
+                },
+            )
+
+            # -- forget the gone node from the page; rename the promoted spare
+            page.once("dialog", lambda dialog: dialog.accept())
+            row(second).get_by_test_id("node-forget").click()
+            expect(row(second)).to_have_count(0)
+            expect(events("forgotten", second)).to_have_count(1)
+            page.once("dialog", lambda dialog: dialog.accept("Ravi's desktop"))
+            row(spare).get_by_test_id("node-rename").click()
+            expect(row(spare).get_by_test_id("node-name")).to_have_text("Ravi's desktop")
+            expect(events("renamed", spare)).to_have_count(1)
+            assert not beats.failures, beats.failures
+        finally:
+            beats.close()

@@ -220,7 +220,7 @@
 
   // ---------------------------------------------------------------- dashboard
 
-  const state = { swarm: null, invites: [], timer: null, busy: false, failures: 0 };
+  const state = { swarm: null, invites: [], events: [], timelineKey: "", timer: null, busy: false, failures: 0 };
 
   function stageIndex(swarm) {
     const index = new Map();
@@ -324,9 +324,15 @@
 
     const make = (node) => {
       const cells = {
-        id: el("td", { className: "mono", "data-testid": "node-id" }),
+        id: el("td", { className: "node-cell" },
+          el("div", { className: "node-name", "data-testid": "node-name" }),
+          el("div", { className: "mono node-id", "data-testid": "node-id" })),
         role: el("td", { "data-testid": "node-role" }),
-        health: el("td", {}, el("span", { className: "badge", "data-testid": "node-health" })),
+        health: el("td", {},
+          el("span", { className: "badge", "data-testid": "node-health" }),
+          el("div", { className: "muted state-line", "data-testid": "node-paused-reason" }),
+          el("div", { className: "muted state-line", "data-testid": "node-activity" }),
+          el("div", { className: "progress", "data-testid": "node-progress" }, el("div", { className: "progress-fill" }))),
         layers: el("td", { "data-testid": "node-layers" }),
         vram: el("td", { className: "num", "data-testid": "node-vram" }),
         capacity: el("td", { className: "num", "data-testid": "node-capacity" }),
@@ -345,20 +351,32 @@
         title: "revoke this node's certificate and drop it from the plan",
         onclick: () => revokeNode(node.node_id),
       });
-      cells.actions.append(revoke);
+      const rename = el("button", {
+        type: "button", className: "small", "data-testid": "node-rename", text: "Rename",
+        title: "name this node as you know it (at first, its invite's note)",
+        onclick: () => renameNode(node.node_id),
+      });
+      const forget = el("button", {
+        type: "button", className: "small", "data-testid": "node-forget", text: "Forget",
+        title: "take this gone node off the registry and this page for good",
+        onclick: () => forgetNode(node.node_id),
+      });
+      cells.actions.append(rename, revoke, forget);
       const row = el("tr", { "data-testid": "node-row", "data-node-id": node.node_id }, ...Object.values(cells));
       row._cells = cells;
       row._revoke = revoke;
+      row._forget = forget;
       return row;
     };
 
     const update = (row, node) => {
       const c = row._cells;
-      setText(c.id, node.node_id);
+      const [nameBox, idBox] = c.id.children;
+      setText(nameBox, node.name || "");
+      show(nameBox, Boolean(node.name));
+      setText(idBox, node.node_id);
       setText(c.role, node.role);
-      const badge = c.health.firstChild;
-      badge.className = `badge ${node.health}`;
-      setText(badge, node.health);
+      renderState(c.health, node);
       if (node.layers) {
         c.layers.replaceChildren(
           el("span", { className: "stage-dot", style: { background: colourOf(index.get(node.node_id) ?? 0) } }),
@@ -383,9 +401,43 @@
       c.seen.title = fullTime(seen);
       row.classList.toggle("is-revoked", node.health === "revoked");
       show(row._revoke, node.health !== "revoked");
+      show(row._forget, Boolean(node.forgettable));
     };
 
     syncRows($("swarm-body"), nodes, (n) => n.node_id, make, update, "No node has joined yet. Create a worker invite below.", 11);
+  }
+
+  const ACTIVITY_WORDS = {
+    waiting: "waiting for a stage",
+    standby: "spare: getting a stage ready",
+    loading: "loading its stage",
+    serving: "serving",
+  };
+
+  /** Its state (paused with the volunteer's reason is not stale or gone), and what it does: a download's progress. */
+  function renderState(cell, node) {
+    const [badge, reason, activity, progress] = cell.children;
+    const stateName = node.state || node.health;
+    badge.className = `badge ${stateName}`;
+    setText(badge, stateName);
+    badge.title = stateName === "paused" ? "the volunteer paused: heartbeats go on, no stage is served" : "";
+    const paused = stateName === "paused" && node.paused;
+    setText(reason, paused ? node.paused : "");
+    show(reason, Boolean(paused));
+    const live = !["gone", "revoked", "paused"].includes(stateName);
+    const downloading = live && node.activity === "downloading";
+    let words = live ? ACTIVITY_WORDS[node.activity] || "" : "";
+    if (downloading) {
+      const total = node.download_total_bytes;
+      const pct = total > 0 ? Math.floor((100 * node.download_done_bytes) / total) : 0;
+      words = total > 0
+        ? `downloading ${pct}% (${(node.download_done_bytes / 2 ** 20).toFixed(0)} of ${(total / 2 ** 20).toFixed(0)} MiB)`
+        : "downloading";
+      progress.firstChild.style.width = `${pct}%`;
+    }
+    setText(activity, words);
+    show(activity, Boolean(words));
+    show(progress, downloading);
   }
 
   /** What runs the node's stage, worded as the tray's status window does (app/compute.py). */
@@ -439,6 +491,36 @@
     const total = rows.reduce((sum, r) => sum + (r.ms || 0), 0);
     items.push(el("div", { className: "muted timing-total", text: `sum over stages: ${total.toFixed(1)} ms per batch` }));
     box.replaceChildren(...items);
+  }
+
+  // ---------------------------------------------------------------- timeline
+
+  /** The swarm's story, newest first; node names as they are now (a rename applies to the past). */
+  function renderTimeline() {
+    const list = $("timeline");
+    const nodes = state.swarm ? state.swarm.nodes : [];
+    const names = new Map(nodes.map((n) => [n.node_id, n.name]));
+    const last = state.events.length ? state.events[state.events.length - 1].id : 0;
+    const key = `${last}:${state.events.length}:${JSON.stringify([...names])}`;
+    if (key === state.timelineKey) return;
+    state.timelineKey = key;
+    if (!state.events.length) {
+      list.replaceChildren(el("li", { className: "empty", text: "Nothing has happened yet." }));
+      return;
+    }
+    list.replaceChildren(...[...state.events].reverse().map((e) => {
+      const t = parseTime(e.at);
+      const name = e.node_id ? names.get(e.node_id) || "" : "";
+      const who = e.node_id
+        ? el("span", { className: "event-node", "data-testid": "event-node", title: e.node_id },
+          name ? `${name} ` : "", el("span", { className: "mono muted", text: e.node_id }))
+        : el("span", { className: "event-node muted", "data-testid": "event-node", text: "swarm" });
+      return el("li", { className: `event ${e.tone}`, "data-testid": "event", "data-kind": e.kind, "data-node-id": e.node_id },
+        el("time", { className: "event-time", text: t === null ? "" : clock(t), title: fullTime(t) }),
+        el("span", { className: `badge ${e.tone}`, "data-testid": "event-label", text: e.label }),
+        who,
+        el("span", { className: "event-detail", "data-testid": "event-detail", text: e.detail }));
+    }));
   }
 
   // ---------------------------------------------------------------- prediction
@@ -726,6 +808,32 @@
     refreshSoon(0);
   }
 
+  async function renameNode(nodeId) {
+    const node = state.swarm ? state.swarm.nodes.find((n) => n.node_id === nodeId) : null;
+    const name = window.prompt(`A name for ${nodeId} (empty for none):`, node ? node.name : "");
+    if (name === null) return;
+    try {
+      await api("POST", `/api/v1/nodes/${encodeURIComponent(nodeId)}/name`, { name: name.trim() });
+    } catch (err) {
+      if (err.status === 401) return relogin();
+      toast(`Could not rename ${nodeId}: ${err.message}`);
+    }
+    refreshSoon(0);
+  }
+
+  async function forgetNode(nodeId) {
+    const question = `Forget node ${nodeId}?\n\nIt leaves the registry and this page for good; `
+      + "its certificate is revoked, and it needs a new invite to come back.";
+    if (!window.confirm(question)) return;
+    try {
+      await api("DELETE", `/api/v1/nodes/${encodeURIComponent(nodeId)}`);
+    } catch (err) {
+      if (err.status === 401) return relogin();
+      toast(`Could not forget ${nodeId}: ${err.message}`);
+    }
+    refreshSoon(0);
+  }
+
   // ---------------------------------------------------------------- refresh loop
 
   function relogin() {
@@ -749,6 +857,7 @@
     const covered = renderCoverage(swarm, index);
     renderSummary(swarm, covered);
     renderNodes(swarm, index);
+    renderTimeline();
     renderTimings(swarm, index);
     renderPrediction(swarm);
     drawThroughput();
@@ -760,9 +869,12 @@
     state.busy = true;
     const updated = $("updated");
     try {
-      const [swarm, invites] = await Promise.all([api("GET", "/api/v1/swarm"), api("GET", "/api/v1/invites")]);
+      const [swarm, invites, events] = await Promise.all([
+        api("GET", "/api/v1/swarm"), api("GET", "/api/v1/invites"), api("GET", "/api/v1/events?limit=200"),
+      ]);
       state.swarm = swarm;
       state.invites = invites;
+      state.events = events;
       state.failures = 0;
       render();
       updated.classList.remove("error");
