@@ -17,17 +17,25 @@ from typing import Any
 
 import pytest
 import requests
+from cryptography.hazmat.primitives import serialization
+from fastapi.testclient import TestClient
 from starlette.types import Receive, Scope, Send
 
+from coordinator import invites as inv
 from coordinator.client.mirror import FetchReport, fetch_pieces
 from coordinator.errors import ModelNotHostable
 from coordinator.mirror_reads import FIRST_HEADER_READ
+from coordinator.releases import NODE_HEADERS
+from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.remote_model import RemotePieces, local_piece, piece_response, register
+from coordinator.server.secret_hashes import hash_token
+from coordinator.server.serve import CoordinatorOptions, build
 from core.errors import PieceCorruptError
 from core.gguf_slices import slice_model
 from core.manifest import MANIFEST_FILE, Manifest, PieceInfo
 from core.piece_sources import piece_segments, plan_reads
 from core.types import LayerRange
+from net import auth
 from tests.support.gguf_fixtures import split_gguf, write_rich_model
 from tests.support.range_server import RangeServer
 from tests.support.tls_files import TlsFiles, loopback_tls
@@ -300,3 +308,48 @@ def test_a_url_that_is_not_https_or_not_a_model_is_refused(swarm: Swarm) -> None
     (swarm.hub.root / "notes.gguf").write_bytes(b"not a model at all" * 100)
     with pytest.raises(ModelNotHostable, match="GGUF"):
         register(f"{swarm.hub.url}/notes.gguf", swarm.tmp / "data2", session=swarm.mirror)
+
+
+def test_the_coordinator_api_serves_a_registered_model_it_keeps_no_copy_of(
+    swarm: Swarm, tls: TlsFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sangama coordinator --model URL` as serve.build makes it: the manifest carries the
+    mirror, and the pieces endpoint builds any range of a piece from header and mirror."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca))  # the hub's test CA
+    url = f"{swarm.hub.url}/{swarm.model_file}"
+    options = CoordinatorOptions(data_dir=swarm.tmp / "coord", model=url, admin_password="pw")
+    coord, _, _ = build(options)
+    try:
+        assert coord.model.remote is not None
+        assert not any(p.suffix == ".gguf" for p in coord.model.directory.iterdir())
+        http = TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
+        coord.store.set_setting(ADMIN_TOKEN, hash_token("admin"))
+        made = http.post(
+            "/api/v1/invites",
+            json={"role": "worker", "uses": 1, "expires": "1d"},
+            headers={"Authorization": "Bearer admin"},
+        )
+        secret = inv.InviteCode.decode(made.json()["code"]).secret
+        key = auth.new_private_key()
+        csr = auth.make_csr(key, "me").public_bytes(serialization.Encoding.PEM).decode()
+        joined = http.post("/api/v1/join", json={"secret": secret, "csr_pem": csr}).json()
+        node = {"X-Sangama-Node": joined["node_id"], "Authorization": f"Bearer {joined['token']}"}
+        name = coord.model.name
+        manifest = Manifest.from_json(
+            http.get(f"/api/v1/models/{name}/manifest", headers=node).text
+        )
+        assert manifest == swarm.manifest and manifest.mirror is not None
+        piece = manifest.piece("blk.002")
+        want = (swarm.sliced / piece.file).read_bytes()
+        base = f"/api/v1/models/{name}/pieces/{piece.file}"
+        whole = http.get(base, headers=node)
+        assert whole.status_code == 200 and whole.content == want
+        head = manifest.mirror.pieces[piece.name].header
+        r = http.get(base, headers={**node, "Range": f"bytes=0-{head - 1}"})
+        assert r.status_code == 206 and r.content == want[:head]
+        r = http.get(base, headers={**node, "Range": "bytes=1000-"})
+        assert r.status_code == 206 and r.content == want[1000:]
+        r = http.get(base, headers={**node, "Range": f"bytes={piece.size}-"})
+        assert r.status_code == 416
+    finally:
+        coord.store.close()
