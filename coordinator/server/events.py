@@ -161,12 +161,13 @@ def node_state(health: str, paused: str) -> str:
     return "paused"
 
 
-def forgettable(state: str, joined_s_ago: float, dead_after_s: float) -> bool:
-    """Whether the operator may forget a node: gone or revoked ones, and ones that joined
-    long ago and never heartbeat; never a node that is alive, stale or paused."""
+def forgettable(state: str, role: str, joined_s_ago: float, dead_after_s: float) -> bool:
+    """Whether the operator may forget a node: gone or revoked ones, and workers that
+    joined long ago and never heartbeat; never a node that is alive, stale or paused,
+    nor a client that never revoked (clients never heartbeat: one may be chatting now)."""
     if state in ("gone", "revoked"):
         return True
-    return state == "joined" and joined_s_ago > dead_after_s
+    return state == "joined" and role == "worker" and joined_s_ago > dead_after_s
 
 
 # ---------------------------------------------------------------- rules

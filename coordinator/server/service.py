@@ -610,7 +610,8 @@ class Coordinator:
     def can_forget(self, node: Node, now: dt.datetime | None = None) -> bool:
         at = now or utcnow()
         joined_s = (at - as_utc(node.created_at)).total_seconds()
-        return forgettable(self.node_state(node, at), joined_s, self.settings.dead_after_s)
+        state = self.node_state(node, at)
+        return forgettable(state, node.role, joined_s, self.settings.dead_after_s)
 
     def rename_node(self, node_id: str, name: str) -> str:
         """Give a node the operator's name for it ("" for none); the name as kept."""

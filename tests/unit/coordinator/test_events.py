@@ -119,13 +119,15 @@ def test_a_paused_node_is_paused_not_stale_until_it_is_gone() -> None:
     assert silence_events("n", LIVE, "paused", 14.0) == ()
 
 
-def test_only_gone_revoked_or_long_silent_joined_nodes_may_be_forgotten() -> None:
-    assert forgettable("gone", 1000.0, 45.0)
-    assert forgettable("revoked", 1.0, 45.0)
+def test_only_gone_revoked_or_long_silent_joined_workers_may_be_forgotten() -> None:
+    assert forgettable("gone", "worker", 1000.0, 45.0)
+    assert forgettable("revoked", "client", 1.0, 45.0)
     for state in ("healthy", "stale", "paused"):
-        assert not forgettable(state, 1000.0, 45.0)
-    assert not forgettable("joined", 10.0, 45.0)
-    assert forgettable("joined", 100.0, 45.0)
+        assert not forgettable(state, "worker", 1000.0, 45.0)
+    assert not forgettable("joined", "worker", 10.0, 45.0)
+    assert forgettable("joined", "worker", 100.0, 45.0)
+    # A client never heartbeats: it may be chatting right now.
+    assert not forgettable("joined", "client", 10_000.0, 45.0)
 
 
 def test_a_new_plan_tells_its_stages_who_left_and_which_spare_was_promoted() -> None:
