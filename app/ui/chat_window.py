@@ -340,6 +340,8 @@ class ChatWindow(QWidget):
         for role, text in self.conversation.messages:
             self._append_block(role, text)
         self.error_label.setVisible(False)
+        if not self.chat.busy:
+            self.footer.setText("Ready.")  # the last answer's figures belong to another chat
         self._show_manage()
 
     def _append_block(self, role: str, text: str) -> None:

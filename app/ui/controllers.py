@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -656,6 +657,10 @@ class ChatController(QObject):
                 )
             else:
                 words = sampling_words(sampling)
+            if not sampling.greedy:
+                # A fresh draw per answer, as the API does: asking again gives another
+                # answer instead of the same one word for word.
+                sampling = replace(sampling, seed=secrets.randbits(63))
             ids = _encode(tok, messages)
             streamer = tok.streamer()
             answer: list[int] = []
