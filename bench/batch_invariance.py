@@ -123,9 +123,8 @@ def main() -> None:
         print(json.dumps({"model": model.name, "rows": rows}, indent=1))
         return
     print(f"{model.name}, {args.sessions} sessions, {args.tokens} greedy tokens each")
-    print(
-        f"{'KV cache':<20} {'same tokens':>12} {'bit-identical':>14} {'alone s':>8} {'batched s':>10}"
-    )
+    head = ("KV cache", "same tokens", "bit-identical", "alone s", "batched s")
+    print(f"{head[0]:<20} {head[1]:>12} {head[2]:>14} {head[3]:>8} {head[4]:>10}")
     for r in rows:
         n = r["sessions"]
         print(
