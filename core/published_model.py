@@ -21,6 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from core import gguf_layout as layout
 from core.errors import SliceError, UnsupportedModelError
+
+# _Cursor: the same bounded reader parse_header validated the header with, walked again
+# to keep each metadata entry's raw bytes (which a piece copies as they are).
 from core.gguf_header import (
     GgufHeader,
     GgufHeaderError,
