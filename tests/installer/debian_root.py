@@ -1,11 +1,14 @@
-"""A clean Debian 12 system in a folder, for installing the package the way a user would.
+"""A clean Debian system in a folder (12 "bookworm" or 13 "trixie"), for installing the
+package the way a user would.
 
-The base system comes from mmdebstrap (variant minbase, from this machine's Debian mirrors)
-and is cached as a tarball under ~/.cache/sangama/debian-root/, named after the day and a
-digest of the mirror list and the extra packages, so reruns unpack it in seconds and a new
+The base system comes from mmdebstrap (variant minbase, from the Debian mirrors this
+machine's apt uses, with the suite's own release, updates and security archives) and is
+cached as a tarball under ~/.cache/sangama/debian-root/, named after the suite, the day and
+a digest of the mirror list and the extra packages, so reruns unpack it in seconds and a new
 day starts from current packages. Each test unpacks a fresh copy. Downloaded .debs are kept
-in the same cache (bind-mounted over the root's /var/cache/apt/archives): apt still
-resolves every dependency itself, it just does not fetch the same file twice.
+in the same cache, one folder per suite (bind-mounted over the root's
+/var/cache/apt/archives): apt still resolves every dependency itself, it just does not fetch
+the same file twice.
 
 The root shares this machine's network (loopback reaches a coordinator running outside)
 and its X server (/tmp/.X11-unix is bind-mounted).
@@ -25,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
-SUITE = "bookworm"
+SUITES = ("bookworm", "trixie")  # Debian 12 and 13
+DEBIAN_URI = "http://deb.debian.org/debian"
+SECURITY_URI = "http://deb.debian.org/debian-security"
 # What a desktop user has that minbase lacks: the passwd tools for a user account.
 EXTRA_PACKAGES = ("passwd",)
 USER = "volunteer"
@@ -41,35 +46,65 @@ def cache_root() -> Path:
     return Path(base) / "sangama" / "debian-root"
 
 
-def base_tarball(today: dt.date | None = None) -> Path:
-    """The cached minbase tarball for today, made with mmdebstrap when missing."""
+def mirror_uris() -> tuple[str, str]:
+    """The Debian archive and security archive this machine's apt uses (deb822 sources)."""
+    archive, security = DEBIAN_URI, SECURITY_URI
+    text = SOURCES.read_text() if SOURCES.exists() else ""
+    for line in text.splitlines():
+        if line.startswith("URIs:"):
+            uri = line.split(":", 1)[1].strip().split()[0]
+            if uri.rstrip("/").endswith("-security"):
+                security = uri
+            else:
+                archive = uri
+    return archive, security
+
+
+def mirror_lines(suite: str) -> list[str]:
+    """One-line sources for `suite`: the release, its updates and its security archive.
+
+    Written out rather than passing this machine's sources file, which names its own
+    release's suites (a trixie root from a bookworm host needs trixie's)."""
+    archive, security = mirror_uris()
+    return [
+        f"deb {archive} {suite} main",
+        f"deb {archive} {suite}-updates main",
+        f"deb {security} {suite}-security main",
+    ]
+
+
+def base_tarball(suite: str = "bookworm", today: dt.date | None = None) -> Path:
+    """The cached minbase tarball of `suite` for today, made with mmdebstrap when missing."""
+    if suite not in SUITES:
+        raise RootError(f"unknown suite {suite!r} (one of {', '.join(SUITES)})")
     if shutil.which("mmdebstrap") is None:
         raise RootError("needs mmdebstrap (apt-get install mmdebstrap)")
-    sources = SOURCES.read_bytes() if SOURCES.exists() else b"deb.debian.org"
-    digest = hashlib.sha256(sources + ",".join(EXTRA_PACKAGES).encode()).hexdigest()[:12]
+    mirrors = mirror_lines(suite)
+    digest = hashlib.sha256(
+        "\n".join(mirrors).encode() + ",".join(EXTRA_PACKAGES).encode()
+    ).hexdigest()[:12]
     day = (today or dt.date.today()).strftime("%Y%m%d")
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
-    tar = cache / f"{SUITE}-minbase-{day}-{digest}.tar"
+    tar = cache / f"{suite}-minbase-{day}-{digest}.tar"
     if tar.exists():
         return tar
-    for old in cache.glob(f"{SUITE}-minbase-*.tar"):
+    for old in cache.glob(f"{suite}-minbase-*.tar"):
         old.unlink()
     tmp = tar.with_suffix(".partial.tar")
-    mirrors = [str(SOURCES)] if SOURCES.exists() else []
     cmd = [
         "mmdebstrap",
         "--variant=minbase",
         "--quiet",
         f"--include={','.join(EXTRA_PACKAGES)}",
-        SUITE,
+        suite,
         str(tmp),
         *mirrors,
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
-        raise RootError(f"mmdebstrap failed: {r.stderr[-2000:]}")
+        raise RootError(f"mmdebstrap {suite} failed: {r.stderr[-2000:]}")
     tmp.replace(tar)
     return tar
 
@@ -79,15 +114,16 @@ class DebianRoot:
     """An unpacked root with /proc, /dev, the X socket and the apt cache mounted."""
 
     path: Path
+    suite: str = "bookworm"
     mounts: list[Path] = field(default_factory=list)
 
     @classmethod
     @contextlib.contextmanager
-    def unpacked(cls, tarball: Path, where: Path) -> Iterator[DebianRoot]:
+    def unpacked(cls, tarball: Path, where: Path, suite: str = "bookworm") -> Iterator[DebianRoot]:
         where.mkdir(parents=True, exist_ok=True)
         with tarfile.open(tarball) as tf:
             tf.extractall(where, filter="fully_trusted")  # a root: devices, setuid, owners
-        root = cls(where)
+        root = cls(where, suite)
         try:
             root._mount_all()
             yield root
@@ -117,7 +153,8 @@ class DebianRoot:
         self._bind(Path("/dev/pts"), "/dev/pts")
         self._bind(Path("/dev/shm"), "/dev/shm")
         self._bind(Path("/tmp/.X11-unix"), "/tmp/.X11-unix")
-        archives = cache_root() / "archives"
+        # one folder per suite: bookworm's and trixie's .debs share names but not builds
+        archives = cache_root() / "archives" / self.suite
         (archives / "partial").mkdir(parents=True, exist_ok=True)
         self._bind(archives, "/var/cache/apt/archives")
         shutil.copy("/etc/resolv.conf", self.path / "etc" / "resolv.conf")

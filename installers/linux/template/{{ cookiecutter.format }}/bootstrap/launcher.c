@@ -1,6 +1,7 @@
 /* The two commands of the package, one small executable: `sangama` (the command line) and
  * `sangama-app` (the tray app, a symlink to it) pick their entry point by the name they
- * were started under. Each replaces itself with the system Python in isolated mode (-I: no
+ * were started under. Each replaces itself with the package's own Python (PYTHON, under
+ * /usr/lib/sangama/python: the system's may be any version, or absent) in isolated mode (-I: no
  * PYTHONPATH, no user site-packages, no current folder) without writing byte-code (-B:
  * postinst compiled it once; nothing appears under /usr at run time), with the package's
  * own code and dependencies first on sys.path, so nothing the user installed can shadow
