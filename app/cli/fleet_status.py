@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,17 @@ def _rate(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
+def answer_line(answer: Any) -> str:
+    """Whether the swarm can answer, as the coordinator's last end-to-end probe found
+    (api_models.AnswerOut); '' before the first probe or from a coordinator without it."""
+    if not isinstance(answer, dict) or answer.get("can_answer") is None:
+        return ""
+    if answer["can_answer"]:
+        return f"the swarm can answer (two tokens in {answer['answer_ms']:.0f} ms)"
+    since = time.strftime("%H:%M:%S", time.localtime(float(answer["since"])))
+    return f"the swarm cannot answer since {since}, because {answer['reason']}"
+
+
 def describe(swarm: Any) -> list[str]:
     """The lines `sangama status` prints for a swarm view (api_models.SwarmOut)."""
     try:
@@ -63,6 +75,9 @@ def describe(swarm: Any) -> list[str]:
             f"{len(nodes)} node{n_} ({healthy} healthy)",
             f"plan        {chain or 'none: ' + str(swarm.get('plan_error') or 'no stage placed')}",
         ]
+        answer = answer_line(swarm.get("answer"))
+        if answer:
+            lines.append(f"answer      {answer}")
         p = swarm.get("prediction")
         note = swarm.get("prediction_note") or ""
         if p is None:
@@ -109,7 +124,7 @@ def run_fleet_status(args: argparse.Namespace, default_data: Path) -> int:
     try:
         swarm = fetch_swarm(args.coordinator, token, ca_file)
         if args.json:
-            keys = ("model", "plan", "plan_error", "prediction", "prediction_note")
+            keys = ("model", "plan", "plan_error", "answer", "prediction", "prediction_note")
             print(json.dumps({k: swarm.get(k) for k in keys}, indent=1))
             return 0
         for line in describe(swarm):

@@ -73,6 +73,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         help="put the first stage (reads prompts) and the last (picks answers) on nodes you "
         "marked trusted on the operator page",
     )
+    p.add_argument(
+        "--answer-probe-every",
+        type=float,
+        default=45.0,
+        metavar="SECONDS",
+        help="ask the planned chain for two tokens this often, and after every re-plan "
+        "(0: never): the operator page says whether the swarm can answer",
+    )
     p.add_argument("--stale-after", type=float, default=15.0, help="seconds of silence: stale")
     p.add_argument(
         "--dead-after", type=float, default=45.0, help="seconds of silence: replaced in the plan"
@@ -190,6 +198,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             ADMIN_PASSWORD_ENV,
             "--admin-password",
         ),
+        answer_probe_every_s=args.answer_probe_every,
         settings=Settings(
             min_stages=args.min_stages,
             spares=args.spares,

@@ -42,9 +42,11 @@ from coordinator.contract import (
 )
 from coordinator.errors import AccessDenied, JoinRefused, NotFound
 from coordinator.releases import RELEASE_HEADER, ReleaseRefused, check_release
+from coordinator.server.answer_probe import AnswerState
 from coordinator.server.api_models import (
     ERROR_REASONS,
     MAX_BODY_BYTES,
+    AnswerOut,
     EventOut,
     HeartbeatIn,
     InviteCheckIn,
@@ -624,6 +626,18 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
         throughput=coord.throughput(),
         prediction=prediction,
         prediction_note=note,
+        answer=_answer_out(coord.answer),
+    )
+
+
+def _answer_out(state: AnswerState) -> AnswerOut:
+    return AnswerOut(
+        can_answer=state.can_answer,
+        since=state.since,
+        checked_at=state.checked_at,
+        reason=state.reason,
+        chain=list(state.chain),
+        answer_ms=state.answer_ms,
     )
 
 

@@ -228,6 +228,22 @@ class PredictionOut(BaseModel):
     peak: LevelOut
 
 
+class AnswerOut(BaseModel):
+    """Whether the planned chain answered the coordinator's last probe (two tokens)."""
+
+    can_answer: bool | None
+    """None: not probed yet."""
+    since: float
+    """Unix time since when it has been so."""
+    checked_at: float
+    """Unix time of the last probe (0: none yet)."""
+    reason: str
+    """Why it cannot answer: which stage or link failed; empty when it can."""
+    chain: list[str]
+    answer_ms: float
+    """How long the last successful probe took."""
+
+
 class SwarmOut(BaseModel):
     model: str
     n_layer: int
@@ -244,6 +260,8 @@ class SwarmOut(BaseModel):
     """Predicted decode tokens/s of the main chain; None until every stage reported."""
     prediction_note: str = ""
     """Why there is no prediction, or what it assumed."""
+    answer: AnswerOut | None = None
+    """Whether the swarm can answer (the coordinator's end-to-end probe)."""
 
 
 class SignalIn(_In):

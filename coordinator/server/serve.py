@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from coordinator.errors import ModelNotHostable
+from coordinator.server.answer_probe import AnswerState, ProbePolicy
+from coordinator.server.answer_prober import AnswerProber, probe_credentials
 from coordinator.server.remote_model import is_url, register
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import ADMIN_PASSWORD, Coordinator, HostedModel, Settings
@@ -49,6 +51,8 @@ class CoordinatorOptions:
     public_url: str | None = None
     admin_password: str | None = None
     settings: Settings = field(default_factory=Settings)
+    answer_probe_every_s: float = 45.0
+    """How often the planned chain is asked for two tokens (answer_prober.py); 0: never."""
     keep_pieces: bool = False
     """For a model registered by URL: keep a copy of its pieces (the coordinator then
     serves a volunteer whose mirror fails from disk, not through the mirror)."""
@@ -206,6 +210,26 @@ def _ensure_operator_secrets(coord: Coordinator, data_dir: Path, password: str |
         _write_secret(token_file, token)
 
 
+def start_answer_probe(coord: Coordinator, every_s: float) -> AnswerProber | None:
+    """The thread that asks the planned chain for two tokens (None: `every_s` 0, off)."""
+    if every_s <= 0:
+        return None
+    ca_pem = coord.ca_pem.encode()
+
+    def keep(state: AnswerState) -> None:
+        coord.answer = state
+
+    prober = AnswerProber(
+        coord.answer_chain,
+        coord.model.name,
+        lambda: probe_credentials(coord.ca, ca_pem),
+        ProbePolicy(every_s=every_s, retry_s=min(every_s, ProbePolicy.retry_s)),
+        keep,
+    )
+    prober.start()
+    return prober
+
+
 def serve(options: CoordinatorOptions) -> int:
     import uvicorn
 
@@ -213,6 +237,7 @@ def serve(options: CoordinatorOptions) -> int:
 
     coord, cert_path, key_path = build(options)
     app = create_app(coord, Path(__file__).parent / "web")
+    prober = start_answer_probe(coord, options.answer_probe_every_s)
     config = uvicorn.Config(
         app,
         host=options.host,
@@ -239,5 +264,7 @@ def serve(options: CoordinatorOptions) -> int:
 
     server.startup = startup  # type: ignore[method-assign]
     server.run()
+    if prober is not None:
+        prober.stop()
     coord.store.close()
     return 0

@@ -42,6 +42,7 @@ from coordinator.errors import (
     PlacementError,
 )
 from coordinator.releases import DEFAULT_MIN_RELEASE
+from coordinator.server.answer_probe import AnswerState, Chain
 from coordinator.server.events import (
     PlanView,
     Report,
@@ -222,6 +223,8 @@ class Coordinator:
         self.ca_fingerprint = auth.fingerprint(ca.certificate)
         self._lock = threading.Lock()
         self._plan: Plan | None = None
+        self.answer = AnswerState()
+        """Whether the planned chain answered the last probe (answer_prober.py sets it)."""
         self._chains: list[Plan] = []
         """The main chain (`_plan`) and any more complete chains, in placement order."""
         self._handed: list[int] = []
@@ -860,6 +863,18 @@ class Coordinator:
     @property
     def plan_error(self) -> str | None:
         return self._plan_error
+
+    def answer_chain(self) -> tuple[Chain, str]:
+        """The main chain as the answer probe dials it ((node id, address) per stage), or
+        none and why there is none."""
+        plan = self._plan
+        if plan is None:
+            return (), self._plan_error or "no plan yet"
+        addresses = {n.node_id: n.address for n in self.nodes()}
+        chain = tuple((st.node_id, addresses.get(st.node_id) or "") for st in plan.stages)
+        if any(not address for _, address in chain):
+            return (), "a stage of the plan has no address"
+        return chain, ""
 
     def assignment(self, node_id: str) -> Assignment | None:
         # While no plan can be made (too few healthy workers for a moment: late heartbeats

@@ -236,6 +236,28 @@
     setText($("plan-error-text"), swarm.plan_error || "the coordinator has not placed any stage yet");
   }
 
+  // Whether the chain answered the coordinator's own two-token probe: heartbeats and
+  // coverage cannot show a link between two stages that carries nothing.
+  function renderAnswer(swarm) {
+    const a = swarm.answer;
+    const box = $("answer");
+    const known = Boolean(a) && a.can_answer !== null;
+    show(box, known);
+    if (!known) return;
+    const since = a.since > 0 ? a.since * 1000 : null;
+    const checked = a.checked_at > 0 ? a.checked_at * 1000 : null;
+    box.classList.toggle("ok", a.can_answer === true);
+    box.classList.toggle("bad", a.can_answer === false);
+    box.dataset.canAnswer = String(a.can_answer);
+    if (a.can_answer) {
+      setText($("answer-head"), "The swarm can answer.");
+      setText($("answer-text"), `Two tokens came back through the chain in ${Math.round(a.answer_ms)} ms (checked ${ago(checked)}).`);
+    } else {
+      setText($("answer-head"), `The swarm cannot answer since ${since === null ? "?" : clock(since)},`);
+      setText($("answer-text"), `because ${a.reason} (checked ${ago(checked)}).`);
+    }
+  }
+
   function renderSummary(swarm, covered) {
     const healthy = swarm.nodes.filter((n) => n.health === "healthy").length;
     setText($("model-name"), swarm.model);
@@ -854,6 +876,7 @@
     const swarm = state.swarm;
     const index = stageIndex(swarm);
     renderBanner(swarm);
+    renderAnswer(swarm);
     const covered = renderCoverage(swarm, index);
     renderSummary(swarm, covered);
     renderNodes(swarm, index);
