@@ -63,7 +63,7 @@ installer-linux: $(STAMP)
 	$(BIN)/python installers/linux/build.py \
 	    --engine-wheel "$$($(PYTHON) $(ENGINE) $(ENGINE_GPU) --print-wheel)"
 
-# That package installed into a clean Debian 12 root and used there (root; minutes).
+# That package installed into clean Debian 12 and 13 roots and used there (root; minutes).
 test-installer: $(STAMP)
 	$(BIN)/python -m pytest -m installer tests/installer
 
