@@ -288,8 +288,27 @@ def test_three_stage_swarm_renders(
         expect(tid("node-backend").filter(has_text="—")).to_have_count(1)
         expect(tid("node-gpu-layers").filter(has_text="0/3 layers on GPU")).to_have_count(2)
 
+        # Every layer covered, every node healthy, and still no answer: these nodes
+        # heartbeat but serve nothing, which only the coordinator's own two-token probe
+        # of the chain finds (coordinator/server/answer_prober.py).
+        first = bounds[0]
+        first_node = next(
+            s.get_attribute("data-node-id")
+            for s in segments.all()
+            if int(s.get_attribute("data-start") or -1) == first[0]
+        )
+        answer = tid("answer")
+        # The first probe dials the first stage at once; its dial gives up after 5 s.
+        expect(tid("answer-text")).to_contain_text(
+            f"because the first stage {first_node} does not accept links", timeout=30_000
+        )
+        expect(answer).to_have_attribute("data-can-answer", "false")
+        expect(answer).to_contain_text("The swarm cannot answer since")
+        expect(tid("stat-coverage")).to_have_text(f"{N_LAYER} / {N_LAYER}")
+
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "operator-page-3-stages.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "operator-page-cannot-answer.png"))
 
 
 def test_the_page_says_which_layers_have_no_spare(
