@@ -67,6 +67,9 @@ class NodeStatus:
     paused_reason: str = ""
     """Why the node pauses by itself ("on battery", "quiet hours", ...), in PAUSED or
     PAUSING; "" when the volunteer paused it or it serves."""
+    swarm: str = ""
+    """Whether the swarm can answer, in words, as the coordinator's end-to-end probe
+    found (`swarm_answer`); "" until the coordinator said."""
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -93,6 +96,17 @@ _STILL_RUNNING = (
     ServeState.LOADING,
     ServeState.SERVING,
 )
+
+
+def swarm_answer(can_answer: bool | None, since: float, reason: str) -> str:
+    """The coordinator's last probe of the chain in words, with the time in this PC's
+    clock ("" before the first probe)."""
+    if can_answer is None:
+        return ""
+    if can_answer:
+        return "can answer"
+    at = time.strftime("%H:%M:%S", time.localtime(since)) if since > 0 else "?"
+    return f"cannot answer since {at}, because {reason}"
 
 
 def shown_while_pausing(reported: NodeStatus, shown: NodeStatus) -> NodeStatus:

@@ -415,6 +415,13 @@ class HeartbeatAnswer:
     """The newest Sangama release the operator announced ("": none)."""
     min_release: str = ""
     """The oldest release this swarm admits ("": every one)."""
+    can_answer: bool | None = None
+    """Whether the planned chain answered the coordinator's last end-to-end probe (two
+    tokens; coordinator/server/answer_prober.py); None: not probed yet."""
+    answer_since: int = 0
+    """Unix seconds since when `can_answer` has been so."""
+    answer_reason: str = ""
+    """Why the swarm cannot answer: which stage or link failed ("" when it can)."""
 
     @staticmethod
     def from_json(doc: Any) -> HeartbeatAnswer:
@@ -428,9 +435,21 @@ class HeartbeatAnswer:
                 None if not ready else Assignment.from_json(ready),
                 _text(d.get("latest_release", ""), "latest_release", 64, empty=True),
                 _text(d.get("min_release", ""), "min_release", 64, empty=True),
+                _can_answer(d.get("can_answer")),
+                _integer(d.get("answer_since", 0), "answer_since", 0, 2**40),
+                _text(d.get("answer_reason", ""), "answer_reason", MAX_ANSWER_REASON, empty=True),
             )
 
         return _read("heartbeat answer", build, doc)
+
+
+MAX_ANSWER_REASON = 1000
+
+
+def _can_answer(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise MalformedAnswer(f"can_answer is a {type(value).__name__}, not true, false or null")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,13 @@ from app.links import (
     advertised_candidates,
     serve_ice_offers,
 )
-from app.node_status import NodeStatus, ServeState, StatusReport, plain_reason
+from app.node_status import (
+    NodeStatus,
+    ServeState,
+    StatusReport,
+    plain_reason,
+    swarm_answer,
+)
 from app.progress import print_progress
 from app.serving import standby_stage
 from app.serving.beats import BeatPolicy, beat_delay
@@ -567,6 +573,10 @@ async def _heartbeats(
             log.warning("heartbeat failed: %s", exc)
             continue
         worker.set_revoked(frozenset(int(s) for s in beat.revoked_serials))
+        # Shown from the next report on (the tray's status window, `sangama status`).
+        serving = replace(
+            serving, swarm=swarm_answer(beat.can_answer, beat.answer_since, beat.answer_reason)
+        )
         if beat.assignment != assignment:
             moved = only_next_hop_moved(assignment, beat.assignment)
             if moved is not None and worker.retarget(moved):

@@ -85,6 +85,7 @@ class StatusWindow(QWidget):
         for key, label in (
             ("node", "Node"),
             ("coordinator", "Coordinator"),
+            ("swarm", "The swarm"),
             ("stage", "Stage"),
             ("address", "Listening on"),
             ("next", "Next hop"),
@@ -133,6 +134,7 @@ class StatusWindow(QWidget):
         f = self.fields
         f["node"].setText(s.node_id or "not joined")
         f["coordinator"].setText(s.coordinator or "—")
+        f["swarm"].setText(s.swarm or "—")
         if s.layers is not None:
             a, b = s.layers
             n = f"{b - a} layer{'s' * (b - a != 1)}"

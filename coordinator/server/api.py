@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from coordinator import contract as c
 from coordinator import invites as inv
 from coordinator.contract import (
+    MAX_ANSWER_REASON,
     Assignment,
     CaAnswer,
     Heartbeat,
@@ -354,6 +355,9 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
             standby=None if found is not None else coord.standby_assignment(who),
             latest_release=coord.settings.latest_release,
             min_release=coord.settings.min_release,
+            can_answer=coord.answer.can_answer,
+            answer_since=int(coord.answer.since),
+            answer_reason=coord.answer.reason[:MAX_ANSWER_REASON],
         )
 
     @app.get(

@@ -1,0 +1,45 @@
+"""The tray's status window says whether the swarm can answer, as the coordinator's
+end-to-end probe found it (heartbeat answer -> NodeStatus.swarm -> the window)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PySide6.QtWidgets import QApplication
+
+from app.node_status import NodeStatus, ServeState, swarm_answer
+from app.ui.history import History
+from app.ui.settings import Settings
+from app.ui.tray import DesktopApp
+
+pytestmark = pytest.mark.ui
+
+
+@pytest.fixture
+def desk(qapp: QApplication, tmp_path: Path, isolated_dirs: Path) -> Iterator[DesktopApp]:
+    qapp.setQuitOnLastWindowClosed(False)
+    d = DesktopApp(
+        Settings(),
+        settings_dir=tmp_path / "settings",
+        identity_dir=tmp_path / "identity",
+        history=History(tmp_path / "chats"),
+        tray_available=True,
+    )
+    yield d
+    d.quit()
+
+
+def test_the_status_window_says_whether_the_swarm_can_answer(desk: DesktopApp) -> None:
+    status = desk.open_status()
+    serving = NodeStatus(state=ServeState.SERVING, node_id="worker-1", layers=(0, 4))
+    desk.node._apply(serving)
+    assert status.fields["swarm"].text() == "—"  # the coordinator has not said yet
+    broken = swarm_answer(False, 1_700_000_000, "stage worker-2 does not accept links")
+    desk.node._apply(NodeStatus(**{**serving.__dict__, "swarm": broken}))
+    text = status.fields["swarm"].text()
+    assert text.startswith("cannot answer since ")
+    assert text.endswith("because stage worker-2 does not accept links")
+    desk.node._apply(NodeStatus(**{**serving.__dict__, "swarm": swarm_answer(True, 0, "")}))
+    assert status.fields["swarm"].text() == "can answer"
