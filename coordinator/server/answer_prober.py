@@ -106,9 +106,12 @@ async def probe_chain(
                         reply_to=creds.node_id,
                         max_tokens=PROBE_TOKENS,
                         prompt_len=len(PROBE_PROMPT),
+                        # The ring, as the chat asks for it; a one-stage chain has none.
                         loop=wire.Loop(
                             first[0], wire.Loop.address_text((host, port)), last[0], 0, False
-                        ),
+                        )
+                        if len(chain) > 1
+                        else None,
                     )
                 )
                 entry.send(_step(session, 0, 0, PROBE_PROMPT))
