@@ -132,7 +132,13 @@ async def _config_now(config: IceConfig | IceConfigSource) -> IceConfig:
 
 
 class SignalRouter:
-    """Delivers signalling messages to whoever waits for them, by (kind, link, round)."""
+    """Delivers signalling messages to whoever waits for them, by (kind, link, round).
+
+    A node's messages come from one mailbox at the coordinator, handed to whichever
+    request asks first: every part of one process that speaks as the node (the desktop
+    app's worker and its chat) must share one router (`node_router`), or each takes
+    messages meant for the other. `start` and `stop` count their users; the mailbox is
+    polled from the first `start` until the last `stop`."""
 
     def __init__(self, client: CoordinatorClient) -> None:
         self.client = client
@@ -140,14 +146,24 @@ class SignalRouter:
         self.on_new_offer: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self._users = 0
+        self._key: tuple[int, str, str] | None = None
+        """Its place in `_ROUTERS` (set by node_router)."""
 
     def _queue(self, kind: str, link: str) -> asyncio.Queue[tuple[str, IceOffer]]:
         return self._queues.setdefault((kind, link), asyncio.Queue())
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._poll())
+        self._users += 1
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._poll())
 
     async def stop(self) -> None:
+        self._users = max(0, self._users - 1)
+        if self._users:
+            return  # another part of this node still waits for its messages
+        if self._key is not None and _ROUTERS.get(self._key) is self:
+            del _ROUTERS[self._key]
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -190,6 +206,24 @@ class SignalRouter:
         await asyncio.get_running_loop().run_in_executor(
             None, self.client.post_signal, peer, kind, link, offer.to_dict()
         )
+
+
+_ROUTERS: dict[tuple[int, str, str], SignalRouter] = {}
+"""The routers in use, by (event loop, coordinator, node id): one per node per loop."""
+
+
+def node_router(client: CoordinatorClient) -> SignalRouter:
+    """The signalling router of the node `client` speaks for, on this event loop: the
+    one already in use by another part of this process speaking as that node (the
+    desktop app's chat beside its worker), else a new one. Start it, stop it when done:
+    it polls until its last user stopped."""
+    key = (id(asyncio.get_running_loop()), client.base_url, client.node_id)
+    router = _ROUTERS.get(key)
+    if router is None:  # (a router leaves the registry at its last user's stop)
+        router = SignalRouter(client)
+        router._key = key
+        _ROUTERS[key] = router
+    return router
 
 
 def _exchange(
@@ -283,7 +317,7 @@ async def start_links(
     """A running signalling router and a dialer using it (stop the router when done)."""
     config = IceConfigSource(client)
     await asyncio.get_running_loop().run_in_executor(None, config.current)
-    router = SignalRouter(client)
+    router = node_router(client)  # the worker's, when this process also serves as the node
     router.start()
     return LinkDialer(creds, router, config, tuning), router
 

@@ -27,8 +27,8 @@ from app.identity import Identity, default_identity_dir, join_swarm
 from app.links import (
     IceConfigSource,
     LinkDialer,
-    SignalRouter,
     advertised_candidates,
+    node_router,
     serve_ice_offers,
 )
 from app.node_status import (
@@ -397,7 +397,7 @@ async def serve_coordinated(
                 client, advertised_candidates(options.advertise), relay_only=options.relay_only
             )
             await loop.run_in_executor(None, ice.current)
-            router = SignalRouter(client)
+            router = node_router(client)
             tuning = QuicTuning(
                 library=options.quic_library,
                 send_throttle=upload_throttle(options.upload_bytes_per_s),
@@ -457,6 +457,7 @@ async def serve_coordinated(
                     "%d sessions still open after %.0f s; ending them", left, options.drain_s
                 )
         finally:
+            router.on_new_offer = None  # the router may live on for this node's chat
             await router.stop()
             await worker.stop()
             if on_stopped is not None:
