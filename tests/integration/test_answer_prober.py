@@ -13,7 +13,7 @@ import pytest
 
 from app.config import format_address
 from app.lab.local_swarm import LocalSwarm
-from coordinator.server.answer_probe import Chain, FailureKind, ProbePolicy, describe
+from coordinator.server.answer_probe import Chain, Failure, FailureKind, ProbePolicy, describe
 from coordinator.server.answer_prober import probe_chain
 from tests.support.tiny_models import write_tiny_model
 
@@ -33,7 +33,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_one_stage_chain_answers_the_probe(model: Path) -> None:
-    async def scenario() -> object:
+    async def scenario() -> Failure | None:
         async with LocalSwarm(model=str(model), cuts=[0, 8]) as swarm:
             assert swarm.client_credentials is not None
             return await probe_chain(_chain(swarm), "tiny8", swarm.client_credentials, POLICY)
@@ -42,7 +42,7 @@ def test_a_one_stage_chain_answers_the_probe(model: Path) -> None:
 
 
 def test_a_link_between_stages_that_carries_nothing_fails_the_probe(model: Path) -> None:
-    async def scenario() -> tuple[object, object, Chain]:
+    async def scenario() -> tuple[Failure | None, Failure | None, Chain]:
         swarm = LocalSwarm(model=str(model), cuts=[0, 4, 8], link_delays_ms=[0, 0, 0])
         async with swarm:
             creds = swarm.client_credentials

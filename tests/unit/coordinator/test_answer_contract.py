@@ -22,7 +22,8 @@ def _wire(value: Any) -> Any:
 def test_whether_the_swarm_can_answer_survives_the_trip() -> None:
     beat = c.HeartbeatAnswer(None, (), can_answer=False, answer_since=1700, answer_reason="x")
     assert c.HeartbeatAnswer.from_json(_wire(beat)) == beat
-    older = {"assignment": None, "revoked_serials": []}  # a coordinator without the probe
+    # From a coordinator without the probe:
+    older: dict[str, Any] = {"assignment": None, "revoked_serials": []}
     assert c.HeartbeatAnswer.from_json(older).can_answer is None
 
 
