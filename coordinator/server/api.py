@@ -284,7 +284,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         c.JOIN,
         response_model=JoinAnswer,
         tags=["public"],
-        responses=_errors(400, 403, 413, 429),
+        responses=_errors(400, 403, 413, 426, 429),
     )
     def join(body: JoinIn, request: Request) -> JoinAnswer:
         caller = limited(join_limits, request)
@@ -340,7 +340,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         c.HEARTBEAT,
         response_model=HeartbeatAnswer,
         tags=["nodes"],
-        responses=_errors(400, 401, 403, 413, 429),
+        responses=_errors(400, 401, 403, 413, 426, 429),
     )
     def heartbeat(
         node_id: NodePath, body: HeartbeatIn, who: NodeId, request: Request
@@ -495,13 +495,13 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         coord.revoke_node(node_id)
         return {"status": "revoked"}
 
-    @app.post(c.TRUST_NODE, tags=["operator"], responses=_errors(401, 404, 413))
+    @app.post(c.TRUST_NODE, tags=["operator"], responses=_errors(400, 401, 404, 413))
     def trust_node(node_id: NodePath, body: TrustIn, _a: Admin) -> dict[str, str]:
         """Mark a node trusted (or not) for the first and last stage (--trusted-ends)."""
         coord.set_trusted(node_id, body.trusted)
         return {"status": "trusted" if body.trusted else "not trusted"}
 
-    @app.post(c.NAME_NODE, tags=["operator"], responses=_errors(401, 404, 413))
+    @app.post(c.NAME_NODE, tags=["operator"], responses=_errors(400, 401, 404, 413))
     def name_node(node_id: NodePath, body: NameIn, _a: Admin) -> dict[str, str]:
         """Name a node as the operator knows it (at first, its invite's note)."""
         return {"name": coord.rename_node(node_id, body.name)}
@@ -516,7 +516,8 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     @app.get(c.EVENTS, response_model=list[EventOut], tags=["operator"], responses=_errors(401))
     def events(
         _a: Admin,
-        after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+        # The events table's ids are 32-bit integers on PostgreSQL.
+        after: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
         limit: Annotated[int, Query(ge=1, le=500)] = 200,
     ) -> list[EventOut]:
         """The swarm's story, oldest first: the newest `limit` events with ids above

@@ -325,6 +325,7 @@ ERROR_REASONS = {
     404: "No such thing",
     409: "Not in this state (forgetting a node that is alive, stale or paused)",
     413: f"Request body larger than {MAX_BODY_BYTES} bytes",
+    426: "The node's Sangama release is older than this swarm admits: update it",
     429: "Too many attempts or requests from this caller; the answer says when to try again",
 }
 

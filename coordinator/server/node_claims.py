@@ -87,6 +87,28 @@ def check_address(address: str, allow_loopback: bool) -> str:
     return address
 
 
+def is_lan_address(address: str) -> bool:
+    """A private (LAN) address: a node behind a home router advertises one, which nobody
+    outside its LAN can reach or be aimed at through it; peers reach such a node by ICE
+    (hole punching or the relay) through the coordinator's signalling instead. So it is
+    placed without answering the reachability probe, which only a public address must."""
+    try:
+        ip = ipaddress.ip_address(split_address(address)[0])
+    except (ClaimRefused, ValueError):
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in net for net in _LAN_NETWORKS if net.version == ip.version)
+
+
+_LAN_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+)
+"""Home and carrier-grade NAT ranges (RFC 1918, RFC 6598) and IPv6 unique-local ones:
+`ipaddress`'s is_private also counts documentation and benchmark ranges, which are not."""
+
+
 # ---------------------------------------------------------------- capacity
 
 

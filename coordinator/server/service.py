@@ -65,6 +65,7 @@ from coordinator.server.node_claims import (
     TooFast,
     check_address,
     hardware_bytes,
+    is_lan_address,
     peer_bound_capacities,
     split_address,
 )
@@ -487,7 +488,7 @@ class Coordinator:
 
     def _check_reachable(self, node_id: str, address: str) -> None:
         """Probe a node's address once (again after PROBE_RETRY_S while it does not
-        answer): placement takes only nodes whose address answered."""
+        answer): placement takes only nodes whose public address answered."""
         with self._lock:
             if self._verified.get(node_id) == address:
                 return
@@ -503,7 +504,10 @@ class Coordinator:
             else:
                 self._verified.pop(node_id, None)
                 self._probe_failed[node_id] = (address, time.monotonic())
-                log.warning("%s: %s did not answer the reachability probe", node_id, address)
+                # Expected of a node behind a home router (ICE reaches it); a public
+                # address that does not answer keeps its node out of placement.
+                level = logging.INFO if is_lan_address(address) else logging.WARNING
+                log.log(level, "%s: %s did not answer the reachability probe", node_id, address)
 
     def _probe(self, address: str) -> bool:
         host, port = split_address(address)
@@ -743,7 +747,8 @@ class Coordinator:
             for n in self.nodes()
             if n.role == "worker"
             and n.address
-            and verified.get(n.node_id) == n.address  # it answered at this address
+            # It answered at this address, or it sits behind a home router (ICE reaches it).
+            and (verified.get(n.node_id) == n.address or is_lan_address(n.address))
             and n.node_id not in paused
             and n.node_id not in gone
             and (

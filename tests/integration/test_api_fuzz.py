@@ -28,6 +28,7 @@ from schemathesis.checks import (
 )
 
 from coordinator import invites as inv
+from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.api_models import MAX_BODY_BYTES
 from coordinator.server.secret_hashes import hash_token
@@ -119,7 +120,7 @@ def swarm(db_url: str, pieces: tuple[Path, Any]) -> Iterator[Swarm]:
     store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
     worker, fuzzed, client = (_joined(coord, r) for r in ("worker", "worker", "client"))
     app = create_app(coord)
-    with TestClient(app) as http:
+    with TestClient(app, headers=NODE_HEADERS) as http:
         r = http.post(
             f"/api/v1/nodes/{worker[0]}/heartbeat",
             headers=_node_headers(worker),
@@ -132,7 +133,7 @@ def swarm(db_url: str, pieces: tuple[Path, Any]) -> Iterator[Swarm]:
 
 @pytest.fixture
 def http(swarm: Swarm) -> TestClient:
-    return TestClient(swarm.app, base_url="https://testserver")
+    return TestClient(swarm.app, base_url="https://testserver", headers=NODE_HEADERS)
 
 
 # ---------------------------------------------------------------- generated calls

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,14 @@ from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
 from coordinator.contract import HeartbeatAnswer
+from coordinator.releases import NODE_HEADERS, RELEASE_HEADER
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import Coordinator, HostedModel, Settings
 from coordinator.server.store import Invite, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
+from net.versions import this_release
 from tests.support.postgres import postgres_bin, temporary_postgres
 from tests.support.probe_answerer import HARDWARE
 
@@ -65,7 +68,7 @@ def coord(db_url: str, pieces: tuple[Path, object]) -> Iterator[Coordinator]:
 
 @pytest.fixture
 def http(coord: Coordinator) -> TestClient:
-    return TestClient(create_app(coord), base_url="https://testserver")
+    return TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
 
 
 def _admin() -> dict[str, str]:
@@ -550,3 +553,34 @@ def test_a_route_report_naming_many_stages_probes_few_and_keeps_only_stages(
     too_many = [*names, "one-more"]
     r = http.get("/api/v1/route", params={"avoid": too_many}, headers=_node_headers(client))
     assert r.status_code == 422
+
+
+def test_releases_older_than_the_swarm_admits_are_refused_at_join_and_heartbeat(
+    http: TestClient, coord: Coordinator
+) -> None:
+    """A node of the previous wire version (no release stated, or one below min_release)
+    is refused in words the tray and CLI show; one of this release gets the newest
+    release the operator announced."""
+    code = _invite(http, uses=3)
+    secret = inv.InviteCode.decode(code).secret
+    body = {"secret": secret, "csr_pem": _csr()}
+    unstated = http.post("/api/v1/join", json=body, headers={RELEASE_HEADER: ""})
+    assert unstated.status_code == 426
+    assert unstated.json()["detail"] == (
+        f"a Sangama release from before 0.1.0 is too old for this swarm: "
+        f"update to {coord.settings.min_release} or later"
+    )
+    coord.settings = replace(coord.settings, min_release="9.0", latest_release="9.1.0")
+    old = http.post("/api/v1/join", json=body)
+    assert old.status_code == 426
+    assert old.json()["detail"] == (
+        f"Sangama {this_release()} is too old for this swarm: update to 9.0 or later"
+    )
+    coord.settings = replace(coord.settings, min_release=this_release())
+    a = _join(http, code)
+    url = f"/api/v1/nodes/{a['node_id']}/heartbeat"
+    r = http.post(url, headers=_node_headers(a), json={})
+    assert r.status_code == 200, r.text
+    assert (r.json()["latest_release"], r.json()["min_release"]) == ("9.1.0", this_release())
+    refused = http.post(url, headers={**_node_headers(a), RELEASE_HEADER: "0.0.1"}, json={})
+    assert refused.status_code == 426 and "Sangama 0.0.1 is too old" in refused.json()["detail"]

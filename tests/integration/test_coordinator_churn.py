@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
+from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import Coordinator, HostedModel, Settings
@@ -128,7 +129,7 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
 ) -> None:
     ca = auth.create_ca("churn-swarm")
     coord = _coordinator(db, ca, pieces)
-    http = TestClient(create_app(coord), base_url="https://testserver")
+    http = TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
     workers = [_join(http, "worker") for _ in range(3)]
     for i, w in enumerate(workers):
         _beat(http, w, _port(ports[i]))
@@ -160,7 +161,7 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
 
     # The coordinator restarts (same database): every assignment stays where it was.
     again = _coordinator(db, ca, pieces)
-    http2 = TestClient(create_app(again), base_url="https://testserver")
+    http2 = TestClient(create_app(again), base_url="https://testserver", headers=NODE_HEADERS)
     after = {
         w["node_id"]: _beat(http2, w, _port(ports[i]))
         for i, w in enumerate(workers)
@@ -176,7 +177,7 @@ def test_a_reported_stage_whose_port_refuses_leaves_at_once(
 ) -> None:
     coord = _coordinator(db, auth.create_ca("gone-swarm"), pieces)
     coord.started_at -= dt.timedelta(minutes=5)
-    http = TestClient(create_app(coord), base_url="https://testserver")
+    http = TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
     workers = [_join(http, "worker") for _ in range(3)]
     for i, w in enumerate(workers):
         _beat(http, w, _port(ports[i]))
@@ -211,7 +212,7 @@ def test_hostile_callers_are_limited_and_metrics_are_private(
 ) -> None:
     coord = _coordinator(db, auth.create_ca("hostile-swarm"), pieces)
     coord.set_admin_password("right-pw")
-    http = TestClient(create_app(coord), base_url="https://testserver")
+    http = TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
     # /metrics: refused to an anonymous remote caller, served with the operator's token.
     assert http.get("/metrics").status_code == 401
     assert http.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
 from coordinator.contract import TurnCredentials
+from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import Coordinator, HostedModel, Settings
@@ -42,7 +43,7 @@ def http(tiny_llama: Path, tmp_path: Path) -> Iterator[TestClient]:
         dataclasses.replace(Settings(), turn_server=("203.0.113.5", 3478), turn_secret=SECRET),
     )
     store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
-    yield TestClient(create_app(coord), base_url="https://testserver")
+    yield TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
     store.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from coordinator.server import node_claims
 from coordinator.server.node_claims import (
     MAX_REPORT_DEPTH,
     BeatLimiter,
@@ -135,3 +136,21 @@ def test_heartbeats_are_a_token_bucket_per_node() -> None:
     assert limiter.take("other", 100.0) == 0  # each node has its own
     assert limiter.take("w", 100.2) == 0  # one more beat after 1 / per_s
     assert limiter.take("w", 100.2) > 0
+
+
+@pytest.mark.parametrize(
+    ("address", "lan"),
+    [
+        ("192.168.3.2:7000", True),
+        ("10.0.0.5:7000", True),
+        ("[fd00::5]:7000", True),
+        ("100.64.1.2:7000", True),  # behind a carrier's NAT
+        ("203.0.113.9:7000", False),
+        ("8.8.8.8:7000", False),
+        ("127.0.0.1:7000", False),
+        ("169.254.169.254:7000", False),
+        ("not-an-address", False),
+    ],
+)
+def test_lan_addresses_are_those_of_nodes_behind_a_home_router(address: str, lan: bool) -> None:
+    assert node_claims.is_lan_address(address) is lan
