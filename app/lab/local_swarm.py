@@ -176,9 +176,12 @@ class LocalSwarm:
                     ),
                     auth_timeout=self.auth_timeout,
                     session_idle_s=self.session_idle_s,
-                    # Only the stage before opens sessions here; a first stage behind a
-                    # delay proxy is reached (and looped back to) at the proxy's address.
-                    upstream=ids[i - 1] if i else "",
+                    # No fixed upstream: a lab swarm's stages take spares and replays
+                    # from any stage (as coordinated stages do), so past the first stage
+                    # any node certified as a worker opens sessions, never a client. A
+                    # first stage behind a delay proxy is reached (and looped back to) at
+                    # the proxy's address.
+                    upstream="",
                     advertise=format_address(entry[0]) if i == 0 and delays else "",
                 )
             )

@@ -301,7 +301,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         c.INVITE_CHECK,
         response_model=InviteCheck,
         tags=["public"],
-        responses=_errors(413, 429),
+        responses=_errors(400, 413, 429),
     )
     def invite_check(body: InviteCheckIn, request: Request) -> InviteCheck:
         """Would this invite be accepted now? Nothing is used; refusals count against the

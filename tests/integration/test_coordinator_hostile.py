@@ -13,6 +13,7 @@ import requests
 from cryptography.hazmat.primitives import serialization
 
 from coordinator import invites as inv
+from coordinator.releases import NODE_HEADERS
 from net import auth
 from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.probe_answerer import HARDWARE, ProbeAnswerer
@@ -32,6 +33,8 @@ def coord(
 
 def _call(coord: CoordinatorProcess, method: str, path: str, **kw: Any) -> requests.Response:
     kw.setdefault("timeout", 30)
+    # Every node names its release (coordinator.releases); an attacker's calls do too.
+    kw["headers"] = {**NODE_HEADERS, **(kw.get("headers") or {})}
     return requests.request(method, f"{coord.url}{path}", verify=str(coord.ca_path), **kw)
 
 

@@ -92,7 +92,7 @@ def test_join_serve_pause_resume_quit(
             dialog2.join_button.click()
         assert "already been used" in dialog2.result_label.text()
         assert "keeps serving" in dialog2.result_label.text()
-        assert desk.node.status.state is ServeState.SERVING and desk.node.serving
+        assert desk.node.status.state.name == "SERVING" and desk.node.serving
         dialog2.hide()
 
         # pause stops and frees the stage; resume rejoins and serves again
