@@ -101,7 +101,9 @@ class SpareSwarm:
                 root / "coordinator",
                 model,
                 min_stages=len(chain_args),
-                extra_args=list(coordinator_args),
+                # No two-token probes of the chain: the tests count every row a
+                # stage computes (a later --answer-probe-every in coordinator_args wins).
+                extra_args=["--answer-probe-every", "0", *coordinator_args],
                 timeout=timeout,
             ),
         )

@@ -49,6 +49,7 @@ def test_streamed_answer_footer_history_and_stop(
     history = History(tmp_path / "chats")
     window = ChatWindow(chat, history)
     window.resize(900, 600)
+    window.greedy.setChecked(True)  # the same answer every run: this test reads it
     window.show()
     pieces: list[str] = []
     chat.text.connect(pieces.append)
