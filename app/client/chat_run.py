@@ -137,8 +137,11 @@ async def chat_once(
                 answer.append(tok)
                 if stream is not None:
                     stream(streamer.push(tok))
-            if finish != "end" and looping_tail(answer):
-                finish = "loop"
+                # Token by token: the cut must not depend on how tokens were grouped.
+                if looping_tail(answer):
+                    finish = "loop"
+                    break
+            if finish == "loop":
                 break
     finally:
         close = getattr(generation, "aclose", None)

@@ -679,11 +679,15 @@ class ChatController(QObject):
                         piece = streamer.push(t)
                         if piece:
                             self._mailbox.post(("text", piece))
+                        # Checked token by token: where the answer is cut must not
+                        # depend on how the swarm grouped its tokens into messages.
+                        if looping_tail(answer):
+                            finish = Finish.LOOP
+                            break
                     if ev.tokens:
                         progress = ChatProgress(n, first_ms, _rate(n, t_first))
                         self._mailbox.post(("progress", progress))
-                    if finish != Finish.END and looping_tail(answer):
-                        finish = Finish.LOOP
+                    if finish == Finish.LOOP:
                         break  # closing the stream ends the session on the swarm
             finally:
                 close = getattr(stream, "aclose", None)

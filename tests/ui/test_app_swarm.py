@@ -161,7 +161,9 @@ def test_pause_lets_a_running_answer_finish_then_frees_the_stage(
             # Long enough that the pause lands well before the answer ends (after 5 pieces;
             # the node reports "finishing" a moment later): 80 tokens once ended first in
             # CI, and 160 on a machine decoding this model at ~60 tok/s.
-            chat.send(STORY, SamplingParams(), max_tokens=480)
+            # Greedy with a repetition penalty: the same answer every run, and one that
+            # does not loop (the chat's loop guard would end a looping one early).
+            chat.send(STORY, SamplingParams(repetition_penalty=1.3), max_tokens=480)
             if while_answering is not None:
                 while_answering(pieces)
             qtbot.waitUntil(lambda: bool(ended), timeout=180000)
