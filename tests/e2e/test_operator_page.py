@@ -483,6 +483,9 @@ def test_the_timeline_tells_a_pause_a_death_and_a_promotion(
             assert told.index(("gone", second.node_id)) < told.index(("promoted", spare.node_id))
             assert ("standby", spare.node_id) in told
             beats.set(spare, activity="serving", backend="CPU (haswell)", n_layers=4)
+            # Its beats come from their own thread: wait until the page has them, so
+            # the events below follow it in the timeline.
+            expect(events("serving", spare)).to_have_count(1, timeout=TIMEOUT_MS)
 
             # -- the first stage's volunteer pauses: paused with the reason, not gone
             beats.set(first, paused="on battery")
