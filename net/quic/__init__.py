@@ -1,0 +1,1 @@
+"""QUIC links: the only users of the QUIC libraries (qh3, aioquic), their sockets, timers and counts."""
