@@ -12,7 +12,7 @@ from typing import Any
 from app.errors import ConfigError
 from core.cpu_placement import CpuListError, parse_cpu_list
 from core.types import LayerRange
-from net.quic import DEFAULT_LIBRARY
+from net.quic.links import DEFAULT_LIBRARY
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -98,7 +98,7 @@ class WorkerConfig:
     Not for recurrent models (qwen35): their undo needs the rows in one decode."""
     max_datagram_size: int = 1200
     quic_library: str = DEFAULT_LIBRARY
-    """"qh3" (default) or "aioquic" (see net.quic)."""
+    """"qh3" (default) or "aioquic" (see net.quic.links)."""
     return_logits: bool = False
     """Diagnostics: the last stage sends the logits each token was chosen from."""
     idle_timeout: float = 5.0
@@ -110,7 +110,7 @@ class WorkerConfig:
     """How long sessions of a lost upstream worker link wait here to be resumed."""
     auth_timeout: float = 10.0
     """Seconds a peer has, from its first datagram, to prove who it is; its link is
-    closed after (net.link_limits)."""
+    closed after (net.peer_limits)."""
     session_idle_s: float = 120.0
     """A session with no step taken or answered for this long is closed and its KV freed
     (app.serving.peer_rules.idle_sessions): a client gone or holding slots idle."""

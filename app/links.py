@@ -25,8 +25,8 @@ from coordinator.contract import TurnCredentials
 from coordinator.errors import CoordinatorError
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
 from net.errors import NetError
-from net.ice import IceConfig, IceError, IceOffer, IceSession, establish
-from net.quic import Addr, QuicTuning
+from net.ice.paths import IceConfig, IceError, IceOffer, IceSession, establish
+from net.quic.links import Addr, QuicTuning
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def _ice_config_of(creds: TurnCredentials | None, advertise: tuple[Addr, ...]) -
 class IceConfigSource:
     """The node's ICE configuration with TURN credentials that it renews itself.
 
-    The coordinator's relay credentials are short-lived (net.turn.node_credentials: a
+    The coordinator's relay credentials are short-lived (net.ice.turn.node_credentials: a
     username lives 15 to 30 minutes), so a node that fetched them once at start could
     not reach the relay later. `current()` fetches them again once half of their life has
     passed; an allocation made earlier keeps its own. Blocking: call it off the loop."""

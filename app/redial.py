@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from net.errors import NetError
-from net.quic import PeerUnreachable
+from net.quic.links import PeerUnreachable
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from core.models import GEMMA3, resolve_model
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net import wire
-from net.tensors import WireDtype, encode_rows
+from net.wire.tensors import WireDtype, encode_rows
 
 PROMPT = (
     "def area_circle(r):\n    return 3.14159 * r * r\n\n"

@@ -6,7 +6,7 @@ guesses accepted of proposed, decode tokens/s, speed-up over none, and whether t
 output equals plain greedy. Chains:
 
 - wan20: 20 stages of a tiny random-weight model, each link 1-56 ms one way through
-  net.delay_proxy (as bench/swarm.py builds it): compute is small, delays dominate.
+  app.lab.wan.proxy (as bench/swarm.py builds it): compute is small, delays dominate.
   Prompts are the Gemma token ids folded into the tiny vocabulary; the tiny model's
   greedy text is not language, so its acceptance says how the machinery pays, not how
   often n-grams guess real text.

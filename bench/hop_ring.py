@@ -7,7 +7,7 @@ compute, so what remains is transport plus handling.
 
 QUIC links are the real authenticated channels (net.channel); TCP links carry the
 same frames on plain asyncio streams, without TLS or authentication. `mtu` is the QUIC
-links' path-MTU probing ceiling (net.path_mtu): 1200 turns probing off, every datagram
+links' path-MTU probing ceiling (net.quic.path_mtu): 1200 turns probing off, every datagram
 1200 bytes, as before path MTU discovery; `measure` runs both side by side.
 
 Back to back (the default) every forwarder stays warm. `--gap-ms` pauses before each
@@ -35,16 +35,17 @@ import psutil
 
 from app.credentials import init_ca, issue_node, load_credentials
 from app.ports import free_tcp_port, free_udp_port
-from net import event_loop, quic_counts, wire
-from net.ack_policy import ACK_HOLD
+from net import event_loop, wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
-from net.path_mtu import PROBE_CEILING
-from net.quic import DEFAULT_LIBRARY, QUIC_LIBRARIES, QuicTuning
-from net.tensors import WireDtype, decode_rows, encode_rows
+from net.quic import counts as quic_counts
+from net.quic.ack_policy import ACK_HOLD
+from net.quic.links import DEFAULT_LIBRARY, QUIC_LIBRARIES, QuicTuning
+from net.quic.path_mtu import PROBE_CEILING
+from net.wire.tensors import WireDtype, decode_rows, encode_rows
 
 Send = Callable[[wire.Frame], None]
 TRANSPORTS = ("quic", "aioquic", "qh3", "tcp")
-"""quic: the default QUIC library (net.quic.DEFAULT_LIBRARY); aioquic, qh3: that library;
+"""quic: the default QUIC library (net.quic.links.DEFAULT_LIBRARY); aioquic, qh3: that library;
 tcp: plain asyncio TCP. All on the event loop net.event_loop picks (uvloop on Linux)."""
 
 
@@ -180,7 +181,7 @@ async def measure(
     gap_s: float = 0.0,
 ) -> dict[str, float]:
     """Round trips of `n` one-row STEP frames through `hops` forwarders; `ack_hold` is the
-    QUIC links' (net.ack_policy; 0: every ACK at once, as before the fourth pass); `gap_s`:
+    QUIC links' (net.quic.ack_policy; 0: every ACK at once, as before the fourth pass); `gap_s`:
     a pause before each frame (a decode's cadence: every process idle between frames, as
     a swarm's are between tokens, so each hop pays a wake-up from sleep)."""
     tmp = tempfile.TemporaryDirectory(prefix="sangama-ring-")
@@ -237,7 +238,7 @@ async def measure(
             if transport != "tcp"
             else _tcp_sender(ports[1])
         )
-        await asyncio.sleep(1.0)  # path MTU probes settle (net.path_mtu)
+        await asyncio.sleep(1.0)  # path MTU probes settle (net.quic.path_mtu)
         rows = np.random.default_rng(0).standard_normal((1, width)).astype(np.float32)
         payload = encode_rows(rows, dtype)
         frame = wire.Step("bench", 0, 0, (), payload, 1, width, dtype)
@@ -308,7 +309,7 @@ async def profile(library: str, n: int, top: int, mtu: int = PROBE_CEILING) -> N
     frame = wire.Step("bench", 0, 0, (), encode_rows(rows, WireDtype.F32), 1, 640, WireDtype.F32)
     send(wire.Open("bench", "ring", WireDtype.F32, wire.SamplingSpec(), "a", 1, 1))
     await asyncio.wait_for(arrived.get(), 10)
-    await asyncio.sleep(1.0)  # path MTU probes settle (net.path_mtu)
+    await asyncio.sleep(1.0)  # path MTU probes settle (net.quic.path_mtu)
     for _ in range(100):  # warm-up
         send(frame)
         await asyncio.wait_for(arrived.get(), 10)
@@ -343,7 +344,7 @@ async def profile(library: str, n: int, top: int, mtu: int = PROBE_CEILING) -> N
         f"{library}, loop {event_loop.loop_name()}: {elapsed / links * 1e3:.3f} ms per link "
         "(profiled; both ends in this process)"
     )
-    # The link's own counters (net.quic_counts), then what only the profiler sees: the
+    # The link's own counters (net.quic.counts), then what only the profiler sees: the
     # standard loop's scheduling calls (uvloop's are C, invisible to cProfile) and the
     # library's calls.
     print("  per frame and link (both ends), the links' counters:")

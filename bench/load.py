@@ -2,7 +2,7 @@
 
 (a) compute-bound: Gemma 3 270M as three stages on loopback;
 (b) latency-bound: a 20-stage chain of the tiny model, each link 1-56 ms one way
-    through net.delay_proxy (the seeds' 20-PC fleet, as bench/swarm.py builds it).
+    through app.lab.wan.proxy (the seeds' 20-PC fleet, as bench/swarm.py builds it).
 
 For each level (requests started at once, every one a session of its own on every
 stage, all over one client connection): total tokens/s (the sum of each request's decode

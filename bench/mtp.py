@@ -2,7 +2,7 @@
 
 A tiny random-weight qwen35 (hybrid: gated delta-net recurrent layers + full attention,
 one MTP block, written by tests.support.tiny_qwen35) cut into three stages on loopback,
-each link delayed `--delay-ms` one way (net.delay_proxy): guesses none / mtp:2 / mtp:4 /
+each link delayed `--delay-ms` one way (app.lab.wan.proxy): guesses none / mtp:2 / mtp:4 /
 mtp (adaptive) / mtp+ngram:4, each with tokens per trip, guesses accepted of proposed,
 decode tokens/s, speed-up over none, and whether the output equals plain greedy. The
 tiny head is random (tied to the trunk's state), so acceptance says how the machinery

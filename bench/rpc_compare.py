@@ -3,7 +3,7 @@
 At each one-way link delay (0, 5, 10 ms by default) this runs:
 
 - **Sangama**: a 3-stage swarm (app.lab.local_swarm, as bench/swarm.py starts one), every
-  link (client -> stage 0 -> 1 -> 2 -> client) through net.delay_proxy. Push-forward
+  link (client -> stage 0 -> 1 -> 2 -> client) through app.lab.wan.proxy. Push-forward
   round the ring: the last stage sends each next step to stage 0 (through the client's
   proxy, so with the same delay) and the tokens to the client beside it, so a token
   crosses three delayed links, once each (app.serving.ring).

@@ -54,9 +54,9 @@ from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from core.types import LayerRange
 from net import event_loop
-from net.path_mtu import PROBE_CEILING
-from net.quic import DEFAULT_LIBRARY
-from net.tensors import WireDtype
+from net.quic.links import DEFAULT_LIBRARY
+from net.quic.path_mtu import PROBE_CEILING
+from net.wire.tensors import WireDtype
 
 PROMPT = "Write a short story about a lighthouse keeper who befriends a whale."
 

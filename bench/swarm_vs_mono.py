@@ -32,7 +32,7 @@ from bench.swarm import PROMPT, paired_rounds
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from net import event_loop
-from net.quic import DEFAULT_LIBRARY
+from net.quic.links import DEFAULT_LIBRARY
 
 Swarm = tuple[int, str, bool]
 

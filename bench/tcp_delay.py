@@ -1,7 +1,7 @@
 """The delay proxy's lanes over TCP: llama.cpp's RPC runs on TCP, Sangama's links on UDP.
 
 For bench/rpc_compare.py, so both sides of the comparison wait on the same mechanism:
-each byte chunk read from one side is held in a `net.delay_proxy.TimedRelease` lane (the
+each byte chunk read from one side is held in a `app.lab.wan.proxy.TimedRelease` lane (the
 FIFO, schedule and early-wake timer the UDP proxy uses: `delay_ms` one way, never reordered)
 and written to the other side when due. One connection upstream per accepted one;
 closing one side half-closes the other once the bytes before the close are through.
@@ -14,7 +14,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from net.delay_proxy import TimedRelease
+from app.lab.wan.proxy import TimedRelease
 
 Address = tuple[str, int]
 Lane = tuple[int, str]

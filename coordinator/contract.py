@@ -81,7 +81,7 @@ def _read(what: str, build: Callable[[dict[str, Any]], T], doc: Any) -> T:
 
 
 # What a volunteer's PC accepts from a coordinator, checked as strictly as a wire frame
-# (net/wire_checks.py): each field of its JSON type, texts and lists of bounded length,
+# (net/wire/checks.py): each field of its JSON type, texts and lists of bounded length,
 # free-form objects of bounded depth and size. Values that come from JSON are never
 # converted (`str()` of a dict, `int()` of a string): a wrong type is a malformed answer.
 
@@ -526,7 +526,7 @@ class SignalPost:
     link: str
     """The id both ends use for this link."""
     payload: dict[str, Any]
-    """ICE ufrag, pwd and candidates (net.ice.IceOffer.to_dict)."""
+    """ICE ufrag, pwd and candidates (net.ice.paths.IceOffer.to_dict)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import serialization
 
 from net import auth, wire
 from net.errors import ErrorCode, NetError
-from net.link_limits import DEFAULT_LINK_LIMITS, LinkLimits
+from net.peer_limits import DEFAULT_LINK_LIMITS, LinkLimits
 from net.protocol import (
     Authenticated,
     ConnectionFailed,
@@ -29,7 +29,7 @@ from net.protocol import (
     Role,
     SessionRejected,
 )
-from net.quic import Addr, QuicLink, QuicServer, QuicTuning, Receiver, TlsIdentity, connect
+from net.quic.links import Addr, QuicLink, QuicServer, QuicTuning, Receiver, TlsIdentity, connect
 from net.versions import this_release
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class Channel:
 
     def flush(self) -> None:
         """Put the frames sent so far on the wire now instead of at the end of this loop
-        turn (net.quic.QuicLink.flush): for the hot path, after a step's output."""
+        turn (net.quic.links.QuicLink.flush): for the hot path, after a step's output."""
         if not self.link.closed.done():
             self.link.flush()
 
@@ -220,7 +220,7 @@ async def connect_channel(
     path_factory: Callable[[Receiver, Callable[[Exception], None]], Any] | None = None,
 ) -> Channel:
     """Dial a node over QUIC and authenticate both ways; raise NetError on failure.
-    `path_factory` (e.g. `net.ice.IceSession.path_factory`) replaces the UDP socket."""
+    `path_factory` (e.g. `net.ice.paths.IceSession.path_factory`) replaces the UDP socket."""
     link = await connect(
         address,
         creds.tls(),
@@ -254,7 +254,7 @@ class ChannelServer:
 
     A link whose peer has not proved itself `limits.auth_timeout_s` after its first
     datagram is closed; until then it counts against the QUIC server's caps on
-    unauthenticated links (net.link_limits)."""
+    unauthenticated links (net.peer_limits)."""
 
     def __init__(
         self,

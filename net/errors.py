@@ -45,7 +45,3 @@ class FrameError(NetError):
     def __reduce__(self) -> tuple[type[FrameError], tuple[ErrorCode, str]]:
         # Keeps the error picklable across process pools despite the two-argument init.
         return (FrameError, (self.code, self.message))
-
-
-class ProxyError(NetError):
-    """The delay proxy was used in the wrong state (not started, already closed)."""

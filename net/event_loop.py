@@ -2,7 +2,7 @@
 
 A hop's software cost is mostly event-loop turns (a wake-up per burst, a transmit per
 turn, timers); uvloop's are cheaper (bench/README.md). Nothing depends on which loop
-runs: both watch file descriptors, so net.quic_udp reads sockets directly on either.
+runs: both watch file descriptors, so net.quic.udp reads sockets directly on either.
 `SANGAMA_LOOP=asyncio` forces the standard loop (to compare, or to rule uvloop out).
 """
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from net.wire_format import DEFAULT_LIMITS, HEADER, LENGTH, Limits
+from net.wire.layout import DEFAULT_LIMITS, HEADER, LENGTH, Limits
 
 __all__ = [
     "DEFAULT_LINK_LIMITS",

@@ -28,7 +28,7 @@ from enum import Enum, auto
 
 from net import wire
 from net.errors import ErrorCode, FrameError
-from net.link_limits import pre_auth_limits
+from net.peer_limits import pre_auth_limits
 from net.versions import PeerTooOld, negotiate
 
 
@@ -134,7 +134,7 @@ class PeerConnection:
         self.peer_protocol = 0
         self.peer_release = ""
         self._decoder = wire.FrameDecoder(pre_auth_limits(limits), protocol)
-        """Handshake-sized caps until READY (net.link_limits), then `limits`; tails of
+        """Handshake-sized caps until READY (net.peer_limits), then `limits`; tails of
         protocols newer than ours are refused, as a peer of our protocol does."""
         self._limits = limits
         self._out = bytearray()

@@ -16,8 +16,8 @@ from dataclasses import MISSING, dataclass, fields, replace
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 
-from net.frames import Frame, Hello, Open, Step, Tokens, Welcome
-from net.wire_format import PROTOCOL_VERSION
+from net.wire.frames import Frame, Hello, Open, Step, Tokens, Welcome
+from net.wire.layout import PROTOCOL_VERSION
 
 MIN_COMPATIBLE_RELEASE = "0.1.0"
 """The oldest package version this release works with in one swarm: the first one that

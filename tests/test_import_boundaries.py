@@ -59,7 +59,7 @@ def under(*prefixes: str) -> Callable[[str], bool]:
 
 
 def _matches(path: str, allowed: str) -> bool:
-    """`allowed` is a file ("net/quic.py"), a folder ("app/ui/") or a prefix ("net/ice*")."""
+    """`allowed` is a file ("net/quic/links.py"), a folder ("app/ui/") or a prefix ("app/x*")."""
     if allowed.endswith("*"):
         return path.startswith(allowed[:-1])
     return path == allowed or (allowed.endswith("/") and path.startswith(allowed))
@@ -96,6 +96,14 @@ RULES = (
         under("net/"),
         frozenset({"core", "coordinator", "app"}) | QT,
         "net carries bytes and small headers; it knows nothing of the model or the UI",
+    ),
+    Rule(
+        under("net/wire/", "net/auth/"),
+        frozenset({"asyncio", "socket", "net.quic", "net.ice", "net.channel"})
+        | QUIC_LIBS
+        | frozenset({"aioice"}),
+        "net/wire (frames and their bytes) and net/auth (certificates and proofs) do no IO: "
+        "no event loop, no sockets, no links",
     ),
     Rule(under("coordinator/"), frozenset({"app"}) | QT, "the coordinator is a headless service"),
     Rule(
@@ -188,11 +196,11 @@ RULES = (
         "core/backends.py (its libraries)",
     ),
     Rule(
-        outside("net/quic*"),
+        outside("net/quic/"),
         QUIC_LIBS,
-        "the QUIC libraries (aioquic, qh3) live only in net/quic*",
+        "the QUIC libraries (aioquic, qh3) live only in net/quic/",
     ),
-    Rule(outside("net/ice*"), frozenset({"aioice"}), "aioice lives only in net/ice*"),
+    Rule(outside("net/ice/"), frozenset({"aioice"}), "aioice lives only in net/ice/"),
     Rule(
         outside("app/ui/"),
         QT,
@@ -368,7 +376,7 @@ def test_checker_allows_each_library_in_its_own_module_only() -> None:
 
     assert not broken("core/llama_engine.py", "import llama_cpp\n")
     assert broken("core/stage.py", "from llama_cpp import llama_cpp\n")
-    assert not broken("net/quic.py", "from aioquic.asyncio import serve\n")
+    assert not broken("net/quic/links.py", "from aioquic.asyncio import serve\n")
     assert broken("net/links.py", "import aioquic\n")
     assert not broken("app/ui/chat.py", "from PySide6.QtWidgets import QWidget\n")
     assert not broken("app/ui/controllers.py", "from PySide6.QtCore import QObject\n")
@@ -466,9 +474,9 @@ def test_checker_flags_each_rule(path: str, source: str, reason: str) -> None:
         ("app/serving/coordinated.py", "from app.ports import free_udp_port\n"),
         ("app/api/openai_api.py", "from fastapi import FastAPI\nimport pydantic\n"),
         ("coordinator/server/migrations/env.py", "from alembic import context\n"),
-        ("net/quic.py", "import aioquic\nimport qh3\n"),
-        ("net/quic_tuning.py", "import aioquic\n"),
-        ("net/ice_values.py", "from aioice import Candidate\n"),
+        ("net/quic/links.py", "import aioquic\nimport qh3\n"),
+        ("net/quic/tuning.py", "import aioquic\n"),
+        ("net/ice/values.py", "from aioice import Candidate\n"),
         ("core/backends.py", "import llama_cpp\n"),
     ],
 )

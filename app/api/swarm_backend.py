@@ -21,8 +21,8 @@ from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.channel import NodeCredentials
 from net.errors import ErrorCode
-from net.quic import QuicTuning
-from net.tensors import WireDtype
+from net.quic.links import QuicTuning
+from net.wire.tensors import WireDtype
 
 log = logging.getLogger(__name__)
 

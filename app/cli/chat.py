@@ -13,7 +13,7 @@ from app.errors import ConfigError
 from core.drafting import GuessPolicy
 from core.models import resolve_model
 from core.sampling_defaults import SamplingChoice
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 
 async def _chat(

@@ -277,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="keep the compute threads on these CPUs, e.g. 0-3 (several stages on one PC)",
     )
-    p.add_argument("--quic", choices=["aioquic", "qh3"], default="qh3")  # net.quic.DEFAULT_LIBRARY
+    p.add_argument(
+        "--quic", choices=["aioquic", "qh3"], default="qh3"
+    )  # net.quic.links.DEFAULT_LIBRARY
     p.add_argument("--relay-only", action="store_true", help="reach peers only via the relay")
     p.add_argument(
         "--coordinator",
@@ -493,7 +495,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             args.model, args.cuts, args.prompt, args.max_tokens, args.wire_dtype, args.stages
         )
     from app.lab.demo_swarm import run_demo_swarm
-    from net.tensors import WireDtype
+    from net.wire.tensors import WireDtype
 
     dtype = WireDtype[args.wire_dtype.upper()]
     return asyncio.run(

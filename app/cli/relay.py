@@ -1,7 +1,7 @@
 """`sangama relay`: write coturn's configuration, run coturn as a child, say READY when it answers.
 
 The relay is stock coturn (Debian package `coturn`; docs/architecture.md, "Links"); this
-module only configures it (net/turn.py renders every limit explicitly), supervises it and
+module only configures it (net/ice/turn.py renders every limit explicitly), supervises it and
 reports. The shared secret the coordinator needs to derive TURN credentials lives in the run
 directory, mode 0600.
 """
@@ -29,8 +29,8 @@ import platformdirs
 from app.cli.secret_args import TURN_SECRET_ENV, read_secret
 from app.errors import AppError
 from app.parent_watch import child_preexec
-from net import turn
-from net.turn import RelayConfig
+from net.ice import turn
+from net.ice.turn import RelayConfig
 
 BINARY = "turnserver"
 INSTALL_HINT = (

@@ -12,7 +12,7 @@ from app.client.swarm_client import TokenEvent
 from app.config import Route
 from core.drafting import GuessPolicy
 from core.types import SamplingParams
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 
 class AnswerClient(Protocol):

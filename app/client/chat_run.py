@@ -16,7 +16,7 @@ from core.repetition_guard import looping_tail
 from core.sampling_defaults import SamplingChoice
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 DEMO_SAMPLING = SamplingParams(repetition_penalty=1.2)
 """A mild repetition penalty: reads well on a small base model continuing text."""

@@ -30,7 +30,7 @@ from app.links import channel_dialer, start_links
 from core.drafting import DEFAULT_GUESSES
 from core.tokenizer import Tokenizer
 from net.channel import NodeCredentials
-from net.quic import QuicTuning
+from net.quic.links import QuicTuning
 
 Closer = Callable[[], Awaitable[None]]
 

@@ -49,8 +49,8 @@ from core.drafting import GuessPolicy
 from core.types import SamplingParams
 from net.channel import NodeCredentials, connect_channel
 from net.errors import NetError
-from net.quic import PeerUnreachable, QuicTuning
-from net.tensors import WireDtype
+from net.quic.links import PeerUnreachable, QuicTuning
+from net.wire.tensors import WireDtype
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ itself (the ring, app.serving.ring) and the client only reads; a TOKENS not mark
 `looped` hands the turn back to it. When the
 path of either dies, the client dials again (within `relink_timeout`) and the running
 generations continue: the first stage is sent each session's OPEN and unconfirmed STEPs
-again (net.replay), the last stage sends the TOKENS since the client's last turn again
+again (net.resend_log), the last stage sends the TOKENS since the client's last turn again
 (session_rules), and duplicates are
 ignored on both sides. A stage that fails or vanishes surfaces as a typed `ClientError`:
 an ERROR relayed up the chain, a stage that cannot be reached again, or at worst the
@@ -38,10 +38,10 @@ from core.types import SamplingParams
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
-from net.quic import QuicTuning
-from net.replay import ReplayLog
-from net.tensors import WireDtype
-from net.wire_checks import MAX_RING_GUESSES
+from net.quic.links import QuicTuning
+from net.resend_log import ReplayLog
+from net.wire.checks import MAX_RING_GUESSES
+from net.wire.tensors import WireDtype
 
 DEFAULT_CHUNK = 64
 NO_GUESSES = GuessPolicy.fixed(0)

@@ -17,7 +17,7 @@ from app.lab.local_run import even_cuts
 from app.lab.local_swarm import LocalSwarm
 from core.models import resolve_model, stage_files
 from core.tokenizer import Tokenizer
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 
 def _starting(cuts: list[int]) -> None:

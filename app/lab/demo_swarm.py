@@ -24,7 +24,7 @@ from app.identity import join_swarm
 from app.lab.processes import Child, spawn_sangama
 from app.ports import free_tcp_port
 from coordinator.server.serve import ADMIN_TOKEN_FILE
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 
 class OperatorApi:

@@ -16,14 +16,14 @@ from app.config import Hop, Route, RouteStage, WorkerConfig, format_address
 from app.credentials import init_ca, issue_node, load_credentials
 from app.errors import AppError
 from app.lab.processes import Child, spawn_sangama
+from app.lab.wan.process import ProxyPool, ProxyReport, reports_of
+from app.lab.wan.proxy import DelayProxy
 from app.ports import free_udp_port
 from core.cpu_placement import format_cpu_list, spread_for_stage
 from core.models import resolve_model, stage_files
 from core.types import LayerRange
 from net.channel import NodeCredentials
-from net.delay_proxy import DelayProxy
-from net.delay_proxy_process import ProxyPool, ProxyReport, reports_of
-from net.quic import DEFAULT_LIBRARY, QuicTuning
+from net.quic.links import DEFAULT_LIBRARY, QuicTuning
 
 CLIENT_ID = "client"
 
@@ -59,7 +59,7 @@ class LocalSwarm:
     idle_timeout: float = 5.0
     """Seconds of silence before a link counts as dead (tests shorten it)."""
     link_delays_ms: list[float] | None = None
-    """One-way delay per link, WAN emulation through net.delay_proxy: client->stage0,
+    """One-way delay per link, WAN emulation through app.lab.wan.proxy: client->stage0,
     each stage->next, last stage->client (len = stages + 1)."""
     reproducible: bool = False
     """Workers in reproducible mode (WorkerConfig.reproducible)."""

@@ -57,7 +57,7 @@ from core.admission import LLAMA_MAX_SEQ
 from core.hardware import detect_hardware, memory_in_use
 from core.types import LayerRange
 from net import event_loop, reach_probe
-from net.quic import DEFAULT_LIBRARY, QuicTuning
+from net.quic.links import DEFAULT_LIBRARY, QuicTuning
 from net.rate import Throttle, upload_throttle
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The link from a worker to its next hop: connects lazily, re-establishes lost paths.
 
-Every OPEN and STEP sent is recorded in a `net.replay.ReplayLog`. When the path dies
+Every OPEN and STEP sent is recorded in a `net.resend_log.ReplayLog`. When the path dies
 (a NAT mapping expires, a route changes, a relay restarts) the link is dialled again
 within `relink_timeout` (the dialer falls back from direct to ICE to the relay) and the
 log is replayed, so the next stage resumes the running sessions instead of losing them.
@@ -27,8 +27,8 @@ from app.redial import dial_until
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
-from net.quic import QuicTuning
-from net.replay import ReplayLog
+from net.quic.links import QuicTuning
+from net.resend_log import ReplayLog
 
 log = logging.getLogger(__name__)
 

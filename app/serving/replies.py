@@ -10,7 +10,7 @@ from app.serving.worker_state import ServedSession
 from core.draft_acceptance import Verdict, accept_drafts
 from core.sampling import sample
 from net import wire
-from net.tensors import WireDtype, encode_rows
+from net.wire.tensors import WireDtype, encode_rows
 
 
 def onward_step(

@@ -38,8 +38,8 @@ from core.drafting import GuessPolicy
 from net import wire
 from net.channel import Channel, NodeCredentials
 from net.errors import ErrorCode
-from net.quic import QuicTuning
-from net.tensors import WireDtype
+from net.quic.links import QuicTuning
+from net.wire.tensors import WireDtype
 
 log = logging.getLogger(__name__)
 

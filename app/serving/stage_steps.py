@@ -22,7 +22,7 @@ from core.draft_acceptance import RowByRow, Verdict
 from core.stage import Stage, StepFailure, StepRequest, StepResult
 from net import wire
 from net.errors import ErrorCode, FrameError
-from net.tensors import WireDtype, decode_rows
+from net.wire.tensors import WireDtype, decode_rows
 
 Checks = dict[int, tuple[int, RowByRow]]
 """Per index in a batch: how many guesses its step carries, and their verifier."""

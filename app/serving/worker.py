@@ -76,10 +76,10 @@ from core.step_profile import StepProfile
 from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials
 from net.errors import ErrorCode, FrameError
-from net.link_limits import LinkLimits
-from net.quic import QuicTuning
+from net.peer_limits import LinkLimits
+from net.quic.links import QuicTuning
 from net.rate import upload_throttle
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from coordinator.server.liveness import split_address
 from net import auth, wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
-from net.quic import QuicTuning
-from net.tensors import WireDtype
+from net.quic.links import QuicTuning
+from net.wire.tensors import WireDtype
 
 log = logging.getLogger(__name__)
 

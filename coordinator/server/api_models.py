@@ -15,7 +15,7 @@ from coordinator.contract import (
 from coordinator.server.events import MAX_NAME
 from coordinator.server.invite_book import MAX_USES
 from coordinator.server.node_claims import check_report
-from net.ice_values import IceOffer
+from net.ice.values import IceOffer
 
 MAX_BODY_BYTES = 1 << 20
 MAX_LAYERS = 100_000
@@ -27,7 +27,7 @@ MAX_STEP_POINTS = 16
 MAX_RTT_PEERS = 64
 """Round trips one heartbeat may report: its next hop and the first stages it loops to."""
 MAX_SIGNAL_CANDIDATES = 64
-"""Candidates in one ICE offer (net.ice_values.MAX_CANDIDATES)."""
+"""Candidates in one ICE offer (net.ice.values.MAX_CANDIDATES)."""
 MAX_MS = 600_000.0
 """Bound on a reported step time or round trip: ten minutes is no longer a measurement."""
 
@@ -277,7 +277,7 @@ class SignalIn(_In):
     @field_validator("payload")
     @classmethod
     def _ice_offer(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # Exactly an ICE offer (net.ice_values: ufrag, pwd, at most 64 parsed UDP
+        # Exactly an ICE offer (net.ice.values: ufrag, pwd, at most 64 parsed UDP
         # candidates), as the receiving node will parse it; nothing else is carried.
         candidates = value.get("candidates")
         if isinstance(candidates, list):

@@ -82,7 +82,7 @@ from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Sto
 from coordinator.server.timeline import StoredEvent, Timeline
 from core.manifest import Manifest
 from net import auth, reach_probe
-from net.turn import DEFAULT_NODE_TTL_S, node_credentials, stun_uri, turn_uri
+from net.ice.turn import DEFAULT_NODE_TTL_S, node_credentials, stun_uri, turn_uri
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class Settings:
     """The swarm's relay (coturn), if any: nodes get short-lived credentials for it."""
     turn_secret: str = field(default="", repr=False)
     turn_ttl_s: int = DEFAULT_NODE_TTL_S
-    """One username per node per window this long (net.turn.node_credentials)."""
+    """One username per node per window this long (net.ice.turn.node_credentials)."""
     metrics_public: bool = False
     """Serve /metrics to anyone; by default only to the operator and to loopback."""
     trusted_proxies: tuple[str, ...] = ()

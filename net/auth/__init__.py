@@ -19,14 +19,14 @@ Certificate layout (what `verify_node_certificate` relies on):
 Revocation lists hold serial numbers (int) and/or fingerprints (lowercase sha256 hex
 of the DER, `fingerprint`). Every deliberate refusal is an `AuthError` subclass.
 
-Callers import from here; each job has its own module: net.auth_errors (the refusals),
-net.auth_certs (roles, key material, PEM/DER), net.auth_issuing (the CA's side),
-net.auth_verifying (checking a certificate) and net.auth_proof (the client proof).
+Callers import from here; each job has its own module: net.auth.errors (the refusals),
+net.auth.certs (roles, key material, PEM/DER), net.auth.issuing (the CA's side),
+net.auth.verifying (checking a certificate) and net.auth.proof (the client proof).
 """
 
 from __future__ import annotations
 
-from net.auth_certs import (
+from net.auth.certs import (
     CertifiedKey,
     NodeIdentity,
     Revoked,
@@ -41,7 +41,7 @@ from net.auth_certs import (
     private_key_pem,
     require_fingerprint,
 )
-from net.auth_errors import (
+from net.auth.errors import (
     AuthError,
     BadProof,
     BadSigningRequest,
@@ -53,7 +53,7 @@ from net.auth_errors import (
     UntrustedCertificate,
     WrongNodeId,
 )
-from net.auth_issuing import (
+from net.auth.issuing import (
     CLOCK_SKEW,
     create_ca,
     issue_from_csr,
@@ -61,7 +61,7 @@ from net.auth_issuing import (
     load_csr,
     make_csr,
 )
-from net.auth_proof import (
+from net.auth.proof import (
     DIGEST_SIZE,
     NONCE_SIZE,
     PROOF_LABEL,
@@ -72,7 +72,7 @@ from net.auth_proof import (
     new_nonce,
     verify_client_proof,
 )
-from net.auth_verifying import (
+from net.auth.verifying import (
     node_id_of,
     verify_node_certificate,
 )

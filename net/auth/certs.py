@@ -1,6 +1,6 @@
 """Node identities and key material: roles, PEM/DER in and out, a certificate with its key.
 
-What net.auth_issuing, net.auth_verifying and net.auth_proof share; nothing here decides
+What net.auth.issuing, net.auth.verifying and net.auth.proof share; nothing here decides
 whom to trust.
 """
 
@@ -20,7 +20,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from net.auth_errors import InvalidArgument, KeyMismatch, MalformedCertificate, UntrustedCertificate
+from net.auth.errors import InvalidArgument, KeyMismatch, MalformedCertificate, UntrustedCertificate
 
 
 class Role(StrEnum):

@@ -1,6 +1,6 @@
 """Issuing: the swarm CA, node certificates and signing requests (the coordinator's side).
 
-Certificate layout (what net.auth_verifying relies on):
+Certificate layout (what net.auth.verifying relies on):
 
 - every key is Ed25519 (the CA's and the nodes'), so proofs need no algorithm choice;
 - subject CN = node id, and the SAN carries DNSName(node id) (aioquic matches the
@@ -22,8 +22,8 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from net.auth_certs import CertifiedKey, Role, new_private_key, utc_now
-from net.auth_errors import BadSigningRequest, InvalidArgument
+from net.auth.certs import CertifiedKey, Role, new_private_key, utc_now
+from net.auth.errors import BadSigningRequest, InvalidArgument
 
 # Backdating absorbs small clock differences between the coordinator and the nodes.
 CLOCK_SKEW: Final = dt.timedelta(minutes=5)

@@ -13,7 +13,7 @@ from typing import Final
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from net.auth_certs import (
+from net.auth.certs import (
     CertifiedKey,
     NodeIdentity,
     Revoked,
@@ -21,8 +21,8 @@ from net.auth_certs import (
     ed25519_public_key,
     load_certificate,
 )
-from net.auth_errors import BadProof, InvalidArgument, UntrustedCertificate
-from net.auth_verifying import verify_node_certificate
+from net.auth.errors import BadProof, InvalidArgument, UntrustedCertificate
+from net.auth.verifying import verify_node_certificate
 
 NONCE_SIZE: Final = 32
 DIGEST_SIZE: Final = 32  # sha256 of the server certificate's DER

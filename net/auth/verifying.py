@@ -14,8 +14,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from net.auth_certs import NodeIdentity, Revoked, Role, ed25519_public_key, fingerprint, utc_now
-from net.auth_errors import (
+from net.auth.certs import NodeIdentity, Revoked, Role, ed25519_public_key, fingerprint, utc_now
+from net.auth.errors import (
     AuthError,
     ExpiredCertificate,
     MalformedCertificate,

@@ -1,1 +1,1 @@
-"""Finding a path between two nodes behind home routers: ICE (the only aioice user), its values, and TURN relays."""
+"""Finding a path between nodes behind home routers: ICE (the only aioice user), TURN relays."""

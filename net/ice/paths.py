@@ -1,11 +1,11 @@
-"""ICE path finding under QUIC links; with net.ice_values, the only aioice user
+"""ICE path finding under QUIC links; with net.ice.values, the only aioice user
 (docs/architecture.md, "Links").
 
 Where the addresses a peer can be reached at do not work as they are, a link finds a path
 with standard ICE: `aioice` gathers host, server-reflexive (STUN) and relayed (TURN)
 candidates and runs the connectivity checks that punch holes. The coordinator carries the
 offers between the two nodes (`IceOffer.to_dict`, `establish(exchange=...)`), and QUIC then
-runs over the selected pair through `IceSession.as_datagram_path` (a `net.quic.DatagramPath`).
+runs over the selected pair through `IceSession.as_datagram_path` (a `net.quic.links.DatagramPath`).
 
 `establish` bounds ICE (aioice would wait 64 s) and, when a TURN server is configured and the
 default policy fails, retries once relay-only (relay-only worked where the default policy
@@ -35,11 +35,11 @@ candidate with a remote host candidate in a private range (a relay on the intern
 reach it; a peer on the same private network is reached by the host pairs anyway). With it
 the default policy connects through symmetric NAT in one round (~0.1 s in the namespaces,
 instead of failing after `timeout_s` and retrying relay-only). Relays should also deny
-private peers (coturn `denied-peer-ip`, net/turn.py `deny_private_peers`), which turns such
+private peers (coturn `denied-peer-ip`, net/ice/turn.py `deny_private_peers`), which turns such
 a ChannelBind into a harmless 403 for peers running other ICE stacks.
 
 The values this module works with (IceConfig, IceOffer, SelectedPair, the errors) live in
-net.ice_values and are re-exported here.
+net.ice.values and are re-exported here.
 
 aioice has no public accessor for the selected pair; `Connection._nominated` (ice.py:449,
 component -> CandidatePair, read by aioice's own `sendto`, ice.py:766) is used for it.
@@ -57,7 +57,7 @@ import aioice
 import aioice.ice
 from aioice.candidate import candidate_foundation, candidate_priority
 
-from net.ice_values import (
+from net.ice.values import (
     POLICY_ALL,
     POLICY_RELAY,
     Addr,
@@ -73,7 +73,7 @@ from net.ice_values import (
 
 log = logging.getLogger(__name__)
 
-# The shapes of net.quic's; not imported, so that ICE does not load the QUIC library.
+# The shapes of net.quic.links's; not imported, so that ICE does not load the QUIC library.
 Receiver = Callable[[bytes, Addr], None]
 Exchange = Callable[[IceOffer], Awaitable[IceOffer]]
 
@@ -278,7 +278,7 @@ class IceSession:
     def as_datagram_path(
         self, receiver: Receiver, on_error: Callable[[Exception], None] | None = None
     ) -> IcePath:
-        """The connected session as a `net.quic.DatagramPath`; at most one per session."""
+        """The connected session as a `net.quic.links.DatagramPath`; at most one per session."""
         if not self.connected:
             raise IceError("ICE is not connected")
         if self._path is not None:
@@ -289,7 +289,7 @@ class IceSession:
     async def path_factory(
         self, receiver: Receiver, on_error: Callable[[Exception], None]
     ) -> IcePath:
-        """`as_datagram_path` in the shape `net.quic.connect(path_factory=...)` and
+        """`as_datagram_path` in the shape `net.quic.links.connect(path_factory=...)` and
         `QuicServer.accept` take."""
         return self.as_datagram_path(receiver, on_error)
 
@@ -323,7 +323,7 @@ class IceSession:
 
 
 class IcePath:
-    """A `net.quic.DatagramPath` over a connected IceSession (component 1). Outgoing
+    """A `net.quic.links.DatagramPath` over a connected IceSession (component 1). Outgoing
     datagrams take the selected pair whatever `addr` says; incoming ones are reported as
     from the session's `peer_address`, constant for the link's lifetime."""
 

@@ -271,7 +271,7 @@ class RelayConfig:
     stale_nonce_s: int | None = None
     """Nonce lifetime. None leaves coturn's own default (600 s in 4.6); 0 = never stale.
     A named knob because coturn was seen refusing ChannelBinds with 438 "Wrong nonce". That
-    turned out not to be nonce expiry (net/ice.py): a failed send to a private peer made
+    turned out not to be nonce expiry (net/ice/paths.py): a failed send to a private peer made
     coturn drop the allocation, and the next request met a fresh session. Denying private
     peers (below) prevents it; this knob stays for operators who tune nonce lifetimes."""
     tcp_clients: bool = True

@@ -1,7 +1,7 @@
 """What ICE is configured with and what peers exchange: config, offers, the selected pair.
 
 Plain values, checked on construction (an `IceConfigError` otherwise), so a bad offer
-from the signalling channel is refused before aioice sees it. net.ice runs the agent.
+from the signalling channel is refused before aioice sees it. net.ice.paths runs the agent.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import aioice
 from net.errors import NetError
 
 Addr = tuple[str, int]
-"""The shape of net.quic's; not imported, so that ICE does not load the QUIC library."""
+"""The shape of net.quic.links's; not imported, so that ICE does not load the QUIC library."""
 
 POLICY_ALL = "all"
 POLICY_RELAY = "relay"

@@ -1,1 +1,1 @@
-"""QUIC links: the only users of the QUIC libraries (qh3, aioquic), their sockets, timers and counts."""
+"""QUIC links: the only users of the QUIC libraries (qh3, aioquic), their sockets and timers."""

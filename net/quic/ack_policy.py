@@ -9,7 +9,7 @@ come close together, the ACK of one is held until the next arrives and both are
 acknowledged in one datagram; when they come apart (one token every few tens of ms, a
 chain's decode), it leaves at once as before, since holding it would only add a timer.
 
-Pure functions; `net.quic.QuicLink` keeps the times and acts on the answers.
+Pure functions; `net.quic.links.QuicLink` keeps the times and acts on the answers.
 """
 
 from __future__ import annotations

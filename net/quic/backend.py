@@ -1,7 +1,7 @@
 """The pieces of a QUIC link that are not its driver: this node's TLS identity, the link
 tuning, and `QuicBackend`, the sans-IO parts of one QUIC library (qh3 by default, aioquic
 selectable), where the two libraries' differences are handled and nowhere else.
-net.quic drives a connection these build.
+net.quic.links drives a connection these build.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from aioquic.quic.connection import QuicConnection
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from net.ack_policy import ACK_HOLD
-from net.link_limits import STEP_WINDOW_BYTES
-from net.path_mtu import PROBE_CEILING, probe_ceiling
-from net.quic_logs import quiet_expected_closes
+from net.peer_limits import STEP_WINDOW_BYTES
+from net.quic.ack_policy import ACK_HOLD
+from net.quic.logs import quiet_expected_closes
+from net.quic.path_mtu import PROBE_CEILING, probe_ceiling
 from net.rate import AsyncThrottle
 
 quiet_expected_closes()  # qh3 says WARNING for every ordinary close by the peer
@@ -56,7 +56,7 @@ class QuicTuning:
     """The size every datagram has without path MTU discovery (aioquic, ICE and TURN
     paths, server ends, platforms without Don't Fragment) and where discovery starts."""
     probe_max_datagram_size: int = PROBE_CEILING
-    """qh3 client ends on plain UDP paths probe up to this (net.path_mtu); <= 1200: off."""
+    """qh3 client ends on plain UDP paths probe up to this (net.quic.path_mtu); <= 1200: off."""
     idle_timeout: float = 5.0
     """A path silent this long is dead: the link closes and is re-established (worker
     links resume their sessions), so this bounds how long a generation stalls."""
@@ -65,11 +65,11 @@ class QuicTuning:
     pace: bool = False
     ack_hold: float = ACK_HOLD
     """Seconds the ACK of a one-packet frame may wait for the next frame when frames
-    come closer together than this (net.ack_policy); 0: every ACK leaves at once."""
+    come closer together than this (net.quic.ack_policy); 0: every ACK leaves at once."""
     library: str = DEFAULT_LIBRARY
     """"qh3" (default: Rust packet core, less CPU per hop) or "aioquic" (same sans-IO API)."""
     stream_window_bytes: int = STEP_WINDOW_BYTES
-    """QUIC receive window of a link's stream and connection (net.link_limits)."""
+    """QUIC receive window of a link's stream and connection (net.peer_limits)."""
     send_throttle: AsyncThrottle | None = field(default=None, compare=False, repr=False)
     """The volunteer's upload cap, shared by every link that carries this tuning."""
 
@@ -109,7 +109,7 @@ class QuicBackend:
         server_name: str | None,
         probe: bool = False,
     ) -> Any:
-        """`probe`: the path sends datagrams whole or not at all (net.path_mtu), so a
+        """`probe`: the path sends datagrams whole or not at all (net.quic.path_mtu), so a
         qh3 client may discover its MTU; qh3 then treats `max_datagram_size` as the
         ceiling and starts every path at 1200."""
         ceiling = probe_ceiling(tuning.probe_max_datagram_size) if probe and is_client else 0
@@ -121,7 +121,7 @@ class QuicBackend:
             max_datagram_size=ceiling if probing else tuning.max_datagram_size,
             # One stream a link: the connection's window is the stream's. Sized for a
             # step's hidden state, not more: the library keeps data past a gap up to the
-            # window, for any peer that finished TLS (net.link_limits).
+            # window, for any peer that finished TLS (net.peer_limits).
             max_data=tuning.stream_window_bytes,
             max_stream_data=tuning.stream_window_bytes,
         )

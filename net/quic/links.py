@@ -1,4 +1,4 @@
-"""QUIC links carrying one byte stream each (with net.quic_backend, the only modules that
+"""QUIC links carrying one byte stream each (with net.quic.backend, the only modules that
 import a QUIC library).
 
 A link is one QUIC connection whose datagrams go through a `DatagramPath`: a plain UDP
@@ -13,10 +13,10 @@ because stock aioquic servers neither request nor verify client certificates.
 Cheap wins taken (docs/architecture.md, "Links"; figures in bench/README.md): qh3 (a Rust
 packet core) is the default library; transmissions are coalesced to once per event-loop
 turn, both for frames sent and for datagrams received (a burst read in one wake-up,
-net.quic_udp, is answered by one transmit after the whole burst, not an ACK per datagram);
+net.quic.udp, is answered by one transmit after the whole burst, not an ACK per datagram);
 the loss/ACK timer is re-armed only when it must fire earlier; the packet pacer is bypassed
 for the small bursts a token's hidden state makes; on plain UDP paths (Linux) qh3 links
-discover the path MTU (net.path_mtu: padded probes from 1200 up, adopted once
+discover the path MTU (net.quic.path_mtu: padded probes from 1200 up, adopted once
 acknowledged), so a hidden state takes one or two datagrams instead of three.
 """
 
@@ -29,21 +29,21 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from net.ack_policy import hold_ack_until
 from net.errors import NetError
-from net.link_limits import DEFAULT_LINK_LIMITS, LinkLimits, admit_link
-from net.link_timer import keep_armed
-from net.path_mtu import may_probe
-from net.quic_backend import (
+from net.peer_limits import DEFAULT_LINK_LIMITS, LinkLimits, admit_link
+from net.quic.ack_policy import hold_ack_until
+from net.quic.backend import (
     ALPN,
     DEFAULT_LIBRARY,
     QUIC_LIBRARIES,
     QuicTuning,
     TlsIdentity,
 )
-from net.quic_backend import backend as quic_backend
-from net.quic_counts import LinkCounts
-from net.quic_udp import Receiver, UdpPath
+from net.quic.backend import backend as quic_backend
+from net.quic.counts import LinkCounts
+from net.quic.path_mtu import may_probe
+from net.quic.timer import keep_armed
+from net.quic.udp import Receiver, UdpPath
 
 # Re-exported: callers import paths, the tuning and the identity from here.
 __all__ = [
@@ -120,7 +120,7 @@ class QuicLink:
         self._data_gap: float | None = None
         """When the last data burst arrived, and the time since the one before it."""
         self._ack_held = False
-        """An ACK is being held for the next frame (net.ack_policy); the timer is set
+        """An ACK is being held for the next frame (net.quic.ack_policy); the timer is set
         for when it must leave at the latest."""
         self.burst_aware = False
         """True when the path calls `flush_received` at the end of every burst."""
@@ -339,7 +339,7 @@ class QuicLink:
             deadline = max(deadline, held_until)  # the held ACK's timer, pushed back
         if self._timer is not None:
             if keep_armed(now, self._timer_at, deadline, self._timer_held):
-                return  # net.link_timer: early by little, or far away; it fires and re-arms
+                return  # net.quic.timer: early by little, or far away; it fires and re-arms
             self._timer.cancel()
             self._timer = None
         self._timer_held = held_until is not None
@@ -434,7 +434,7 @@ async def connect(
         path = await UdpPath.connect(address, receive, error)
     # Only a plain socket with Don't Fragment set may probe (an ICE or TURN path's sockets
     # are aioice's: a fragmented probe would pass for a larger MTU), and only to a peer
-    # whose path MTU cannot shrink under the link (net.path_mtu: no black-hole fallback).
+    # whose path MTU cannot shrink under the link (net.quic.path_mtu: no black-hole fallback).
     probe = isinstance(path, UdpPath) and path.dont_fragment and may_probe(path.remote_host)
     config = backend.configuration(identity, True, tuning, expected_node_id, probe=probe)
     quic = backend.new_connection(config, tuning)
@@ -454,7 +454,7 @@ class QuicServer:
     """Accepts links on one UDP socket; each new peer address gets its own connection.
 
     A link is *pending* until the layer above vouches for its peer (`trusted`): new
-    links are accepted only within `limits` (net.link_limits.admit_link), counted per
+    links are accepted only within `limits` (net.peer_limits.admit_link), counted per
     source host and in all, so one host cannot hold every slot or pin memory unbounded.
     """
 

@@ -11,7 +11,7 @@ frame every 30 ms), and on a machine that runs several stages that wake-up lands
 another stage's compute. So a timer is re-armed when it would fire well before anything
 is due and soon; one that is seconds away may fire early (once an idle period).
 
-Pure function; `net.quic.QuicLink._reschedule_timer` acts on it.
+Pure function; `net.quic.links.QuicLink._reschedule_timer` acts on it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def keep_armed(now: float, armed_at: float, deadline: float | None, armed_for_ho
 
     Never when there is no deadline (nothing may fire) or the deadline is earlier (it
     would fire late); never when it was armed for a held ACK that has left and fires
-    early (net.ack_policy); else unless it would fire early and soon, for nothing."""
+    early (net.quic.ack_policy); else unless it would fire early and soon, for nothing."""
     if deadline is None or armed_at > deadline:
         return False
     early = deadline - armed_at

@@ -1,4 +1,4 @@
-"""UDP sockets for QUIC links: the plain `DatagramPath` (ICE paths are in net.ice).
+"""UDP sockets for QUIC links: the plain `DatagramPath` (ICE paths are in net.ice.paths).
 
 A hidden state is a burst of a few datagrams. asyncio's datagram transport reads one
 datagram per wake-up of the event loop, so a 3-packet frame costs three loop turns and
@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, cast
 
-from net.path_mtu import set_dont_fragment
+from net.quic.path_mtu import set_dont_fragment
 
 Addr = tuple[str, int]
 Receiver = Callable[[bytes, Addr], None]
@@ -78,7 +78,7 @@ class UdpPath(asyncio.DatagramProtocol):
         """Loop wake-ups that read datagrams (tests count them against datagrams)."""
         self.datagrams = 0
         self.dont_fragment = False
-        """Datagrams leave whole or not at all (net.path_mtu): links may probe the MTU."""
+        """Datagrams leave whole or not at all (net.quic.path_mtu): links may probe the MTU."""
         self._peer: Addr | None = None
         """A connected socket's peer: what every datagram it reads comes from."""
 

@@ -1,16 +1,18 @@
 """Frames between peers, their validation and their bytes: the one module callers import.
 
-Each job lives in its own module, readers and writers apart: net.frames (what the frames
-mean), net.wire_format (header, frame types, size caps), net.wire_checks (`validate`,
+Each job lives in its own module, readers and writers apart: net.wire.frames (what the frames
+mean), net.wire.layout (header, frame types, size caps), net.wire.checks (`validate`,
 which encode and decode both call, so nothing invalid ever leaves or enters),
-net.wire_writer (`encode`), net.wire_reader (`decode`, one whole frame) and
-net.wire_decoder (`FrameDecoder`, frames cut out of a stream). None does IO; every
+net.wire.writer (`encode`), net.wire.reader (`decode`, one whole frame) and
+net.wire.decoder (`FrameDecoder`, frames cut out of a stream). None does IO; every
 refusal is a `FrameError`. Every public name is re-exported here.
 """
 
 from __future__ import annotations
 
-from net.frames import (
+from net.wire.checks import validate
+from net.wire.decoder import FrameDecoder
+from net.wire.frames import (
     Challenge,
     Close,
     Error,
@@ -27,9 +29,7 @@ from net.frames import (
     Tokens,
     Welcome,
 )
-from net.wire_checks import validate
-from net.wire_decoder import FrameDecoder
-from net.wire_format import (
+from net.wire.layout import (
     DEFAULT_LIMITS,
     HEADER,
     MAX_NONCE,
@@ -46,9 +46,9 @@ from net.wire_format import (
     Limits,
     truncate_utf8,
 )
-from net.wire_reader import decode
-from net.wire_writer import _pack as _pack  # bytes unvalidated: tests build refusable frames
-from net.wire_writer import encode
+from net.wire.reader import decode
+from net.wire.writer import _pack as _pack  # bytes unvalidated: tests build refusable frames
+from net.wire.writer import encode
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -11,7 +11,7 @@ from enum import IntEnum
 from typing import TypeVar
 
 from net.errors import ErrorCode, FrameError
-from net.frames import (
+from net.wire.frames import (
     Challenge,
     Close,
     Error,
@@ -28,8 +28,7 @@ from net.frames import (
     Tokens,
     Welcome,
 )
-from net.tensors import WireDtype, rows_nbytes
-from net.wire_format import (
+from net.wire.layout import (
     DEFAULT_LIMITS,
     MAX_NONCE,
     MIN_NONCE,
@@ -41,6 +40,7 @@ from net.wire_format import (
     U64_MAX,
     Limits,
 )
+from net.wire.tensors import WireDtype, rows_nbytes
 
 _E = TypeVar("_E", bound=IntEnum)
 

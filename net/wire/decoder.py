@@ -5,9 +5,9 @@ from __future__ import annotations
 from enum import Enum
 
 from net.errors import ErrorCode, FrameError
-from net.frames import Frame
-from net.wire_format import DEFAULT_LIMITS, HEADER, LENGTH, PROTOCOL_VERSION, FrameType, Limits
-from net.wire_reader import check_header, check_length, parse_body
+from net.wire.frames import Frame
+from net.wire.layout import DEFAULT_LIMITS, HEADER, LENGTH, PROTOCOL_VERSION, FrameType, Limits
+from net.wire.reader import check_header, check_length, parse_body
 
 
 class _State(Enum):
@@ -31,7 +31,7 @@ class FrameDecoder:
     def __init__(self, limits: Limits = DEFAULT_LIMITS, version: int = PROTOCOL_VERSION) -> None:
         self.limits = limits
         self.version = version
-        """The newest protocol whose optional tails it reads (net.wire_reader.parse_body)."""
+        """The newest protocol whose optional tails it reads (net.wire.reader.parse_body)."""
         self._buffer = bytearray()
         self._offset = 0
         """Start of the first unread byte: consumed frames are cut off once per feed."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from net.errors import ErrorCode
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class Hello:
     version exchange sent an empty HELLO and refuse one with a body."""
 
     protocol: int = 1
-    """net.wire_format.PROTOCOL_VERSION of the initiator (1: it did not say)."""
+    """net.wire.layout.PROTOCOL_VERSION of the initiator (1: it did not say)."""
     release: str = ""
     """Its package version, e.g. "0.2.0", for messages ("": not said)."""
 

@@ -5,7 +5,7 @@ version (1), frame type; then the body. Body scalars are big-endian (network ord
 strings are u16 byte length + UTF-8; integer arrays are u32 count + little-endian int32
 (what numpy reads without a copy); blobs are u32 length + raw bytes; optional values are
 a u8 flag (0 or 1) then the value; floats are f64 so Python floats round-trip exactly.
-net.wire_writer and net.wire_reader follow it; net.wire_checks applies the caps.
+net.wire.writer and net.wire.reader follow it; net.wire.checks applies the caps.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Bytes to frames: one whole frame parsed, then validated; every refusal a FrameError.
 
-The body parser is shared with net.wire_decoder, which cuts frames out of a stream.
+The body parser is shared with net.wire.decoder, which cuts frames out of a stream.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from itertools import starmap
 from typing import Any
 
 from net.errors import ErrorCode, FrameError
-from net.frames import (
+from net.versions import needed
+from net.wire.checks import as_enum, validate
+from net.wire.frames import (
     Challenge,
     Close,
     Error,
@@ -28,10 +30,7 @@ from net.frames import (
     Tokens,
     Welcome,
 )
-from net.tensors import WireDtype
-from net.versions import needed
-from net.wire_checks import as_enum, validate
-from net.wire_format import (
+from net.wire.layout import (
     DEFAULT_LIMITS,
     HEADER,
     PROTOCOL_VERSION,
@@ -40,6 +39,7 @@ from net.wire_format import (
     FrameType,
     Limits,
 )
+from net.wire.tensors import WireDtype
 
 
 class _Reader:

@@ -1,11 +1,13 @@
-"""Frames to bytes: validated first, then packed in the layout of net.wire_format."""
+"""Frames to bytes: validated first, then packed in the layout of net.wire.layout."""
 
 from __future__ import annotations
 
 import struct
 
 from net.errors import ErrorCode, FrameError
-from net.frames import (
+from net.versions import downgrade
+from net.wire.checks import validate
+from net.wire.frames import (
     Challenge,
     Close,
     Error,
@@ -20,9 +22,7 @@ from net.frames import (
     Tokens,
     Welcome,
 )
-from net.versions import downgrade
-from net.wire_checks import validate
-from net.wire_format import (
+from net.wire.layout import (
     DEFAULT_LIMITS,
     HEADER,
     PROTOCOL_VERSION,

@@ -7,7 +7,7 @@ Each input is one stream: its first byte picks how the rest is cut into `feed` c
 `FrameError`; a decoded frame must encode to bytes that decode and encode to the same bytes
 (bytes, not frames, are compared: a NaN timing is not equal to itself); what the
 decoder holds back stays under one frame's cap. Anything else is a crash (libFuzzer
-stops and writes the input as crash-*). tests/unit/net/test_wire_atheris.py runs this in
+stops and writes the input as crash-*). tests/unit/net/wire/test_atheris.py runs this in
 CI from a seed corpus of valid frames.
 """
 
@@ -24,7 +24,6 @@ import numpy  # noqa: F401  (imported before instrumenting: only the project's n
 
 with atheris.instrument_imports(include=["net"]):
     from net.errors import ErrorCode, FrameError
-    from net.tensors import WireDtype
     from net.wire import (
         Close,
         Error,
@@ -40,6 +39,7 @@ with atheris.instrument_imports(include=["net"]):
         decode,
         encode,
     )
+    from net.wire.tensors import WireDtype
 
 LIMITS = Limits(max_frame_bytes=4096)
 

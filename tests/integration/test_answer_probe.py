@@ -1,7 +1,7 @@
 """The coordinator knows whether its swarm can answer: a real coordinator asking its
 planned chain for two tokens (coordinator/server/answer_prober.py), two worker
 processes on the tiny model. Each worker is reached through a UDP forwarder
-(net.delay_proxy, its `--advertise` address); dropping every datagram on the last
+(app.lab.wan.proxy, its `--advertise` address); dropping every datagram on the last
 stage's forwarder cuts the chain while both workers keep heartbeating (over HTTPS, not
 through it): the coordinator must say "cannot answer", naming that stage, well within a
 minute, and "can answer" again once the link carries datagrams again."""
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from app.lab.processes import Child, spawn_sangama
+from app.lab.wan.proxy import DelayProxy
 from app.ports import free_udp_port
-from net.delay_proxy import DelayProxy
 from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.tiny_models import write_tiny_model
 

@@ -1,4 +1,4 @@
-"""net.delay_proxy against a real UDP echo server on loopback.
+"""app.lab.wan.proxy against a real UDP echo server on loopback.
 
 Only counts, contents and order are asserted, never how fast anything was; the one
 timing check is a lower bound (RTT >= 2 x delay), which a slow machine cannot break.
@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import pytest
 
-from net.delay_proxy import DelayProxy, ProxyStats, parse_address
-from net.errors import ProxyError
+from app.lab.wan.errors import ProxyError
+from app.lab.wan.proxy import DelayProxy, ProxyStats, parse_address
 
 pytestmark = pytest.mark.integration
 
@@ -236,7 +236,7 @@ def test_the_command_line_forwards_and_reports() -> None:
     async def body() -> None:
         echo_transport, _ = await echo_server()
         target = f"127.0.0.1:{port_of(echo_transport)}"
-        argv = ["-m", "net.delay_proxy", "--listen", "127.0.0.1:0", "--target", target,
+        argv = ["-m", "app.lab.wan.proxy", "--listen", "127.0.0.1:0", "--target", target,
                 "--delay-ms", "5", "--jitter-ms", "1", "--seed", "3"]  # fmt: skip
         proc = await asyncio.create_subprocess_exec(
             sys.executable, *argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -1,4 +1,4 @@
-"""net.delay_proxy_process: delay proxies in child processes, against a real UDP echo
+"""app.lab.wan.process: delay proxies in child processes, against a real UDP echo
 server on loopback. Counts, contents and order are asserted; the one timing check is a
 lower bound (RTT >= 2 x delay), which a slow machine cannot break."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from net.delay_proxy_process import ProxyPool, ProxyProcess
-from net.errors import ProxyError
+from app.lab.wan.errors import ProxyError
+from app.lab.wan.process import ProxyPool, ProxyProcess
 from tests.integration.test_delay_proxy import client_of, echo_server, port_of, replies, run
 
 pytestmark = pytest.mark.integration

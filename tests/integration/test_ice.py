@@ -1,10 +1,10 @@
-"""QUIC over ICE paths (net.ice; docs/architecture.md, "Links"), and the TURN findings
-behind net/ice.py.
+"""QUIC over ICE paths (net.ice.paths; docs/architecture.md, "Links"), and the TURN findings
+behind net/ice/paths.py.
 
 aioice ignores loopback addresses, so the peers need others: as root, a fixture makes a
 veth pair with 10.203.0.1 and 10.203.0.2 (and an "unreachable" route for 10.203.77.0/24,
 a private network no relay can reach) and removes them afterwards. Two IceSessions in one
-process swap offers directly, then QUIC (net.quic.connect with the ICE path; the server
+process swap offers directly, then QUIC (net.quic.links.connect with the ICE path; the server
 side through QuicServer.accept over the other ICE path) carries data both ways.
 
 With coturn installed (`turnserver`), a private coturn on 10.203.0.1 with REST
@@ -39,7 +39,7 @@ from aioice import stun, turn
 
 from net import auth, wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
-from net.ice import (
+from net.ice.paths import (
     POLICY_ALL,
     POLICY_RELAY,
     IceConfig,
@@ -47,7 +47,7 @@ from net.ice import (
     IceSession,
     establish,
 )
-from net.quic import QuicLink, QuicServer, QuicTuning, connect
+from net.quic.links import QuicLink, QuicServer, QuicTuning, connect
 
 pytestmark = pytest.mark.integration
 
@@ -563,7 +563,7 @@ def test_a_failed_default_policy_is_retried_relay_only(coturn: Coturn, swarm: Sw
 
 
 def test_coturn_drops_an_allocation_after_one_unroutable_send(coturn: Coturn) -> None:
-    """The root cause (net/ice.py docstring). One ChannelData to an address the relay has no
+    """The root cause (net/ice/paths.py docstring). One ChannelData to an address the relay has no
     route to, and coturn 4.6.1 silently drops everything the allocation relays from then on;
     the next datagram a peer sends to the relayed address ends the allocation, and the
     client's next ChannelBind meets a fresh session: 438 "Wrong nonce", then, after aioice's
@@ -617,7 +617,7 @@ def test_a_relayed_candidate_is_never_sent_to_a_private_host_candidate(
     """The fix: b offers a private host address no relay can reach beside its relayed one,
     and a (relay-only, as after a fallback) has only its relayed candidate. Unfixed aioice
     checks that pair first (it outranks relay-to-relay), coturn drops a's allocation and ICE
-    fails; net.ice never forms the pair, so the relay-to-relay pair connects."""
+    fails; net.ice.paths never forms the pair, so the relay-to-relay pair connects."""
 
     async def body() -> None:
         def private_and_relay(_round: int, from_controlling: bool, offer: IceOffer) -> IceOffer:

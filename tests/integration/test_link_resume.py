@@ -16,7 +16,7 @@ from core.tokenizer import Tokenizer
 from net import wire
 from net.channel import Channel, connect_channel
 from net.errors import ErrorCode
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 from tests.support.whole_model import whole_model_tokens
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from net import wire
 from net.channel import connect_channel
 from net.errors import ErrorCode
 from net.protocol import overload_hint
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Path MTU discovery on real QUIC links (net.path_mtu): a loopback link carries a Gemma
+"""Path MTU discovery on real QUIC links (net.quic.path_mtu): a loopback link carries a Gemma
 hidden state in one datagram, and a path that drops large datagrams keeps working at the
 size it does carry, never losing a frame. About 2 s each."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from net import auth, wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
-from net.path_mtu import BASE_DATAGRAM_SIZE
-from net.quic import QuicTuning, UdpPath
-from net.tensors import WireDtype
+from net.quic.links import QuicTuning, UdpPath
+from net.quic.path_mtu import BASE_DATAGRAM_SIZE
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.integration
 

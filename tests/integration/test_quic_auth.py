@@ -28,8 +28,8 @@ from net.channel import (
 )
 from net.errors import ErrorCode, NetError
 from net.protocol import Event, FrameReceived, PeerConnection, PeerIdentity, Role
-from net.quic import Addr, LinkError, QuicTuning, connect
-from net.tensors import WireDtype, decode_rows, encode_rows
+from net.quic.links import Addr, LinkError, QuicTuning, connect
+from net.wire.tensors import WireDtype, decode_rows, encode_rows
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Both QUIC libraries behind net.quic (aioquic, qh3) carry authenticated channels."""
+"""Both QUIC libraries behind net.quic.links (aioquic, qh3) carry authenticated channels."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from net.channel import (
     connect_channel,
 )
 from net.errors import NetError
-from net.quic import QuicTuning
-from net.tensors import WireDtype
+from net.quic.links import QuicTuning
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ import pytest
 
 from net import auth, wire
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
-from net.quic import QuicTuning
+from net.quic.links import QuicTuning
 from net.rate import AsyncThrottle
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.integration
 

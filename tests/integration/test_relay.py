@@ -3,7 +3,7 @@
 The client below speaks just enough STUN/TURN (RFC 8489 / RFC 8656) to allocate with
 long-term credentials: Allocate -> 401 (realm, nonce) -> Allocate with USERNAME, REALM,
 NONCE and MESSAGE-INTEGRITY keyed by MD5(username:realm:password). It shares no code with
-the project, so a wrong credential derivation in net/turn.py cannot hide behind it.
+the project, so a wrong credential derivation in net/ice/turn.py cannot hide behind it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from app.cli.relay import (
     run_relay_cli,
     start_relay,
 )
-from net.turn import (
+from net.ice.turn import (
     DEFAULT_NODE_TTL_S,
     DEFAULT_TOTAL_QUOTA,
     DEFAULT_USER_QUOTA,

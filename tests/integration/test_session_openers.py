@@ -23,7 +23,7 @@ from app.lab.local_swarm import LocalSwarm
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import ErrorCode
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from core.types import LayerRange
 from net import wire
 from net.channel import Channel, connect_channel
 from net.errors import ErrorCode
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from coordinator.server.service import Coordinator, HostedModel, Settings
 from coordinator.server.store import Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
-from net.turn import DEFAULT_NODE_TTL_S, credentials_valid
+from net.ice.turn import DEFAULT_NODE_TTL_S, credentials_valid
 
 pytestmark = pytest.mark.integration
 

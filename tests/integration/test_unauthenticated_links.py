@@ -17,7 +17,7 @@ import pytest
 
 from app.lab.local_swarm import LocalSwarm
 from net import auth, wire
-from net.quic import LinkError, QuicLink, QuicTuning, TlsIdentity, connect
+from net.quic.links import LinkError, QuicLink, QuicTuning, TlsIdentity, connect
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.integration

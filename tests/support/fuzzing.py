@@ -1,4 +1,4 @@
-"""Hypothesis profiles for the fuzzers (tests/unit/net/test_wire_fuzz.py,
+"""Hypothesis profiles for the fuzzers (tests/unit/net/wire/test_fuzz.py,
 tests/unit/app/test_session_rules_fuzz.py): bounded in CI, longer on demand.
 
     fuzz-ci    (default) 60 examples, a 10 s deadline per example: a decoder or state

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.relay import RelayError, RelayProcess, find_turnserver, relay_config, start_relay
-from net.turn import RelayConfig
+from net.ice.turn import RelayConfig
 
 SECRET = "loopback-relay-secret"
 

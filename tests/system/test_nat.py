@@ -474,7 +474,7 @@ def _allocate(server: tuple[str, int], username: str, password: str) -> int:
 
 
 def test_turn_refuses_wrong_and_expired_credentials(tmp_path: Path) -> None:
-    from net.turn import make_credentials
+    from net.ice.turn import make_credentials
 
     with home_routers(["cone"]) as topo:
         relay = _relay(topo, tmp_path / "relay", "s3cret")

@@ -36,7 +36,7 @@ def test_untrusted_input_survives_a_bounded_atheris_run(target: str, tmp_path: P
             "-timeout=20",  # one input: the template budgets stop any at 2 s
             f"-artifact_prefix={tmp_path}/",
             "-print_final_stats=1",
-            "-rss_limit_mb=0",  # see tests/unit/net/test_wire_atheris.py; gguf caps itself
+            "-rss_limit_mb=0",  # see tests/unit/net/wire/test_atheris.py; gguf caps itself
             str(corpus),
         ],
         cwd=tmp_path,

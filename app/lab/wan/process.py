@@ -3,7 +3,7 @@
 A benchmark that runs its clients and a chain's 21 `DelayProxy` forwarders in one
 event loop measures its own loop as much as the chain: every datagram of every link
 waits for the same Python thread that decodes the client's tokens. `ProxyProcess`
-starts `python -m net.delay_proxy_process`, which hosts any number of proxies in one
+starts `python -m app.lab.wan.process`, which hosts any number of proxies in one
 loop (uvloop where net.event_loop picks it), and `ProxyPool` spreads proxies over a
 few such processes. The parent asks for a proxy (`add`), reads every proxy's counters
 and lateness (`reports`), and may set a proxy's loss; the child answers one JSON line
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from net.delay_proxy import Address, DelayProxy, Lateness, ProxyStats
-from net.errors import ProxyError
+from app.lab.wan.errors import ProxyError
+from app.lab.wan.proxy import Address, DelayProxy, Lateness, ProxyStats
 
 READY = "delay-proxies ready"
 """The child's first line: its loop runs and it reads requests."""
@@ -144,7 +144,7 @@ class ProxyProcess:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "net.delay_proxy_process",
+            "app.lab.wan.process",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

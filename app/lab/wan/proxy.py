@@ -5,10 +5,10 @@ client address gets its own upstream socket, so the target's replies find their 
 back; both directions get `delay_ms` one way; jitter never reorders the packets of one
 flow and direction (netem without reordering); `loss` drops packets as they arrive.
 All lanes share one time-ordered schedule and one timer, woken early by the loop's
-measured lateness (net.delay_schedule), so a datagram leaves at its due time, not up to
+measured lateness (app.lab.wan.schedule), so a datagram leaves at its due time, not up to
 a millisecond after; `late_up`/`late_down` say how late they really left.
 
-    python -m net.delay_proxy --listen 127.0.0.1:9000 --target 127.0.0.1:9001 --delay-ms 20
+    python -m app.lab.wan.proxy --listen 127.0.0.1:9000 --target 127.0.0.1:9001 --delay-ms 20
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from net.delay_schedule import LaneSchedule, WakeLead
-from net.errors import ProxyError
+from app.lab.wan.errors import ProxyError
+from app.lab.wan.schedule import LaneSchedule, WakeLead
 
 log = logging.getLogger(__name__)
 
@@ -360,7 +360,7 @@ def parse_address(text: str) -> Address:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m net.delay_proxy", description="UDP forwarder with WAN-like delay."
+        prog="python -m app.lab.wan.proxy", description="UDP forwarder with WAN-like delay."
     )
     p.add_argument("--listen", type=parse_address, required=True, help="HOST:PORT to accept on")
     p.add_argument("--target", type=parse_address, required=True, help="HOST:PORT to forward to")

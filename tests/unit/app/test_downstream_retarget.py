@@ -16,8 +16,8 @@ from app.config import Hop
 from app.serving.downstream import Downstream, carried
 from net import wire
 from net.channel import Channel, NodeCredentials
-from net.quic import QuicTuning
-from net.tensors import WireDtype
+from net.quic.links import QuicTuning
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.links import advertised_candidates, path_kind
-from net.ice import IceConfig
+from net.ice.paths import IceConfig
 
 pytestmark = pytest.mark.unit
 

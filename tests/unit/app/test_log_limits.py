@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from app.log_limits import RepeatFilter, limit_repeats
-from net.quic_logs import QUIC_LOGGER, ExpectedClosesToDebug, quiet_expected_closes
+from net.quic.logs import QUIC_LOGGER, ExpectedClosesToDebug, quiet_expected_closes
 
 pytestmark = pytest.mark.unit
 

@@ -27,7 +27,7 @@ from core.admission import AdmissionLedger, AdmissionPolicy
 from net import wire
 from net.errors import ErrorCode
 from net.protocol import overload_hint
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

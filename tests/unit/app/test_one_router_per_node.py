@@ -16,8 +16,8 @@ import pytest
 
 from app.links import node_router, start_links
 from coordinator.contract import Signal, TurnCredentials
-from net.ice import IceOffer
-from net.quic import QuicTuning
+from net.ice.paths import IceOffer
+from net.quic.links import QuicTuning
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,7 @@ from app.serving.session_rules import Begin, FrameReceived, LinkReady, Release, 
 from core.admission import AdmissionLedger, AdmissionPolicy
 from net import wire
 from net.errors import ErrorCode
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

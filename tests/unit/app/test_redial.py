@@ -14,7 +14,7 @@ from app.redial import (
     retry_pause,
 )
 from net.errors import NetError
-from net.quic import PeerUnreachable
+from net.quic.links import PeerUnreachable
 
 pytestmark = pytest.mark.unit
 

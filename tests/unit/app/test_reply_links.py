@@ -19,7 +19,7 @@ from app.serving.session_rules import (
     TokensReady,
 )
 from net import wire
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

@@ -34,7 +34,7 @@ from core.stage import Stage, StepRequest, StepResult
 from core.types import LayerRange, StageSpec
 from net import wire
 from net.errors import ErrorCode
-from net.tensors import WireDtype, decode_rows, encode_rows
+from net.wire.tensors import WireDtype, decode_rows, encode_rows
 from tests.support.fakes import FakeEngine
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ from app.serving.ring import RingDrafts, looped_step
 from app.serving.worker_state import ServedSession
 from core.drafting import GuessPolicy
 from net import wire
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

@@ -34,7 +34,7 @@ from app.serving.session_rules import (
 )
 from net import wire
 from net.errors import ErrorCode
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 from tests.support.fuzzing import fuzz_settings
 
 PEERS = ("up-a", "up-b", "client")

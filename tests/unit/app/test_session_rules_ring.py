@@ -25,7 +25,7 @@ from app.serving.session_rules import (
 )
 from net import wire
 from net.errors import ErrorCode
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

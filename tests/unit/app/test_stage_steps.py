@@ -12,7 +12,7 @@ from core.stage import StepRequest
 from core.types import SamplingParams
 from net import wire
 from net.errors import ErrorCode, FrameError
-from net.tensors import WireDtype, encode_rows
+from net.wire.tensors import WireDtype, encode_rows
 
 OPEN = wire.Open("s", "m", WireDtype.F32, wire.SamplingSpec(), "client", 8, 2)
 

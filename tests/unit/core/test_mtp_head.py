@@ -17,7 +17,7 @@ from app.serving.mtp_guesses import chosen_position
 from core.drafting import GuessPolicy, choose_drafts
 from core.mtp_head import MtpDrafter, MtpError, top_probability
 from net import wire
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

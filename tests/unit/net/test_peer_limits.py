@@ -1,4 +1,4 @@
-"""net.link_limits and what net.protocol does with it: before WELCOME a peer's frames are
+"""net.peer_limits and what net.protocol does with it: before WELCOME a peer's frames are
 capped at what the handshake needs; after it, at the general caps, even for frames
 that arrived in the same bytes as the WELCOME. Real proofs, pumped in memory."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from net import auth, wire
 from net.errors import ErrorCode
-from net.link_limits import (
+from net.peer_limits import (
     LinkLimits,
     admit_link,
     pre_auth_frame_bytes,
@@ -24,7 +24,7 @@ from net.protocol import (
     Role,
     State,
 )
-from net.tensors import WireDtype, encode_rows
+from net.wire.tensors import WireDtype, encode_rows
 
 pytestmark = pytest.mark.unit
 

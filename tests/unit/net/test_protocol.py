@@ -24,7 +24,7 @@ from net.protocol import (
     SessionRejected,
     State,
 )
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""net.replay: what a worker resends after replacing a dead path to its next stage."""
+"""net.resend_log: what a worker resends after replacing a dead path to its next stage."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from net import wire
-from net.replay import ReplayLog
-from net.tensors import WireDtype
+from net.resend_log import ReplayLog
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

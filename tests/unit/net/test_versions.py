@@ -22,7 +22,7 @@ from net.protocol import (
     Role,
     State,
 )
-from net.tensors import WireDtype
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
-"""net.ice without sockets: offers round-trip through JSON, configurations and offers are
+"""net.ice.paths without sockets: offers round-trip through JSON, configurations and offers are
 validated, the selected path type is the less direct end, and a relayed candidate is never
-paired with a private host candidate (the cause of coturn's 438/400, see net/ice.py)."""
+paired with a private host candidate (the cause of coturn's 438/400, see net/ice/paths.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import aioice.ice
 import pytest
 
 from net.errors import NetError
-from net.ice import (
+from net.ice.paths import (
     POLICY_ALL,
     POLICY_RELAY,
     IceConfig,

@@ -1,4 +1,4 @@
-"""net.turn: coturn REST credentials (format, expiry, a known answer) and the rendered config."""
+"""net.ice.turn: coturn REST credentials (format, expiry, a known answer), the rendered config."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from net.turn import (
+from net.ice.turn import (
     LOOPBACK_PEER_RANGES,
     MAX_TTL_S,
     PRIVATE_PEER_RANGES,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from net.turn import (
+from net.ice.turn import (
     DEFAULT_BPS_CAPACITY,
     DEFAULT_MAX_BPS,
     DEFAULT_NODE_TTL_S,

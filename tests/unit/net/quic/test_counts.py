@@ -1,5 +1,5 @@
 """Two QUIC links pumped in memory (real qh3, real TLS, no sockets): what one frame costs
-in datagrams, ACKs, receive bursts and timers, and that holding ACKs (net.ack_policy)
+in datagrams, ACKs, receive bursts and timers, and that holding ACKs (net.quic.ack_policy)
 halves the ACK-only datagrams of back-to-back one-packet frames without losing a byte."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from app.credentials import init_ca, issue_node, load_credentials
-from net.ack_policy import ACK_HOLD, hold_ack_until
-from net.quic import QuicLink, QuicTuning
-from net.quic_backend import backend as _backend
-from net.quic_counts import LinkCounts, add, per_frame
+from net.quic.ack_policy import ACK_HOLD, hold_ack_until
+from net.quic.backend import backend as _backend
+from net.quic.counts import LinkCounts, add, per_frame
+from net.quic.links import QuicLink, QuicTuning
 
 pytestmark = pytest.mark.unit
 
@@ -148,7 +148,7 @@ def test_without_the_hold_every_frame_has_its_ack(tmp_path: Path) -> None:
 
 def test_frames_far_apart_wake_the_sender_once_each_for_their_ack(tmp_path: Path) -> None:
     # A chain's decode: one frame every 30 ms. The sender's loss timer, armed when the
-    # frame leaves, must not fire for nothing after the frame's ACK (net.link_timer):
+    # frame leaves, must not fire for nothing after the frame's ACK (net.quic.timer):
     # before, it did for 0.88 frames in 1, a wake-up a frame.
     sender, receiver, got = _run(tmp_path, QuicTuning(library="qh3"), gap=0.03, frames=30)
     assert got.endswith(FRAME * 30)

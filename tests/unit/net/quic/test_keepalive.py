@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from net.quic import QuicLink, QuicTuning
+from net.quic.links import QuicLink, QuicTuning
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""net.path_mtu: where a link may probe its path MTU, and Don't Fragment on a real socket."""
+"""net.quic.path_mtu: where a link may probe its path MTU, and Don't Fragment on a real socket."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from net.path_mtu import BASE_DATAGRAM_SIZE, may_probe, probe_ceiling, set_dont_fragment
+from net.quic.path_mtu import BASE_DATAGRAM_SIZE, may_probe, probe_ceiling, set_dont_fragment
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,10 @@
-"""net.link_timer: an armed loop timer stays unless it would fire for nothing, soon."""
+"""net.quic.timer: an armed loop timer stays unless it would fire for nothing, soon."""
 
 from __future__ import annotations
 
 import pytest
 
-from net.link_timer import EARLY_SLACK, FAR, keep_armed
+from net.quic.timer import EARLY_SLACK, FAR, keep_armed
 
 pytestmark = pytest.mark.unit
 

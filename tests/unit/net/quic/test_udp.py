@@ -1,4 +1,4 @@
-"""net.quic_udp: a burst of datagrams is read in one wake-up and ends with one call."""
+"""net.quic.udp: a burst of datagrams is read in one wake-up and ends with one call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from net import event_loop
-from net.quic_udp import UdpPath, drain
+from net.quic.udp import UdpPath, drain
 
 
 def test_drain_reads_until_the_socket_would_block() -> None:

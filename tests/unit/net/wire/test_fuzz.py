@@ -27,10 +27,10 @@ from net.protocol import (
     Role,
     SessionRejected,
 )
-from net.tensors import decode_rows
 from net.wire import HEADER, Frame, FrameDecoder, Hello, Limits, Open, Proof, Step, encode
+from net.wire.tensors import decode_rows
 from tests.support.fuzzing import fuzz_settings
-from tests.unit.net.test_wire import frames
+from tests.unit.net.wire.test_wire import frames
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ import struct
 import pytest
 
 from net.errors import ErrorCode, FrameError
-from net.tensors import WireDtype
 from net.wire import Loop, Open, SamplingSpec, Tokens, _pack, decode, encode
-from net.wire_format import HEADER, U32_MAX
+from net.wire.layout import HEADER, U32_MAX
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ import struct
 import pytest
 
 from net.errors import ErrorCode, FrameError
-from net.tensors import WireDtype
 from net.wire import Open, SamplingSpec, decode, encode
-from net.wire_format import HEADER
+from net.wire.layout import HEADER
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from net.errors import ErrorCode, FrameError
-from net.tensors import WireDtype
 from net.wire import Step, _pack, decode, encode
-from net.wire_format import HEADER
+from net.wire.layout import HEADER
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

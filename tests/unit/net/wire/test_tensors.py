@@ -1,4 +1,4 @@
-"""net.tensors: f32 exact, bf16 rounding to nearest even, shapes checked."""
+"""net.wire.tensors: f32 exact, bf16 rounding to nearest even, shapes checked."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from net.errors import ErrorCode, FrameError
-from net.tensors import WireDtype, decode_rows, encode_rows, rows_nbytes
+from net.wire.tensors import WireDtype, decode_rows, encode_rows, rows_nbytes
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """Timings in STEP and TOKENS frames: packed as one block, checked in one pass, and the
-bad one still named (the block layout is net.wire_format's: a u32 count, then
+bad one still named (the block layout is net.wire.layout's: a u32 count, then
 `>Iddd` per stage)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import struct
 import pytest
 
 from net.errors import ErrorCode, FrameError
-from net.tensors import WireDtype
 from net.wire import StageTiming, Step, Tokens, decode, encode
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

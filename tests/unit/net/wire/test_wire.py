@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from net.errors import ErrorCode, FrameError
-from net.tensors import WireDtype
 from net.wire import (
     HEADER,
     MAX_NONCE,
@@ -43,6 +42,7 @@ from net.wire import (
     encode,
     truncate_utf8,
 )
+from net.wire.tensors import WireDtype
 
 pytestmark = pytest.mark.unit
 

@@ -1,8 +1,8 @@
-"""net.delay_schedule: the delay proxy's timing, on an injected clock (no sockets)."""
+"""app.lab.wan.schedule: the delay proxy's timing, on an injected clock (no sockets)."""
 
 from __future__ import annotations
 
-from net.delay_schedule import LaneSchedule, WakeLead
+from app.lab.wan.schedule import LaneSchedule, WakeLead
 
 
 def test_nothing_leaves_before_it_is_due() -> None:
