@@ -113,10 +113,10 @@ class WorkerConfig:
     closed after (net.peer_limits)."""
     session_idle_s: float = 120.0
     """A session with no step taken or answered for this long is closed and its KV freed
-    (app.serving.peer_rules.idle_sessions): a client gone or holding slots idle."""
+    (app.serving.rules.peers.idle_sessions): a client gone or holding slots idle."""
     max_sessions_per_node: int = 0
     """First stage: sessions one client node may hold at once; 0: all but a quarter of
-    `max_sessions` (app.serving.peer_rules.per_node_sessions)."""
+    `max_sessions` (app.serving.rules.peers.per_node_sessions)."""
     upstream: str = ""
     """Node ids (comma-separated) of the stage before this one: only they may open
     sessions here. "": not known (any node certified as a worker; never a client)."""

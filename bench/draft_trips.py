@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import app.draft_tracker as ngram_module
+import app.session.guess_tracker as ngram_module
 from app.client.swarm_client import SwarmClient, TokenEvent
 from app.lab.local_swarm import LocalSwarm
 from core.drafting import GuessPolicy, ngram_drafts

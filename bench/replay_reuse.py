@@ -73,7 +73,7 @@ class Run:
     load_avg: str
     one_by_one: tuple[int, int, int] = (0, 0, 0)
     """Rows first, middle and last stage evaluated one at a time (a replay's generated
-    tokens, each in a decode of its own: app.replay_shapes)."""
+    tokens, each in a decode of its own: app.session.replay_shapes)."""
 
 
 def _alone(stats: dict[str, Any]) -> int:

@@ -1,6 +1,6 @@
 """What a replay's exact shapes cost one stage: a replay's N generated rows evaluated one
-at a time (app.serving.replay_rows, N one-row decodes) against in one decode (as a
-replay sent them before app.replay_shapes), side by side, on one third of a model's
+at a time (app.serving.steps.replay_rows, N one-row decodes) against in one decode (as a
+replay sent them before app.session.replay_shapes), side by side, on one third of a model's
 layers (a stage of a three-stage chain: the first, a middle, the last; the last keeps
 the final row's logits only in both).
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from app.serving.replay_rows import rows_one_by_one
+from app.serving.steps.replay_rows import rows_one_by_one
 from core.models import default_model_path, stage_files
 from core.stage import Stage, StepRequest, StepResult
 from core.types import LayerRange

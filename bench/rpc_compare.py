@@ -6,7 +6,7 @@ At each one-way link delay (0, 5, 10 ms by default) this runs:
   link (client -> stage 0 -> 1 -> 2 -> client) through app.lab.wan.proxy. Push-forward
   round the ring: the last stage sends each next step to stage 0 (through the client's
   proxy, so with the same delay) and the tokens to the client beside it, so a token
-  crosses three delayed links, once each (app.serving.ring).
+  crosses three delayed links, once each (app.serving.links.ring).
 - **llama.cpp RPC**: three `rpc-server`s holding a third of the layers each (split 1/1/1,
   everything offloaded), driven by the engine wheel's llama.cpp with ggml's RPC module
   (bench/rpc_client.py, greedy decode), every client-server link through the same delay

@@ -6,7 +6,7 @@ client does); a chain worker is killed with SIGKILL after the 5th token. The spa
 downloads are capped (`--max-download`, a home line) so that what a cold spare must
 fetch after the kill shows; a warm one fetched and pre-loaded the stage most at risk
 beforehand (the coordinator's standby, coordinator/server/spare_policy.py; the worker's
-app/serving/standby_stage.py), and that stage is the one killed. Each run also times
+app/serving/standby.py), and that stage is the one killed. Each run also times
 kill -> the client noticed, kill -> the spare serving, and counts the spare's loads
 after the kill (0: promoted as pre-loaded) and the replays the recovery took (1: the
 first replay answered). Both answers must equal the same uninterrupted answer.

@@ -13,7 +13,7 @@ Two layouts: `inproc` (every stage in this process, one after the other: the eng
 own overhead) and `procs` (one process per stage, hidden states passed over pipes, as a
 swarm on one machine runs them: adds what the processes cost each other, e.g. idle
 threads spinning). Every process of `procs`, the whole model's too, waits for OpenMP
-threads as a swarm's workers do (app.serving.omp_settings: before that, its chain ran on
+threads as a swarm's workers do (app.serving.machine.openmp: before that, its chain ran on
 libgomp's default spin, 1.35x the whole model instead of 1.09x). Greedy and seeded top-k
 sampling are both measured.
 
@@ -125,7 +125,7 @@ class StageServer:
 
 
 def _serve(job: StageJob, conn: Connection) -> None:
-    from app.serving.omp_settings import apply_stage_omp_settings
+    from app.serving.machine.openmp import apply_stage_omp_settings
 
     apply_stage_omp_settings()  # before llama.cpp loads: threads wait as a worker's do
     server = StageServer(job)
@@ -146,7 +146,7 @@ def start_with_stage_omp_settings(proc: mp.process.BaseProcess) -> None:
     `_serve` could set it, and the chain ran on libgomp's default spin (1.7-1.8x the whole
     model instead of 1.03-1.08). This process's own environment is as it was afterwards.
     """
-    from app.serving.omp_settings import STAGE_OMP_SETTINGS
+    from app.serving.machine.openmp import STAGE_OMP_SETTINGS
 
     saved = {name: os.environ.get(name) for name in STAGE_OMP_SETTINGS}
     try:

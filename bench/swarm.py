@@ -2,7 +2,7 @@
 
 (a) whole model vs a 3-process swarm on loopback, decode tokens/s, Gemma 3 270M, plain
     decoding round the ring (the last stage sends each next step to the first stage;
-    app.serving.ring), each stage's compute threads pinned to CPUs of their own and its
+    app.serving.links.ring), each stage's compute threads pinned to CPUs of their own and its
     decode steps on its loop thread (LocalSwarm's defaults); beside it the same swarm
     unpinned with every step handed to the engine thread (`unpinned`, as it ran before)
     and the client sending every step (`no_ring`);
@@ -64,7 +64,7 @@ PROMPT = "Write a short story about a lighthouse keeper who befriends a whale."
 async def one_generation(client: SwarmClient, prompt: list[int], tokens: int) -> dict[str, Any]:
     """One swarm generation's decode figures (the first event, the prompt, left out)."""
     decode = [ev async for ev in client.generate(prompt, tokens)][1:]
-    # Going round the ring (app.serving.ring), a token crosses one link per stage; the
+    # Going round the ring (app.serving.links.ring), a token crosses one link per stage; the
     # client's path has one more (client -> first stage, last stage -> client).
     ring = all(e.looped for e in decode[:-1])
     links = len(decode[0].timings) + (0 if ring else 1)

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.serving.thread_calibration import PARK_ENV
+from app.serving.machine.threads import PARK_ENV
 from bench.swarm import PROMPT, paired_rounds
 from core.models import resolve_model
 from core.tokenizer import Tokenizer

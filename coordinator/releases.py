@@ -3,14 +3,14 @@ coordinator (it refuses) and the volunteers' app (it says so); no IO.
 
 A node states its release in the `Sangama-Release` header of every call (a header, not a
 body field: coordinators before it ignore headers, and their bodies stay valid). A node
-that states none is a release from before the version exchange (net.versions), which
+that states none is a release from before the version exchange (net.wire.versions), which
 cannot share a chain with this one, so it is refused like any release older than the
 swarm's `min_release`.
 """
 
 from __future__ import annotations
 
-from net.versions import MIN_COMPATIBLE_RELEASE, BadRelease, release_key, this_release
+from net.wire.versions import MIN_COMPATIBLE_RELEASE, BadRelease, release_key, this_release
 
 RELEASE_HEADER = "Sangama-Release"
 DEFAULT_MIN_RELEASE = MIN_COMPATIBLE_RELEASE

@@ -189,7 +189,7 @@ class Stage:
 
     def adopt(self, old: str, new: str, keep_until: int) -> None:
         """Rename session `old` to `new`, keeping its first `keep_until` positions (a
-        replay after a reroute continues it: app.serving.resume_rules). Raises, leaving
+        replay after a reroute continues it: app.serving.rules.resume). Raises, leaving
         `old` as it was, when `new` is open or the cache cannot be cut there."""
         if new in self._sessions:
             raise DuplicateSessionError(new, "already open on this stage")
@@ -283,7 +283,7 @@ class Stage:
             alone = self.spec.reproducible or getattr(self.engine, "one_sequence_per_decode", False)
             # A session's prompt chunks each in a decode of their own, however many came
             # at once: its rows' shapes are its chunks, which a replay can repeat exactly
-            # (app.replay_shapes).
+            # (app.session.replay_shapes).
             again = req.session in seen
             if not chunks or rows + req.n_rows > self.spec.n_batch or alone or again:
                 chunks.append([])

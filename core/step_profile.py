@@ -4,7 +4,7 @@ that the coordinator can predict the fleet's tokens/s (coordinator/server/predic
 Steps are grouped by rows in powers of two (1, 2-3, 4-7, ...); each group keeps a moving
 average of its rows and its step time, so the figures follow what the PC does now (other
 programs, other stages sharing its cores) rather than what it did at start. The start-up
-calibration's timings (app/serving/calibration.py) fill the groups no step has reached
+calibration's timings (app/serving/machine/row_budget.py) fill the groups no step has reached
 yet. No clock here: the worker times its steps and hands the figures in.
 """
 

@@ -30,7 +30,7 @@ from net.protocol import (
     SessionRejected,
 )
 from net.quic.links import Addr, QuicLink, QuicServer, QuicTuning, Receiver, TlsIdentity, connect
-from net.versions import this_release
+from net.wire.versions import this_release
 
 log = logging.getLogger(__name__)
 

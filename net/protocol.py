@@ -8,7 +8,7 @@ identity to the initiator. The initiator then proves its own: HELLO -> CHALLENGE
 PROOF(certificate, signature over nonce and the acceptor's certificate hash) ->
 WELCOME. Nothing else is processed before WELCOME; a refused peer is told why.
 
-Versions (net.versions): HELLO carries the initiator's protocol and release, WELCOME the
+Versions (net.wire.versions): HELLO carries the initiator's protocol and release, WELCOME the
 acceptor's, only when the HELLO had them (an initiator of protocol 1 refuses a WELCOME
 with a tail). Each side then sends frames of the lower protocol: optional tails the peer
 does not read never leave. A peer older than `oldest_protocol` is refused with
@@ -29,7 +29,7 @@ from enum import Enum, auto
 from net import wire
 from net.errors import ErrorCode, FrameError
 from net.peer_limits import pre_auth_limits
-from net.versions import PeerTooOld, negotiate
+from net.wire.versions import PeerTooOld, negotiate
 
 
 class Role(Enum):

@@ -30,7 +30,8 @@ WEB_LIBS = frozenset({"fastapi", "uvicorn", "starlette", "pydantic", "pydantic_c
 SQL_LIBS = frozenset({"sqlalchemy", "alembic"})
 QUIC_LIBS = frozenset({"aioquic", "qh3"})
 APP_ROLES = ("serving", "client", "api", "cli", "lab", "ui")
-"""app's sub-packages; the modules directly in app/ are the shared base under them all."""
+"""app's role packages; the modules directly in app/, with app/links and app/session, are
+the shared base under them all."""
 BEYOND = "<beyond-top-level>"
 """Stands for a relative import with more dots than the file has packages above it."""
 
@@ -74,9 +75,15 @@ def both(*tests: Callable[[str], bool]) -> Callable[[str], bool]:
     return lambda path: all(test(path) for test in tests)
 
 
+APP_BASE_PACKAGES = ("links", "session")
+"""app's shared packages: reaching peers, and the session protocol client and stages share."""
+
+
 def in_app_base(path: str) -> bool:
-    """A module directly in app/ (identity, config, links, ...), not in a role package."""
-    return path.startswith("app/") and path.count("/") == 1
+    """A module of app's shared base (identity, config, links/, session/, ...), not a role."""
+    if not path.startswith("app/"):
+        return False
+    return path.count("/") == 1 or path.split("/")[1] in APP_BASE_PACKAGES
 
 
 def roles(*names: str) -> frozenset[str]:
@@ -141,8 +148,8 @@ RULES = (
     Rule(
         in_app_base,
         roles(*APP_ROLES),
-        "modules directly in app/ are the shared base: they import none of app's role "
-        "packages (serving, client, api, cli, lab, ui)",
+        "modules directly in app/ (and app/links, app/session) are the shared base: they "
+        "import none of app's role packages (serving, client, api, cli, lab, ui)",
     ),
     Rule(
         under("app/serving/"),
@@ -432,7 +439,11 @@ def _reason(path: str, source: str) -> list[str]:
         ("app/api/openai_serve.py", "from app.lab.local_swarm import x\n", "app.lab (loopback"),
         ("app/ui/tray.py", "from app.lab import demo\n", "app.lab (loopback"),
         ("app/identity.py", "from app.serving.worker import StageWorker\n", "modules directly"),
-        ("app/links.py", "def f():\n    from app.client import connect\n", "modules directly"),
+        (
+            "app/links/paths.py",
+            "def f():\n    from app.client import connect\n",
+            "modules directly",
+        ),
         ("app/serving/coordinated.py", "from app.client.route import x\n", "app/serving runs"),
         ("app/serving/serve.py", "from app.api import openai_api\n", "app/serving runs"),
         ("app/client/connect.py", "from app.serving.worker import x\n", "app/client asks"),
@@ -451,7 +462,7 @@ def _reason(path: str, source: str) -> list[str]:
         ("net/channel.py", "import qh3\n", "the QUIC libraries"),
         ("net/links.py", "from aioquic.quic import events\n", "the QUIC libraries"),
         ("net/channel.py", "import aioice\n", "aioice lives"),
-        ("app/links.py", "from aioice import Candidate\n", "aioice lives"),
+        ("app/links/paths.py", "from aioice import Candidate\n", "aioice lives"),
         ("app/serving/worker.py", "from shiboken6 import isValid\n", "Qt lives only"),
         ("app/cli/main.py", "import llama_cpp\n", "llama_cpp lives"),
     ],

@@ -513,13 +513,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from app.config import parse_address
     from app.identity import coordinator_url, default_identity_dir
     from app.serving.coordinated import CoordinatedOptions
-    from app.serving.guest import run_guest
-    from app.serving.guest_policy import GuestSettings, SettingsError, parse_quiet_hours
+    from app.serving.guest.loop import run_guest
+    from app.serving.guest.policy import GuestSettings, SettingsError, parse_quiet_hours
 
     if not (0 <= args.drain <= 3600):
         raise ConfigError(f"--drain must be 0..3600 seconds, not {args.drain}")
     if args.cpus:
-        from app.serving.compute_cpus import refuse_unusable
+        from app.serving.machine.cpus import refuse_unusable
         from core.cpu_placement import parse_cpu_list
 
         cpus = parse_cpu_list(args.cpus)

@@ -6,8 +6,8 @@ the route (a short dial each: a killed worker's port answers nothing), asks the
 policy what to do, asks the route source for a route avoiding the dead stages (the
 coordinator offers one once it re-planned around them), connects a fresh client on it
 and replays the tokens so far (prompt + generated) as a new session that names the one
-it continues (the stages after the replaced one keep its KV: app.serving.resume_rules),
-each position with the shape it first had (app.replay_shapes: the answer equals an
+it continues (the stages after the replaced one keep its KV: app.serving.rules.resume),
+each position with the shape it first had (app.session.replay_shapes: the answer equals an
 uninterrupted run's bit for bit, not only nearly). The caller's stream goes on with the
 next token: a pause, never an error, while a replacement exists. Each recovery's stall
 (failure noticed -> next token) is kept in `stalls`.
@@ -42,8 +42,8 @@ from app.client.swarm_client import (
 )
 from app.config import Route
 from app.errors import AppError, ClientError, RouteUnavailable, StageFailed
-from app.replay_resume import resume_ref
-from app.replay_shapes import replay_segments
+from app.session.replay_resume import resume_ref
+from app.session.replay_shapes import replay_segments
 from coordinator.errors import CoordinatorError
 from core.drafting import GuessPolicy
 from core.types import SamplingParams
@@ -187,7 +187,7 @@ class RecoveringClient:
             client = self._client
             # A replay names the session it continues: the stages that kept it (the run
             # of them ending the route) keep its KV and compute only what they lack
-            # (app.serving.resume_rules).
+            # (app.serving.rules.resume).
             name = uuid.uuid4().hex
             resume = None
             if previous is not None and pending is not None and self.keep_kv:
@@ -214,7 +214,7 @@ class RecoveringClient:
                         session=name,
                         resume=resume,
                         # Every position with the shape it first had: the prompt in its
-                        # chunks, each generated row alone (app.replay_shapes).
+                        # chunks, each generated row alone (app.session.replay_shapes).
                         segments=replay_segments(len(prompt), chunk, len(produced)),
                     )
                 ):

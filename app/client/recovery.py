@@ -21,12 +21,12 @@ what `decide` says:
 
 The replay is a new session on every stage, but its OPEN names the session it continues,
 carries a digest of the token ids a surviving stage should hold of it (all positions
-but the newest; app.replay_resume) and names the first layer from which the stages may
+but the newest; app.session.replay_resume) and names the first layer from which the stages may
 keep it (`first_layer_to_adopt`: the run of stages ending the new route that served the
 same layers on the old one and were not found dead). Those stages (the one that died was
 upstream of them) still hold that session: each checks the client and the digest, takes
 the old session's KV over and computes (and passes on) only the final row
-(app.serving.resume_rules); the stages before them, the replacement included, hold
+(app.serving.rules.resume); the stages before them, the replacement included, hold
 nothing usable and compute the whole replay, as their hidden states for every position
 are needed downstream. A stage that restarted, whose resume grace (30 s) ran out before
 the replay came, or whose history differs holds nothing that matches and computes

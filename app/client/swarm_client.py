@@ -3,7 +3,7 @@
 The client holds two channels: to the first stage (OPEN, STEP, CLOSE go there and
 travel down the chain) and to the last stage (TOKENS come back on it directly). In plain
 and n-gram-guessed decoding the last stage sends each next step to the first stage
-itself (the ring, app.serving.ring) and the client only reads; a TOKENS not marked
+itself (the ring, app.serving.links.ring) and the client only reads; a TOKENS not marked
 `looped` hands the turn back to it. When the
 path of either dies, the client dials again (within `relink_timeout`) and the running
 generations continue: the first stage is sent each session's OPEN and unconfirmed STEPs
@@ -27,12 +27,12 @@ import numpy as np
 import numpy.typing as npt
 
 from app.config import Route
-from app.draft_tracker import DraftTracker
 from app.errors import ClientError, RouteUnavailable, StageTimeout, stage_error
-from app.redial import dial_until
-from app.replay_resume import ResumeRef
-from app.replay_shapes import Segment, plain_segments
-from app.wire_convert import sampling_to_wire
+from app.links.redial import dial_until
+from app.session.guess_tracker import DraftTracker
+from app.session.replay_resume import ResumeRef
+from app.session.replay_shapes import Segment, plain_segments
+from app.session.wire_values import sampling_to_wire
 from core.drafting import NGRAM, GuessPolicy
 from core.types import SamplingParams
 from net import wire
@@ -119,7 +119,7 @@ class SwarmClient:
     ) -> None:
         self.creds = creds
         self.ring = ring
-        """Decoding goes round the ring (app.serving.ring), plain or with n-gram guesses:
+        """Decoding goes round the ring (app.serving.links.ring), plain or with n-gram guesses:
         the last stage sends each next step to the first stage itself. False: this
         client sends every step."""
         self.guesses = guesses
@@ -219,7 +219,7 @@ class SwarmClient:
             raise RouteUnavailable(str(exc) or "dialling the route's stages timed out") from exc
 
     async def _dial_patiently(self, node_id: str, address: tuple[str, int]) -> Channel:
-        """Dial again until `relink_timeout`, unless the stage is gone (see app.redial)."""
+        """Dial again until `relink_timeout`, unless the stage is gone (see app.links.redial)."""
         return await dial_until(
             lambda time_left: self._dial(node_id, address, time_left),
             self.relink_timeout,
@@ -268,12 +268,12 @@ class SwarmClient:
 
         `session` names the new session (default: a random id); `resume`, for a replay
         after a reroute, names the session it continues, whose KV a last stage that kept
-        it hands over (app.replay_resume). `segments`: how the prompt is cut into steps
+        it hands over (app.session.replay_resume). `segments`: how the prompt is cut into steps
         (default: chunks of `chunk`); a replay gives its rows the first run's shapes
-        (app.replay_shapes).
+        (app.session.replay_shapes).
 
         Each step may also carry n-gram guesses that one trip verifies
-        (app.draft_tracker; `guesses`, default the client's own `self.guesses`); an
+        (app.session.guess_tracker; `guesses`, default the client's own `self.guesses`); an
         event then holds every token that trip confirmed."""
         if guesses is None:
             guesses = self.guesses

@@ -24,7 +24,7 @@ from app.compute import stage_compute
 from app.config import Hop, WorkerConfig, format_address, parse_address
 from app.errors import ConfigError
 from app.identity import Identity, default_identity_dir, join_swarm
-from app.links import (
+from app.links.paths import (
     IceConfigSource,
     LinkDialer,
     advertised_candidates,
@@ -39,10 +39,10 @@ from app.node_status import (
     swarm_answer,
 )
 from app.progress import print_progress
-from app.serving import standby_stage
-from app.serving.beats import BeatPolicy, beat_delay
+from app.serving import standby as standby_stage
+from app.serving.machine.vram import check_within_cap
+from app.serving.rules.beats import BeatPolicy, beat_delay
 from app.serving.serve import LoadedStage, report_stopped, start_worker, stop_event
-from app.serving.vram_check import check_within_cap
 from app.serving.worker import StageWorker
 from coordinator.client.downloads import DownloadProgress
 from coordinator.client.mirror import fetch_pieces
@@ -594,7 +594,7 @@ async def _heartbeats(
 
 
 async def _until_next_beat(stop: asyncio.Event, worker: StageWorker, last_beat: float) -> bool:
-    """Wait until the next heartbeat is due (app.serving.beats: sooner while sessions
+    """Wait until the next heartbeat is due (app.serving.rules.beats: sooner while sessions
     wait for the next stage); True when `stop` was set meanwhile."""
     while not stop.is_set():
         worker.hop_wanted.clear()  # before reading the state: a later change wakes us
@@ -669,7 +669,7 @@ class _CliReport:
 
 
 CliReport = _CliReport
-"""For the good-guest loop's headless report (app.serving.guest)."""
+"""For the good-guest loop's headless report (app.serving.guest.loop)."""
 
 
 async def run(options: CoordinatedOptions) -> int:

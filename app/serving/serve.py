@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from app.config import WorkerConfig, format_address
 from app.credentials import load_credentials
-from app.serving.compute_cpus import compute_pinning
-from app.serving.engine_calls import EngineCalls
-from app.serving.omp_settings import apply_stage_omp_settings
+from app.serving.machine.cpus import compute_pinning
+from app.serving.machine.openmp import apply_stage_omp_settings
+from app.serving.steps.engine_calls import EngineCalls
 from core.admission import AdmissionPolicy, kv_bytes_per_token
 from core.gguf_slices import assemble_stage, stage_file_name
 from core.manifest import MANIFEST_FILE, Manifest
@@ -24,7 +24,7 @@ from net import event_loop
 from net.channel import NodeCredentials
 
 if TYPE_CHECKING:
-    from app.serving.downstream import Dialer
+    from app.serving.links.downstream import Dialer
     from app.serving.worker import StageWorker
     from core.stage import Stage
 
@@ -64,7 +64,7 @@ class LoadedStage:
     """The stage's engine thread, which built it and ran its calibrations; the worker
     serving it keeps stepping there. One thread, so one pool of OpenMP threads: libgomp
     keeps a pool per thread that starts a parallel region, and more pooled threads than
-    CPUs cut its spin at every barrier (app.serving.omp_settings)."""
+    CPUs cut its spin at every barrier (app.serving.machine.openmp)."""
 
     def fits(self, config: WorkerConfig) -> bool:
         """Whether `config` would build this very stage (its next hop may differ)."""
@@ -78,7 +78,7 @@ class LoadedStage:
 
 async def load_stage(config: WorkerConfig) -> LoadedStage:
     """Assemble the stage file and build the stage (in a thread: loading takes a while)."""
-    from app.serving.thread_calibration import calibrated_threads
+    from app.serving.machine.threads import calibrated_threads
     from core.stage import Stage
 
     path, n_layer = await asyncio.get_running_loop().run_in_executor(

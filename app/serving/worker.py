@@ -8,7 +8,7 @@ on the last stage, sampled tokens straight to the client (push-forward; see
 docs/architecture.md, "One token's trip").
 
 Who owns a session, when a repeated OPEN resumes it, which steps were taken already and
-when the stage refuses are decided by app.serving.session_rules (no IO); this loop carries out
+when the stage refuses are decided by app.serving.rules.sessions (no IO); this loop carries out
 the actions it returns. Imports no Qt: the CLI runs it headless and the tray app reuses it.
 """
 
@@ -23,23 +23,15 @@ from dataclasses import replace
 import numpy as np
 
 from app.config import Hop, WorkerConfig, parse_address
-from app.serving.calibration import calibrated_row_budget
-from app.serving.downstream import Dialer, Downstream
-from app.serving.engine_calls import EngineCalls, InlinePolicy, runs_inline
-from app.serving.mtp_guesses import (
-    chosen_position,
-    gate_offered,
-    gate_open,
-    gate_step,
-    guess,
-)
-from app.serving.node_limits import NodeLimits, NodeLimitsPolicy
-from app.serving.peer_rules import StagePlan, idle_sessions, per_node_sessions
-from app.serving.replies import choose_tokens, onward_step, tokens_reply
-from app.serving.resume_rules import extend_history, rows_to_skip, trimmed
-from app.serving.ring import Ring
-from app.serving.session_rules import Action as RuleAction
-from app.serving.session_rules import (
+from app.serving.links.downstream import Dialer, Downstream
+from app.serving.links.ring import Ring
+from app.serving.machine.row_budget import calibrated_row_budget
+from app.serving.machine.threads import idle_parker
+from app.serving.rules.node_limits import NodeLimits, NodeLimitsPolicy
+from app.serving.rules.peers import StagePlan, idle_sessions, per_node_sessions
+from app.serving.rules.resume import extend_history, rows_to_skip, trimmed
+from app.serving.rules.sessions import Action as RuleAction
+from app.serving.rules.sessions import (
     Begin,
     CancelGrace,
     Drain,
@@ -61,11 +53,19 @@ from app.serving.session_rules import (
     Take,
     TokensReady,
 )
-from app.serving.session_rules import Event as RuleEvent
-from app.serving.stage_steps import StageSteps, guess_checks, step_request
-from app.serving.thread_calibration import idle_parker
+from app.serving.rules.sessions import Event as RuleEvent
+from app.serving.steps.batch import StageSteps, guess_checks, step_request
+from app.serving.steps.engine_calls import EngineCalls, InlinePolicy, runs_inline
+from app.serving.steps.mtp_guesses import (
+    chosen_position,
+    gate_offered,
+    gate_open,
+    gate_step,
+    guess,
+)
+from app.serving.steps.replies import choose_tokens, onward_step, tokens_reply
 from app.serving.worker_state import PendingStep, ServedSession, WorkerStats, guesses_of
-from app.wire_convert import sampling_from_wire
+from app.session.wire_values import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
 from core.draft_acceptance import Verdict
 from core.errors import CoreError, PositionError
@@ -223,7 +223,7 @@ class StageWorker:
 
     @property
     def next_hop_waiting(self) -> bool:
-        """Sessions wait for a link to the next stage (app.serving.beats)."""
+        """Sessions wait for a link to the next stage (app.serving.rules.beats)."""
         return self._downstream is not None and self._downstream.waiting
 
     @property

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.serving.mtp_guesses import GuessGate
+from app.serving.steps.mtp_guesses import GuessGate
 from core.stage import StepRequest
 from core.types import SamplingParams
 from net import wire

@@ -32,8 +32,8 @@ from app.client.route import fetch_route
 from app.identity import IDENTITY_FILE, Identity, coordinator_problem, join_swarm
 from app.node_status import NodeStatus, ServeState, plain_reason, shown_while_pausing
 from app.serving.coordinated import CoordinatedOptions
-from app.serving.guest import serve_as_guest
-from app.serving.guest_policy import GuestSettings
+from app.serving.guest.loop import serve_as_guest
+from app.serving.guest.policy import GuestSettings
 from coordinator.client.session import check_invite
 from coordinator.contract import InviteCheck
 from coordinator.errors import CoordinatorError

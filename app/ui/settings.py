@@ -18,7 +18,7 @@ from typing import Any
 
 import platformdirs
 
-from app.serving.guest_policy import GuestSettings, SettingsError, parse_quiet_hours
+from app.serving.guest.policy import GuestSettings, SettingsError, parse_quiet_hours
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.identity import coordinator_url, secrets_place
-from app.serving.guest_policy import SettingsError, parse_quiet_hours
+from app.serving.guest.policy import SettingsError, parse_quiet_hours
 from app.ui.controllers import validate_coordinator
 from app.ui.settings import LOG_LEVELS, Settings, set_start_on_login
 

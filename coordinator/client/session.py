@@ -41,7 +41,7 @@ from coordinator.invites import InviteCode, invite_refusal
 from coordinator.releases import RELEASE_HEADER
 from core.manifest import Manifest
 from net import auth
-from net.versions import this_release
+from net.wire.versions import this_release
 
 log = logging.getLogger(__name__)
 

@@ -165,7 +165,7 @@ def node_credentials(
     expiry is the end of the window after the current one, so every request in a window
     gets the same username (the node's quota holds) and it stays valid at least `ttl_s`
     and less than 2 x `ttl_s`; `ttl_s` in the answer is what is left. A node asks again
-    once half of that has passed (app/links.py), and a revoked node, refused by the
+    once half of that has passed (app/links/paths.py), and a revoked node, refused by the
     coordinator, loses the relay when its last username expires."""
     if not 1 <= ttl_s <= MAX_TTL_S // 2:
         raise TurnError(f"ttl_s must be within 1..{MAX_TTL_S // 2}, not {ttl_s}")

@@ -133,7 +133,7 @@ def _check_loop(loop: Loop, limits: Limits) -> None:
 
 
 RESUME_DIGEST_BYTES = 32
-"""A SHA-256 (app.serving.resume_rules)."""
+"""A SHA-256 (app.serving.rules.resume)."""
 
 
 def _check_resume(frame: Open, limits: Limits) -> None:
@@ -195,7 +195,7 @@ def _check_step(frame: Step, limits: Limits) -> None:
     _check_timings(frame.timings, limits)
     _check_int("sent_at_ns", frame.sent_at_ns, U64_MAX)
     if frame.one_by_one and frame.drafts:
-        # Guessed rows have their own row-by-row rules (app.serving.verify_rows).
+        # Guessed rows have their own row-by-row rules (app.serving.steps.verify_rows).
         raise FrameError(ErrorCode.BAD_SHAPE, "rows one at a time carry no drafts")
 
 

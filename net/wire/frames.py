@@ -83,13 +83,13 @@ class Open:
     """A replay after a reroute: the session it continues (empty: a plain new session).
     A last stage that still holds that session's first `resume_held` positions for the
     same client, with token ids matching `resume_digest`, keeps their KV and computes
-    only the rest (app.serving.resume_rules); any other stage treats the OPEN as new.
+    only the rest (app.serving.rules.resume); any other stage treats the OPEN as new.
     Encoded as an optional tail of the OPEN body, absent when empty: plain OPENs are
     byte-for-byte what peers of the same VERSION without this field send and read."""
     resume_held: int = 0
     """Positions [0, resume_held) the replay expects the resumed session to hold."""
     resume_digest: bytes = b""
-    """SHA-256 of those positions' token ids, bound to `resumes` (app.replay_resume)."""
+    """SHA-256 of those positions' token ids, bound to `resumes` (app.session.replay_resume)."""
     resume_from_layer: int | None = None
     """The first layer whose stage may take the resumed session over: the client knows
     which stages of the new route held the old session on the old one (every stage from
@@ -127,7 +127,7 @@ class Step:
     sent_at_ns: int = 0
     one_by_one: bool = False
     """Every stage evaluates these rows one at a time, each in a llama_decode of its own
-    (a replay's generated tokens, as they were first computed: app.replay_shapes); the
+    (a replay's generated tokens, as they were first computed: app.session.replay_shapes); the
     last stage needs logits for the final row only. No drafts with it. Encoded as an
     optional tail of the STEP body, absent when False: plain STEPs keep their bytes."""
 

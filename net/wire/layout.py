@@ -18,10 +18,10 @@ VERSION = 1
 """The header's layout byte: every release reads and writes 1 (a peer refuses any other
 value, so it never changes; what a peer understands is PROTOCOL_VERSION, negotiated)."""
 PROTOCOL_VERSION = 2
-"""What this release speaks, exchanged in HELLO and WELCOME (net.versions): 1, peers that
+"""What this release speaks, exchanged in HELLO and WELCOME (net.wire.versions): 1, peers that
 announce nothing, reads the base frames only; 2 adds the announcement itself and the
 optional tails of OPEN (resume, ring), STEP (one_by_one) and TOKENS (ring). A peer never
-sends a tail the negotiated version lacks (net.versions.TAILS)."""
+sends a tail the negotiated version lacks (net.wire.versions.TAILS)."""
 MIN_PROTOCOL_VERSION = 1
 """The oldest protocol this release talks to: version 1 peers get base frames."""
 HEADER = struct.Struct(">IBB")

@@ -11,7 +11,6 @@ from itertools import starmap
 from typing import Any
 
 from net.errors import ErrorCode, FrameError
-from net.versions import needed
 from net.wire.checks import as_enum, validate
 from net.wire.frames import (
     Challenge,
@@ -40,6 +39,7 @@ from net.wire.layout import (
     Limits,
 )
 from net.wire.tensors import WireDtype
+from net.wire.versions import needed
 
 
 class _Reader:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import struct
 
 from net.errors import ErrorCode, FrameError
-from net.versions import downgrade
 from net.wire.checks import validate
 from net.wire.frames import (
     Challenge,
@@ -31,6 +30,7 @@ from net.wire.layout import (
     FrameType,
     Limits,
 )
+from net.wire.versions import downgrade
 
 
 class _Writer:
@@ -60,7 +60,7 @@ def encode(frame: Frame, limits: Limits = DEFAULT_LIMITS, version: int = PROTOCO
     """One whole frame as bytes; refuses (FrameError) any frame `decode` would refuse.
 
     `version` is the protocol negotiated with the peer: tails it lacks are left out
-    (net.versions.downgrade), so an older peer gets a frame it reads."""
+    (net.wire.versions.downgrade), so an older peer gets a frame it reads."""
     if version < PROTOCOL_VERSION:
         frame = downgrade(frame, version)
     validate(frame, limits)

@@ -20,7 +20,7 @@ from coordinator.server.service import Coordinator, HostedModel, Settings
 from coordinator.server.store import Invite, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
-from net.versions import this_release
+from net.wire.versions import this_release
 from tests.support.postgres import postgres_bin, temporary_postgres
 from tests.support.probe_answerer import HARDWARE
 

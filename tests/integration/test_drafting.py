@@ -5,7 +5,7 @@ solo run), on the tiny model and on Gemma; a seeded sampled run replays identica
 Gemma's workers keep llama.cpp's repacked Q4_K weights, whose kernels compute a k+1-row
 decode slightly differently from k+1 one-row decodes (up to ~0.9 in a logit, measured),
 which can flip a near-tie: the comparison is exact because every stage evaluates guessed
-rows one at a time (WorkerConfig.exact_guesses, app.serving.verify_rows).
+rows one at a time (WorkerConfig.exact_guesses, app.serving.steps.verify_rows).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from app.identity import join_swarm
 from app.lab.processes import spawn_sangama
 from app.node_status import NodeStatus, ServeState
 from app.serving.coordinated import CoordinatedOptions
-from app.serving.guest import serve_as_guest
-from app.serving.guest_policy import ON_BATTERY, GuestSettings
-from app.serving.guest_probes import GpuUse, Probes
+from app.serving.guest.loop import serve_as_guest
+from app.serving.guest.policy import ON_BATTERY, GuestSettings
+from app.serving.guest.probes import GpuUse, Probes
 from coordinator.errors import CoordinatorError
 from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.tiny_models import write_tiny_model

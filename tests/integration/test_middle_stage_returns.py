@@ -26,8 +26,8 @@ from app.client.connect import ChatConnection, identity_connector
 from app.client.route import fetch_route
 from app.identity import Identity, join_swarm
 from app.serving.coordinated import CoordinatedOptions
-from app.serving.guest import serve_as_guest
-from app.serving.guest_policy import GuestSettings
+from app.serving.guest.loop import serve_as_guest
+from app.serving.guest.policy import GuestSettings
 from app.ui.controllers import AsyncThread
 from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.tiny_models import write_tiny_model

@@ -6,7 +6,7 @@ without taking the last stage's KV over.
 
 The prompt was searched for (tiny random-weight model, seed 0): replaying its 8 prompt
 tokens and 5 generated ones in one 13-row decode, as the client did before
-app.replay_shapes, changes the answer at token 20 (a near-tie that the multi-row
+app.session.replay_shapes, changes the answer at token 20 (a near-tie that the multi-row
 kernels' rounding flips), both on a fresh chain and with the last stage's KV kept;
 `_one_chunk_replay` checks that in this process first, so the test shows the fix and
 not a lucky prompt. Counts, from the workers' heartbeats: the spare evaluated the 5

@@ -1,5 +1,5 @@
 """Hypothesis profiles for the fuzzers (tests/unit/net/wire/test_fuzz.py,
-tests/unit/app/test_session_rules_fuzz.py): bounded in CI, longer on demand.
+tests/unit/app/serving/rules/test_sessions_fuzz.py): bounded in CI, longer on demand.
 
     fuzz-ci    (default) 60 examples, a 10 s deadline per example: a decoder or state
                machine that hangs fails the test instead of stalling CI; ~10-30 s in all.

@@ -11,7 +11,7 @@ import pytest
 from PySide6.QtWidgets import QApplication
 
 from app.node_status import NodeStatus, ServeState
-from app.serving.guest_policy import ON_BATTERY, QUIET_HOURS, GuestSettings, QuietHours
+from app.serving.guest.policy import ON_BATTERY, QUIET_HOURS, GuestSettings, QuietHours
 from app.ui.history import History
 from app.ui.settings import Settings
 from app.ui.tray import DesktopApp

@@ -19,7 +19,7 @@ FIRST_CPU = str(min(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity"
 @pytest.fixture
 def seen(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The options `sangama worker` hands the coordinated worker, which is not started."""
-    import app.serving.guest as guest
+    import app.serving.guest.loop as guest
 
     options: list[Any] = []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.draft_tracker import DraftTracker
+from app.session.guess_tracker import DraftTracker
 from core.drafting import GuessPolicy
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from app.serving.omp_settings import STAGE_OMP_SETTINGS
+from app.serving.machine.openmp import STAGE_OMP_SETTINGS
 from bench.stage_compute import start_with_stage_omp_settings
 
 pytestmark = pytest.mark.unit

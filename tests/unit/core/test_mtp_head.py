@@ -11,9 +11,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.draft_tracker import DraftTracker
 from app.errors import ClientError
-from app.serving.mtp_guesses import chosen_position
+from app.serving.steps.mtp_guesses import chosen_position
+from app.session.guess_tracker import DraftTracker
 from core.drafting import GuessPolicy, choose_drafts
 from core.mtp_head import MtpDrafter, MtpError, top_probability
 from net import wire
@@ -184,7 +184,7 @@ def test_worker_config_carries_the_mtp_settings_through_toml(tmp_path: Path) -> 
 
 
 def test_a_client_that_ignores_the_guesses_stops_costing_them_but_is_probed() -> None:
-    from app.serving.mtp_guesses import (
+    from app.serving.steps.mtp_guesses import (
         PROBE_EVERY,
         GuessGate,
         gate_offered,

@@ -1,6 +1,6 @@
 """A session's prompt chunks each get a decode of their own, however many of them one
 engine step takes (core.stage): a chunk's rows then have the same shapes whenever they
-come, which a replay repeats exactly (app.replay_shapes). Other sessions still share."""
+come, which a replay repeats exactly (app.session.replay_shapes). Other sessions still share."""
 
 from __future__ import annotations
 

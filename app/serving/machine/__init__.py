@@ -1,0 +1,1 @@
+"""The machine a stage runs on: CPUs, threads, OpenMP, VRAM and the row budget measured at start."""

@@ -1,0 +1,3 @@
+"""The session protocol client and stages share: replays' shapes and resume fields,
+guesses, wire values.
+"""
