@@ -70,6 +70,9 @@ class NodeStatus:
     swarm: str = ""
     """Whether the swarm can answer, in words, as the coordinator's end-to-end probe
     found (`swarm_answer`); "" until the coordinator said."""
+    update: str = ""
+    """What the coordinator says of this release: a newer one exists, or this one is too
+    old for the swarm (coordinator.releases.update_notice); "" when current."""
     started_at: float = field(default_factory=time.time)
 
     @property

@@ -488,6 +488,27 @@ class RouteAnswer:
 
 
 @dataclass(frozen=True)
+class Health:
+    """GET HEALTH (public): the coordinator is up, and the releases its operator set."""
+
+    latest_release: str = ""
+    """The newest Sangama release the operator announced ("": none)."""
+    min_release: str = ""
+    """The oldest release this swarm admits ("": every one)."""
+
+    @staticmethod
+    def from_json(doc: Any) -> Health:
+        return _read(
+            "health answer",
+            lambda d: Health(
+                _text(d.get("latest_release", ""), "latest_release", 64, empty=True),
+                _text(d.get("min_release", ""), "min_release", 64, empty=True),
+            ),
+            doc,
+        )
+
+
+@dataclass(frozen=True)
 class TurnCredentials:
     """GET TURN: short-lived credentials for the swarm's relay (404: it has none)."""
 

@@ -83,6 +83,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     )
     p.add_argument("--stale-after", type=float, default=15.0, help="seconds of silence: stale")
     p.add_argument(
+        "--min-release",
+        default=None,
+        help="the oldest Sangama release this swarm admits at join and heartbeat (default: "
+        "the oldest that speaks this release's wire; '' admits every release)",
+    )
+    p.add_argument(
+        "--latest-release",
+        default="",
+        help="the newest Sangama release, as the operator announces it: the tray and "
+        "`sangama status` tell volunteers on older ones to update",
+    )
+    p.add_argument(
         "--dead-after", type=float, default=45.0, help="seconds of silence: replaced in the plan"
     )
 
@@ -141,7 +153,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return run_fleet_status(args, default_data_dir())
     from app.identity import Identity, default_identity_dir
     from coordinator.errors import CoordinatorError
+    from coordinator.releases import update_notice
     from core.types import format_layers
+    from net.wire.versions import this_release
 
     me = Identity.load(args.identity or default_identity_dir())
     cert = me.certified.certificate
@@ -160,6 +174,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         route = client.route()
         chain = " -> ".join(f"{s.node_id} ({format_layers(*s.layers)})" for s in route.stages)
         print(f"route       {chain}")
+        health = client.health()
+        notice = update_notice(this_release(), health.latest_release, health.min_release)
+        print(f"release     {this_release()}" + (f": {notice}" if notice else " (current)"))
     except CoordinatorError as exc:
         print(f"coordinator: {exc}")
         return 1
@@ -209,9 +226,26 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             turn_secret=args.turn_secret_file.read_text().strip() if args.turn_secret_file else "",
             trusted_proxies=tuple(_networks(args.trusted_proxy)),
             trusted_ends=args.trusted_ends,
+            min_release=_release_arg(args.min_release, "--min-release"),
+            latest_release=_release_arg(args.latest_release, "--latest-release"),
         ),
     )
     return serve(options)
+
+
+def _release_arg(value: str | None, flag: str) -> str:
+    """A release flag's value, checked (DEFAULT_MIN_RELEASE where --min-release is not given)."""
+    from coordinator.releases import DEFAULT_MIN_RELEASE
+    from net.wire.versions import BadRelease, release_key
+
+    if value is None:
+        return DEFAULT_MIN_RELEASE
+    if value:
+        try:
+            release_key(value)
+        except BadRelease as exc:
+            raise SystemExit(f"{flag}: {exc}") from None
+    return value
 
 
 def _networks(values: list[str]) -> list[str]:

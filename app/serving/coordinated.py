@@ -53,12 +53,14 @@ from coordinator.contract import (
     HeartbeatAnswer,
 )
 from coordinator.errors import CoordinatorError
+from coordinator.releases import update_notice
 from core.admission import LLAMA_MAX_SEQ
 from core.hardware import detect_hardware, memory_in_use
 from core.types import LayerRange
 from net import event_loop, reach_probe
 from net.quic.links import DEFAULT_LIBRARY, QuicTuning
 from net.rate import Throttle, upload_throttle
+from net.wire.versions import this_release
 
 log = logging.getLogger(__name__)
 
@@ -576,7 +578,9 @@ async def _heartbeats(
         worker.set_revoked(frozenset(int(s) for s in beat.revoked_serials))
         # Shown from the next report on (the tray's status window, `sangama status`).
         serving = replace(
-            serving, swarm=swarm_answer(beat.can_answer, beat.answer_since, beat.answer_reason)
+            serving,
+            swarm=swarm_answer(beat.can_answer, beat.answer_since, beat.answer_reason),
+            update=update_notice(this_release(), beat.latest_release, beat.min_release),
         )
         if beat.assignment != assignment:
             moved = only_next_hop_moved(assignment, beat.assignment)

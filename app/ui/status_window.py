@@ -14,6 +14,7 @@ from app.node_status import NodeStatus, ServeState
 from app.ui.controllers import ApiController, NodeController
 from app.ui.icons import state_pixmap
 from core.types import format_layers
+from net.wire.versions import this_release
 
 
 class ThroughputPlot(QWidget):
@@ -86,6 +87,7 @@ class StatusWindow(QWidget):
             ("node", "Node"),
             ("coordinator", "Coordinator"),
             ("swarm", "The swarm"),
+            ("release", "Release"),
             ("stage", "Stage"),
             ("address", "Listening on"),
             ("next", "Next hop"),
@@ -135,6 +137,7 @@ class StatusWindow(QWidget):
         f["node"].setText(s.node_id or "not joined")
         f["coordinator"].setText(s.coordinator or "—")
         f["swarm"].setText(s.swarm or "—")
+        f["release"].setText(s.update or f"{this_release()}, current")
         if s.layers is not None:
             a, b = s.layers
             n = f"{b - a} layer{'s' * (b - a != 1)}"

@@ -124,6 +124,8 @@ class DesktopApp(QObject):
         self.quit_box: QMessageBox | None = None
         self.first_run: FirstRunWizard | None = None
         self.notices: list[tuple[str, str]] = []
+        self.told_update = ""
+        """The update notice last shown as a notification: each one is told once."""
         self.quitting = False
 
         has_tray = (
@@ -183,6 +185,9 @@ class DesktopApp(QObject):
 
     @Slot(object)
     def _status_changed(self, status: NodeStatus) -> None:
+        if status.update and status.update != self.told_update:
+            self.told_update = status.update
+            self.notify("Sangama update", status.update)
         if self.tray is not None:
             self.tray.setIcon(state_icon(status))
             self.tray.setToolTip(status.summary)
@@ -204,6 +209,8 @@ class DesktopApp(QObject):
             why.triggered.connect(self.show_error)
         if self.why_paused:
             m.addAction(self.why_paused).setEnabled(False)
+        if status.update:
+            m.addAction(status.update).setEnabled(False)
         m.addSeparator()
         m.addAction("Open chat").triggered.connect(self.open_chat)
         m.addAction("Status").triggered.connect(self.open_status)

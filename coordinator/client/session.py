@@ -26,6 +26,7 @@ from coordinator.client.unreachable import unreachable
 from coordinator.contract import (
     Assignment,
     CaAnswer,
+    Health,
     Heartbeat,
     HeartbeatAnswer,
     JoinAnswer,
@@ -215,6 +216,10 @@ class CoordinatorClient:
         return HeartbeatAnswer.from_json(
             _call(self.session, "POST", self.url(path), json=beat.to_json())
         )
+
+    def health(self) -> Health:
+        """Whether the coordinator is up, and which releases its swarm admits and announces."""
+        return Health.from_json(_call(self.session, "GET", self.url(c.HEALTH)))
 
     def assignment(self) -> Assignment | None:
         doc = _call(self.session, "GET", self.url(c.ASSIGNMENT.format(node_id=self.node_id)))

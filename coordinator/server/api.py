@@ -313,7 +313,13 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
 
     @app.get(c.HEALTH, tags=["public"])
     def health() -> dict[str, str]:
-        return {"status": "ok"}
+        # Public, as the releases are: `sangama status` tells a volunteer about updates
+        # from here, and nothing on their PC calls anywhere but their coordinator.
+        return {
+            "status": "ok",
+            "latest_release": coord.settings.latest_release,
+            "min_release": coord.settings.min_release,
+        }
 
     # The 401 is JSON like every error here, though the page itself is plain text.
     refused_json = {"$ref": "#/components/schemas/ErrorOut"}

@@ -582,5 +582,8 @@ def test_releases_older_than_the_swarm_admits_are_refused_at_join_and_heartbeat(
     r = http.post(url, headers=_node_headers(a), json={})
     assert r.status_code == 200, r.text
     assert (r.json()["latest_release"], r.json()["min_release"]) == ("9.1.0", this_release())
+    # The same, public, for `sangama status` (coordinator.contract.Health).
+    health = http.get("/api/v1/health").json()
+    assert health == {"status": "ok", "latest_release": "9.1.0", "min_release": this_release()}
     refused = http.post(url, headers={**_node_headers(a), RELEASE_HEADER: "0.0.1"}, json={})
     assert refused.status_code == 426 and "Sangama 0.0.1 is too old" in refused.json()["detail"]
