@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,6 +39,8 @@ from app.ui.settings import Settings, config_dir
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.single_instance import claim
 from app.ui.status_window import StatusWindow
+from app.ui.upgrade_watch import UpgradeWatch
+from app.upgrades import install_folder
 from core.hardware import detect_hardware
 
 log = logging.getLogger(__name__)
@@ -95,7 +98,10 @@ class DesktopApp(QObject):
         chat_connector: ChatConnector | None = None,
         tray_available: bool | None = None,
         autostart_serving: bool = True,
+        upgrade_folder: Path | None = None,
     ) -> None:
+        """`upgrade_folder`: where an upgrade would put the new release's metadata
+        (run_app passes the install's; None: no watching)."""
         super().__init__()
         self.settings = settings
         self.settings_dir = settings_dir
@@ -150,6 +156,7 @@ class DesktopApp(QObject):
         if autostart_serving and self.node.joined and not settings.paused:
             self.node.resume()
         self._serve_api()
+        self.upgrades = UpgradeWatch(self.node, upgrade_folder, self.notify, self.quit)
 
     def _joined_connector(self) -> ChatConnector | None:
         if not self.node.joined:
@@ -427,11 +434,18 @@ def run_app(argv: Sequence[str] | None = None) -> int:
     if instance is None:
         log.info("sangama-app already runs for this user: brought it to the front")
         return 0
-    desktop = DesktopApp(settings)
+    desktop = DesktopApp(settings, upgrade_folder=install_folder())
     instance.show_requested.connect(desktop.bring_to_front)
     app.aboutToQuit.connect(desktop.quit)
     app.aboutToQuit.connect(instance.release)
     if needs_first_run(settings, desktop.node.joined):
         desktop.open_first_run()
     log.info("sangama-app started on %s", QGuiApplication.platformName())
-    return app.exec()
+    status = app.exec()
+    command = desktop.upgrades.restart_into
+    if command is not None:  # a new release was installed: it takes this one's place
+        instance.release()
+        log.info("starting the new release: %s", command)
+        logging.shutdown()
+        os.execv(command[0], command)
+    return status
