@@ -164,6 +164,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"certificate valid until {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
     client = me.client()
     try:
+        health = client.health()
+        notice = update_notice(this_release(), health.latest_release, health.min_release)
+        print(f"release     {this_release()}" + (f": {notice}" if notice else " (current)"))
         assignment = client.assignment()
         if assignment:
             hop = assignment.next_hop
@@ -174,9 +177,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         route = client.route()
         chain = " -> ".join(f"{s.node_id} ({format_layers(*s.layers)})" for s in route.stages)
         print(f"route       {chain}")
-        health = client.health()
-        notice = update_notice(this_release(), health.latest_release, health.min_release)
-        print(f"release     {this_release()}" + (f": {notice}" if notice else " (current)"))
     except CoordinatorError as exc:
         print(f"coordinator: {exc}")
         return 1
