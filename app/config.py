@@ -138,11 +138,11 @@ class WorkerConfig:
     """A decode step (a few rows) runs on the event loop's thread, without the hand-off
     to the engine thread, while such steps take at most this long; 0 (default): never.
     Off because on a busy PC the loop thread, charged with the compute, loses the
-    scheduler's wake-up preference and every hop waits longer (bench/README.md). At
-    more than one thread only with `cpus`: the loop thread then leads an OpenMP team of
-    its own beside the engine thread's, and unpinned such teams were found sharing a
-    core (a swarm on two cores: 0.64 of the whole model against 0.80 pinned;
-    bench/README.md, "Fourteenth pass")."""
+    scheduler's wake-up preference and every hop waits longer
+    (docs/decisions/inline-engine-steps.md). At more than one thread only with `cpus`:
+    the loop thread then leads an OpenMP team of its own beside the engine thread's, and
+    unpinned such teams were found sharing a core (a swarm on two cores: 0.64 of the
+    whole model against 0.80 pinned; docs/decisions/cpu-pinning.md)."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):

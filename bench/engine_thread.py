@@ -1,9 +1,8 @@
 """A worker's CPU by thread, against the same stage files stepped alone, in one run.
 
-Issue 12's third pass found a worker's engine thread spending 2-3 ms a token more than
-`Stage.step` of the same stage file costs alone; the two figures came from separate runs
-at different loads. This takes both in one run, one after the other, so they can be
-compared:
+Taken in separate runs at different loads, a worker's engine thread seemed to spend 2-3 ms
+a token more than `Stage.step` of the same stage file costs alone. This takes both in one
+run, one after the other, so they can be compared:
 
 - `swarm`: Gemma 3 270M split 6/6/6 (bench/rpc_compare.py's cuts), one thread a stage,
   repacking off, no delay proxies; CPU per decoded token of every worker thread, from

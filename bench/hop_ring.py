@@ -12,7 +12,8 @@ links' path-MTU probing ceiling (net.quic.path_mtu): 1200 turns probing off, eve
 
 Back to back (the default) every forwarder stays warm. `--gap-ms` pauses before each
 frame, as a swarm's processes idle between tokens: each hop then also pays a wake-up
-from sleep and caches gone cold, on TCP as on QUIC (bench/README.md, "Tenth pass").
+from sleep and caches gone cold, on TCP as on QUIC (bench/README.md, "Measuring on a
+noisy machine").
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ async def measure(
     gap_s: float = 0.0,
 ) -> dict[str, float]:
     """Round trips of `n` one-row STEP frames through `hops` forwarders; `ack_hold` is the
-    QUIC links' (net.quic.ack_policy; 0: every ACK at once, as before the fourth pass); `gap_s`:
+    QUIC links' (net.quic.ack_policy; 0: every ACK at once, none held); `gap_s`:
     a pause before each frame (a decode's cadence: every process idle between frames, as
     a swarm's are between tokens, so each hop pays a wake-up from sleep)."""
     tmp = tempfile.TemporaryDirectory(prefix="sangama-ring-")

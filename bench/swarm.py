@@ -137,13 +137,13 @@ async def paired_rounds(
     """Every swarm side by side, against the whole model loaded beside them: all swarms
     are started first; then each round runs one generation of the whole model (1 and 2
     threads) and one of every swarm, in an order that rotates by a swarm a round. This
-    VM's speed moves 2x between minutes (bench/README.md, "Eighth pass"), so a swarm is
-    divided by the whole model of its own round, seconds apart, and the medians of those
-    ratios are reported; and variants of one round are seconds apart too, so they can be
-    told apart (run one after the other, minutes apart, they could not: "Fourteenth
-    pass"). `swarms`: name -> threads, library, other LocalSwarm options and optionally
-    `env`, variables its workers start with (None: unset). Only one generation runs at
-    a time; idle workers sleep."""
+    VM's speed moves 2x between minutes (bench/README.md, "Measuring on a noisy
+    machine"), so a swarm is divided by the whole model of its own round, seconds apart,
+    and the medians of those ratios are reported; and variants of one round are seconds
+    apart too, so they can be told apart (run one after the other, minutes apart, they
+    could not: docs/decisions/cpu-pinning.md). `swarms`: name -> threads, library, other
+    LocalSwarm options and optionally `env`, variables its workers start with (None:
+    unset). Only one generation runs at a time; idle workers sleep."""
     whole = {t: await WholeModel.load(model, t) for t in (1, 2)}
     table: dict[str, list[dict[str, Any]]] = {name: [] for name in swarms}
     async with contextlib.AsyncExitStack() as stack:
@@ -222,8 +222,8 @@ class WholeModel:
     parallel region, and once the threads it manages outnumber the CPUs every barrier
     spins only 100 turns before it sleeps. Warmed up on the main thread and run on
     another, the whole model had two pools: on a 2-core VM that cut it from 53 to 31
-    tok/s at 2 threads, and flattered every `swarm_vs_mono` measured so (bench/README.md,
-    "Eleventh pass")."""
+    tok/s at 2 threads, and flattered every `swarm_vs_mono` measured so
+    (docs/decisions/one-engine-thread.md)."""
 
     def __init__(self, pipe: Any, thread: ThreadPoolExecutor) -> None:
         self._pipe = pipe
@@ -346,7 +346,7 @@ def main() -> int:
         f"{other}_threads_2": {"threads": 2, "library": other},
         # Decode steps on the event loop's thread instead of the engine thread at 1
         # thread (WorkerConfig.inline_step_ms; LocalSwarm does so at 2+ threads only
-        # where it pins the stages' compute threads: see bench/README.md).
+        # where it pins the stages' compute threads: docs/decisions/inline-engine-steps.md).
         "inline": {"threads": 1, "library": DEFAULT_LIBRARY, "inline_step_ms": 50.0},
         # The swarm as it ran before stages were pinned: every team free to wander, every
         # step handed to the engine thread.

@@ -69,7 +69,7 @@ class RangeOptions:
 
 
 def read_range(
-    session: requests.Session, url: str, start: int, stop: int, size: int, opts: RangeOptions
+    web: requests.Session, url: str, start: int, stop: int, size: int, opts: RangeOptions
 ) -> Iterator[bytes]:
     """Bytes [start, stop) of the file at `url`, whose size must be `size`, as they arrive.
     Ends early only by raising: a short body is TRANSIENT (resume), a long one WRONG."""
@@ -77,8 +77,8 @@ def read_range(
         return
     headers = {"Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
     try:
-        with session.get(
-            url, headers=headers, stream=True, timeout=opts.timeout, verify=session.verify
+        with web.get(
+            url, headers=headers, stream=True, timeout=opts.timeout, verify=web.verify
         ) as resp:
             status = resp.status_code
             if status >= 500 or status in _RETRYABLE:
@@ -183,20 +183,18 @@ def read_remote_header(
         return header, data, size
 
 
-def _head_bytes(
-    session: requests.Session, url: str, want: int, timeout: float
-) -> tuple[bytes, int]:
+def _head_bytes(web: requests.Session, url: str, want: int, timeout: float) -> tuple[bytes, int]:
     """The file's first `want` bytes (fewer for a smaller file) and its size."""
     # The size comes from the first answer's Content-Range; a zero-length range cannot
     # be asked for, so this asks for at least one byte.
     chunks: list[bytes] = []
     try:
-        with session.get(
+        with web.get(
             url,
             headers={"Range": f"bytes=0-{want - 1}", "Accept-Encoding": "identity"},
             stream=True,
             timeout=timeout,
-            verify=session.verify,
+            verify=web.verify,
         ) as resp:
             if resp.status_code == 416:
                 raise GgufHeaderError(f"{url}: empty file")

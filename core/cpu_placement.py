@@ -6,7 +6,7 @@ machine (a swarm on one PC, `LocalSwarm`, the demo), each stage's team sleeps be
 its steps and is woken for the next; the scheduler then sometimes wakes a thread on the
 core its partner is already running on, and until it is moved every barrier is a
 context switch: a 2-thread step of 1.8 ms took 8 ms in one step of ten
-(bench/README.md, "Fourteenth pass"). With the thread that runs the step on the first
+(docs/decisions/cpu-pinning.md). With the thread that runs the step on the first
 CPU and the team's other threads on the others, each in turn, the team never shares a
 core with itself.
 """

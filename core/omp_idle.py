@@ -3,8 +3,8 @@ spin on a core another stage of the same machine is computing on (libgomp only).
 
 ggml's CPU backend is built with OpenMP (GNU libgomp). Inside a graph its threads meet
 at hundreds of barriers, and a barrier must spin for a while before it sleeps, or every
-one of them costs a futex sleep and a wake-up (bench/README.md, "Threads per stage,
-third pass": 65-85 sleeps a token at GOMP_SPINCOUNT=10000 and a 10x slower step). But
+one of them costs a futex sleep and a wake-up (docs/decisions/omp-spin-count.md:
+65-85 sleeps a token at GOMP_SPINCOUNT=10000 and a 10x slower step). But
 libgomp spins just as long after the graph, in its idle "dock", so with several stages
 on one machine each stage's idle threads spin through the next stage's compute.
 
@@ -21,7 +21,8 @@ Opt-in (SANGAMA_OMP_PARK=1, app/serving/thread_calibration.idle_parker): it does
 the spin (a stage's idle thread 3.8-4.3 ms of CPU after a step without, 0.02 with), but
 a swarm of three 2-thread stages on a busy 2-core machine made 9.9-10.9 tok/s with it
 and 25.7-27.4 without: a parked thread has given up its core and waits for one when the
-next graph wakes it, the very wait the spin exists to avoid (bench/README.md). Those
+next graph wakes it, the very wait the spin exists to avoid
+(docs/decisions/omp-park-idle-threads.md). Those
 figures were taken at a 100000-turn spin; workers now spin 1000 turns (~37 us,
 app/serving/serve.py), so an idle thread sleeps almost at once anyway.
 """

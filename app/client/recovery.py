@@ -34,7 +34,7 @@ everything, as before (`RecoveringClient(keep_kv=False)` always does); one after
 named layer that holds nothing is fed a gap and answers MISSING_POSITIONS, and the
 replay after that names only the last stage. The kept prefix and the new rows are the
 same layers on the same tokens; only batch shapes differ, which can flip a near tie
-(bench/README.md, "A replay that keeps the last stage's KV"). Stages drop the old session
+(docs/decisions/replay-keeps-kv.md). Stages drop the old session
 by its CLOSE, by the takeover or, where the link is gone, by their resume grace. Greedy
 answers equal the uninterrupted run up to that; a seeded sampler starts its stream again
 at the replay (documented, not hidden: `exact_for` says which answers are exact).

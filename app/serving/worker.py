@@ -233,7 +233,7 @@ class StageWorker:
 
     @property
     def next_hop_relinks(self) -> int:
-        """How often the path to the next stage was replaced with sessions running."""
+        """How often the path to the next stage was replaced while sessions were running."""
         return 0 if self._downstream is None else self._downstream.relinks
 
     def step_times(self) -> tuple[tuple[int, float], ...]:

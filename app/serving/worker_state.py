@@ -28,7 +28,7 @@ class ServedSession:
     expiry: asyncio.TimerHandle | None = None
     """While a link of the session is lost: drops it unless the link comes back in time."""
     guess_gate: GuessGate = field(default_factory=GuessGate)
-    """Last stage with an MTP head: does this session's client use the guesses."""
+    """Last stage with an MTP head: does the session's client use the guesses."""
     kept: int = 0
     """A replay that took a session's KV over: positions below this are held already
     and the replay's rows there are not computed (resume_rules)."""

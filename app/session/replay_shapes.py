@@ -4,7 +4,7 @@ cuts the replay into steps) and the tests.
 llama.cpp's CPU kernels give a row results that depend on how many rows its decode
 holds (multi-row matrix kernels round differently from the one-row ones), so a replay
 whose decodes differ from the first run's can flip a near-tie and change a greedy
-answer after a reroute (bench/README.md, "A replay that keeps the last stage's KV").
+answer after a reroute (docs/decisions/replay-original-shapes.md).
 A replay therefore gives every position the shape it had first:
 
 - the prompt in the chunks the first run sent (`SwarmClient.generate`: cut at

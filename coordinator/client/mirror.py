@@ -281,7 +281,7 @@ def _piece_stream(
 
 
 def _coordinator_range(
-    session: requests.Session,
+    web: requests.Session,
     base_url: str,
     piece: PieceInfo,
     start: int,
@@ -294,9 +294,7 @@ def _coordinator_range(
     url = f"{base_url.rstrip('/')}/{quote(piece.file)}"
     headers = {"Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
     try:
-        with session.get(
-            url, headers=headers, stream=True, timeout=timeout, verify=session.verify
-        ) as resp:
+        with web.get(url, headers=headers, stream=True, timeout=timeout, verify=web.verify) as resp:
             if resp.status_code != 206:
                 raise DownloadError(piece.name, f"HTTP {resp.status_code} for its header")
             got = 0

@@ -138,16 +138,16 @@ class _ca_file:
         Path(self._tmp.name).unlink(missing_ok=True)
 
 
-def _call(session: requests.Session, method: str, url: str, **kw: Any) -> Any:
+def _call(web: requests.Session, method: str, url: str, **kw: Any) -> Any:
     # Pass verify explicitly: requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override
-    # session.verify, which would silently swap our pinned swarm CA for system roots.
-    kw.setdefault("verify", session.verify)
+    # web.verify, which would silently swap our pinned swarm CA for system roots.
+    kw.setdefault("verify", web.verify)
     kw.setdefault("timeout", TIMEOUT)
     # Every call says which release asks: the coordinator refuses releases too old to
     # share a chain with the others (coordinator.releases), in words the tray shows.
     kw["headers"] = {RELEASE_HEADER: this_release(), **kw.get("headers", {})}
     try:
-        with session.request(method, url, stream=True, **kw) as r:
+        with web.request(method, url, stream=True, **kw) as r:
             body = _bounded_body(r, url)
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         # In words, not the libraries' "HTTPSConnectionPool(...): Max retries exceeded".

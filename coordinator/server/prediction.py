@@ -56,7 +56,7 @@ DEFAULT_HOP_MS = 0.5
 """A hop's fixed cost beyond its link's one-way latency: encoding and decoding the STEP,
 QUIC, the receiving stage's event-loop wake-up and its engine hand-off. The link's
 measured round trip (a PING through the whole stack) already holds half of this twice;
-bench/README.md ("Where a hop's time goes") measures 0.5-0.7 ms of CPU a hop on loopback."""
+docs/decisions/path-mtu-discovery.md measures 0.5-0.7 ms of CPU a hop on loopback."""
 DEFAULT_ROW_HOP_MS = 0.2
 """Each further row a hop carries: every session's STEP is a frame of its own, decoded
 and handled one by one on the receiving stage's event loop (a batch of frames shares

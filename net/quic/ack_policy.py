@@ -2,7 +2,7 @@
 
 On a one-way chain of stages a link's receiving end sends nothing but ACKs, and each ACK
 costs both ends: a datagram built and sent here, a wake-up, a receive and a pass through
-the packet core at the sender (bench/README.md, "Fourth pass"). QUIC lets a receiver
+the packet core at the sender (docs/decisions/ack-hold.md). QUIC lets a receiver
 acknowledge every second ack-eliciting packet and delay an ACK by up to the
 `max_ack_delay` it advertised (RFC 9000 §13.2.1-2; qh3 advertises 25 ms). So when frames
 come close together, the ACK of one is held until the next arrives and both are

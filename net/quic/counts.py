@@ -1,7 +1,7 @@
 """What one QUIC link did, counted: datagrams, transmits, timers.
 
-A hop's software cost scales with these counts far more than with bytes (bench/README.md,
-"Fourth pass"): every datagram is a syscall and a pass through the packet core on both
+A hop's software cost scales with these counts far more than with bytes
+(docs/decisions/ack-hold.md): every datagram is a syscall and a pass through the packet core on both
 ends, every receive burst a wake-up, every timer armed a handle in the loop's heap. They
 are plain integers kept by `net.quic.links.QuicLink` as it works, so benchmarks read them
 without a profiler and tests assert them (counts, never wall-clock times).

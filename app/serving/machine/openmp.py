@@ -18,13 +18,13 @@ STAGE_OMP_SETTINGS: dict[str, str] = {
     # next stage of the same machine computes. Every shared-machine case measured side by
     # side was fastest so; the former 100000 made a 2-thread stage 4-5x slower beside a
     # test suite, and 10000 is the worst of both (it holds the core and still sleeps):
-    # bench/README.md, "Tenth pass".
+    # docs/decisions/omp-spin-count.md.
     "GOMP_SPINCOUNT": "1000",
     # libgomp spins less than that once the threads it manages outnumber the CPUs: 100
     # turns unless the wait policy is active, then 1000 (its "throttled" count, never
     # above the one above). A second pool of OpenMP threads is enough to get there (one
     # per thread that starts a parallel region), and on a 2-core VM the whole model slowed
-    # from 53 to 31 tok/s with it (bench/README.md, "Eleventh pass"). Active here changes
+    # from 53 to 31 tok/s with it (docs/decisions/one-engine-thread.md). Active here changes
     # only that count: GOMP_SPINCOUNT sets the other one.
     "OMP_WAIT_POLICY": "active",
 }

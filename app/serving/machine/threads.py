@@ -75,7 +75,7 @@ def _thread_setter(stage: Stage) -> Callable[[int], None] | None:
 PARK_ENV = "SANGAMA_OMP_PARK"
 """Set to 1 to park OpenMP's idle threads after each step. Off by default: measured on
 the shared 2-core machine it cost more than the spin it saves (a parked thread waits for
-a core when the next graph wakes it; bench/README.md, "Threads per stage, third pass")."""
+a core when the next graph wakes it; docs/decisions/omp-park-idle-threads.md)."""
 
 
 def idle_parker(stage: Stage) -> Callable[[], None] | None:

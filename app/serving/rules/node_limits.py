@@ -59,7 +59,7 @@ class NodeLimitsPolicy:
         the class defaults, and hold at most `per_node` sessions (None: every slot;
         app.serving.rules.peers.per_node_sessions gives the worker's). What it stops is a
         node looping OPENs (refused or opened and closed) far faster than any use, or
-        holding every slot with sessions it never steps."""
+        holding every slot through sessions it never steps."""
         return cls(
             max_sessions_per_node=per_node,
             open_burst=max(cls.open_burst, slots),

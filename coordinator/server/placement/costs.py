@@ -35,7 +35,7 @@ class Costs:
     @staticmethod
     def of(model: ModelSpec, sessions: int, context_tokens: int) -> Costs:
         per = sessions * context_tokens
-        # A session's recurrent state is fixed-size: it scales with sessions, not positions.
+        # A session's recurrent state is fixed-size: it scales by sessions, not positions.
         state = model.state_bytes_per_session_per_layer or (0,) * model.n_layer
         prefix = [0]
         for w, kv, st in zip(

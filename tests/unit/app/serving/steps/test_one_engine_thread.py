@@ -1,7 +1,7 @@
 """A stage is built, calibrated and stepped on one thread (app/serving/serve.py,
 standby_stage.py): libgomp keeps a pool of OpenMP threads per thread that starts a
 parallel region, and more pooled threads than CPUs cut its spin at every barrier, which
-halved a 2-thread model's speed on a 2-core machine (bench/README.md, "Eleventh pass").
+halved a 2-thread model's speed on a 2-core machine (docs/decisions/one-engine-thread.md).
 The stage is a stand-in that records the thread of every call made on it."""
 
 from __future__ import annotations
