@@ -42,6 +42,7 @@ from app.ui.status_window import StatusWindow
 from app.ui.upgrade_watch import UpgradeWatch
 from app.upgrades import install_folder
 from core.hardware import detect_hardware
+from net.wire.versions import this_release
 
 log = logging.getLogger(__name__)
 
@@ -440,6 +441,7 @@ def run_app(argv: Sequence[str] | None = None) -> int:
     app.aboutToQuit.connect(instance.release)
     if needs_first_run(settings, desktop.node.joined):
         desktop.open_first_run()
+    log.info("sangama-app release %s", this_release())
     log.info("sangama-app started on %s", QGuiApplication.platformName())
     status = app.exec()
     command = desktop.upgrades.restart_into

@@ -6,8 +6,9 @@ trixie), and installs the package with `apt-get install` (every dependency from 
 release's mirror, nothing from this tree). Neither root has a Python before or after.
 
 The first test needs no clicks: the installed commands, the prebuilt capture library, the
-app's start on xcb, then `apt-get remove` (the start-on-login entry goes) and `apt-get
-purge` with the documented marker (/etc/sangama/purge-user-data: ~/.cache/sangama goes,
+app's start on xcb, an upgrade under the running app (it restarts into the new release by
+itself), then `apt-get remove` (the start-on-login entry goes) and `apt-get purge` with
+the documented marker (/etc/sangama/purge-user-data: ~/.cache/sangama goes,
 nothing else). The second drives the installed app only through X events (xdotool) under
 Xvfb with a tray host: its first-start walk-through takes the invite code, it downloads
 its pieces and serves one of the swarm's three stages from the root (the other two are
@@ -51,6 +52,7 @@ LIB = "/usr/lib/sangama"
 # the package's own interpreter (installers/linux/build.py, bundle_runtime)
 PYTHON = f"{LIB}/python/bin/python3.11"
 STAGES = 3  # the root's app and two workers outside the root
+NEXT_RELEASE = "0.1.1"  # what the upgrade test installs over the package under test
 # The shared libraries the app loads (under LIB). Not every file: Qt plugins it never
 # loads link against libraries it does not ship (QML, SQL drivers), and the prebuilt
 # capture callback finds the engine's libggml-base already loaded in the process.
@@ -274,6 +276,30 @@ def _install(root: DebianRoot, deb: Path) -> float:
     return took
 
 
+def _next_release(deb: Path, tmp: Path, release: str) -> Path:
+    """The same package as the release after this one (its version and its metadata's),
+    as an upgrade would bring it."""
+    tree = tmp / "next-release"
+    subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True)
+    control = tree / "DEBIAN" / "control"
+    old = re.search(r"^Version: (\S+)$", control.read_text(), re.M)
+    assert old is not None
+    control.write_text(control.read_text().replace(old.group(0), f"Version: {release}-1"))
+    (info,) = (tree / LIB.lstrip("/") / "app").glob("sangama-*.dist-info")
+    metadata = info / "METADATA"
+    metadata.write_text(
+        re.sub(r"^Version: .*$", f"Version: {release}", metadata.read_text(), flags=re.M)
+    )
+    info.rename(info.with_name(f"sangama-{release}.dist-info"))
+    md5sums = tree / "DEBIAN" / "md5sums"
+    if md5sums.exists():
+        md5sums.write_text(md5sums.read_text().replace(info.name, f"sangama-{release}.dist-info"))
+    out = tmp / f"sangama_{release}-1_amd64.deb"
+    subprocess.run(["dpkg-deb", "-Zxz", "-b", str(tree), str(out)], check=True, capture_output=True)
+    shutil.rmtree(tree)
+    return out
+
+
 def _start_app(root: DebianRoot, screen: Screen, tmp_path: Path) -> subprocess.Popen[bytes]:
     """The installed tray app inside the root, started as its menu entry starts it."""
     app_log = (tmp_path / "app.log").open("wb")
@@ -392,6 +418,19 @@ def test_deb_installs_starts_and_uninstalls_cleanly(
             wait_for("the app's start on xcb", started, 120)
             time.sleep(2.0)
             screen.shoot("app_started")
+
+            # -- `apt upgrade` under the running app: it starts the new release itself ----
+            _install(root, _next_release(deb, tmp_path, NEXT_RELEASE))
+
+            def restarted() -> bool:
+                assert app is not None and app.poll() is None, _app_tail(home, tmp_path)
+                text = _app_log(home, tmp_path)
+                return f"sangama-app release {NEXT_RELEASE}" in text and (
+                    text.count("sangama-app started on xcb") == 2
+                )
+
+            wait_for("the app's restart into the upgraded release", restarted, 120)
+            assert f"restarting into release {NEXT_RELEASE}" in _app_log(home, tmp_path)
             _stop(app)
             app = None
 
