@@ -23,6 +23,26 @@ class IdentityTaken(ConfigError):
     would orphan that node, so the message says how to restart it or where to join."""
 
 
+class PiecesError(AppError):
+    """The pieces cache cannot do what was asked (a model it does not hold, a clear that
+    needs confirming)."""
+
+
+class PiecesCacheFull(PiecesError):
+    """A stage's pieces do not fit under the volunteer's cap on the pieces cache, even
+    with every file of other stages evicted; the message says how much is needed, the
+    cap, and how to raise it."""
+
+    def __init__(self, message: str, needed_bytes: int, cap_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        """Bytes the stage takes in the cache: its pieces and the stage file built from them."""
+        self.cap_bytes = cap_bytes
+
+    def __reduce__(self) -> tuple[type[PiecesCacheFull], tuple[str, int, int]]:
+        return (PiecesCacheFull, (str(self), self.needed_bytes, self.cap_bytes))
+
+
 class ClientError(AppError):
     """A chat session could not run to the end."""
 

@@ -11,6 +11,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from app.cli.pieces_commands import add_commands as add_pieces_commands
 from app.cli.swarm_commands import add_commands as add_swarm_commands
 from app.errors import AppError, ConfigError
 from app.log_limits import limit_repeats
@@ -314,6 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-download", default="0", help="piece download cap per second, e.g. 5M")
     p.add_argument("--max-upload", default="0", help="upload cap per second for links, e.g. 2M")
     p.add_argument(
+        "--pieces-cap",
+        default="0",
+        metavar="SIZE",
+        help="disk the model pieces may take, e.g. 50G (default: half the free space); "
+        "pieces of stages no longer served are evicted, least recently used first",
+    )
+    p.add_argument(
         "--reproducible",
         action="store_true",
         help="each session decoded on its own: the same tokens as alone (costs batching)",
@@ -393,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _COMMANDS.update(add_swarm_commands(sub))
+    _COMMANDS.update(add_pieces_commands(sub))
     return parser
 
 
@@ -538,6 +547,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         )
     except SettingsError as exc:
         raise ConfigError(str(exc)) from exc
+    pieces_cap = parse_bytes(args.pieces_cap)
+    if pieces_cap < 0:
+        raise ConfigError(
+            f"--pieces-cap must be 0 (the default) or a size like 50G, not {args.pieces_cap!r}"
+        )
     return run_guest(
         CoordinatedOptions(
             identity_dir=args.identity or args.identity_dir or default_identity_dir(),
@@ -554,6 +568,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             available_until=parse_when(args.available_until),
             download_bytes_per_s=guest.download_bytes_per_s,
             upload_bytes_per_s=guest.upload_bytes_per_s,
+            pieces_cap_bytes=pieces_cap,
             reproducible=args.reproducible,
             row_budget=args.row_budget,
         ),

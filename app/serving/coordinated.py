@@ -22,7 +22,7 @@ from typing import Any
 from app import pieces_cache
 from app.compute import stage_compute
 from app.config import Hop, WorkerConfig, format_address, parse_address
-from app.errors import ConfigError
+from app.errors import ConfigError, PiecesError
 from app.identity import Identity, default_identity_dir, join_swarm
 from app.links.paths import (
     IceConfigSource,
@@ -100,6 +100,9 @@ class CoordinatedOptions:
     meanwhile."""
     download_bytes_per_s: int = 0
     """The volunteer's cap on piece downloads; 0: none."""
+    pieces_cap_bytes: int = 0
+    """The volunteer's cap on the pieces cache (app.pieces_cache.make_room); 0: the
+    default share of the disk's free space."""
     upload_bytes_per_s: int = 0
     """The volunteer's cap on what this node's links send; 0: none."""
     available_until: float = 0.0
@@ -245,7 +248,7 @@ async def _wait_for_assignment(
 async def _standby(prepare: Callable[[Assignment], Awaitable[object]], ready: Assignment) -> object:
     try:
         done = await prepare(ready)
-    except (CoordinatorError, OSError) as exc:
+    except (CoordinatorError, OSError, PiecesError) as exc:
         log.warning("could not get the standby stage's pieces ready: %s", exc)
         return None
     log.info("standing by for %s: pieces ready", LayerRange(*ready.layers))
@@ -259,15 +262,24 @@ async def prepare_pieces(
     assignment: Assignment,
     progress: Callable[[DownloadProgress], None] | None = None,
     download_bytes_per_s: int = 0,
+    pieces_cap_bytes: int = 0,
 ) -> Path:
-    """Download the assigned stage's pieces (verified) into the identity's cache; progress
-    goes to `progress` (default: a line per finished piece on stderr)."""
+    """Download the assigned stage's pieces (verified) into the identity's cache, first
+    evicting other stages' files to keep it under `pieces_cap_bytes` (PiecesCacheFull
+    when it cannot); progress goes to `progress` (default: a line per finished piece on
+    stderr)."""
     loop = asyncio.get_running_loop()
     manifest = await loop.run_in_executor(None, client.manifest, assignment.manifest_url)
     layers = LayerRange(*assignment.layers)
     pieces_dir: Path = pieces_cache.pieces_dir(identity.directory, assignment.model)
     pieces_dir.mkdir(parents=True, exist_ok=True)
     needed = manifest.pieces_for(layers)
+    await loop.run_in_executor(
+        None,
+        lambda: pieces_cache.make_room(
+            identity.directory, assignment.model, manifest, layers, pieces_cap_bytes
+        ),
+    )
     report = progress or print_progress()
     await loop.run_in_executor(
         None,
@@ -324,7 +336,12 @@ async def serve_coordinated(
 
     async def standby(ready: Assignment) -> LoadedStage | None:
         pieces = await prepare_pieces(
-            identity, client, ready, lambda _p: None, options.download_bytes_per_s
+            identity,
+            client,
+            ready,
+            lambda _p: None,
+            options.download_bytes_per_s,
+            pieces_cap_bytes=options.pieces_cap_bytes,
         )
         return await standby_stage.preload(stage_config(options, identity, port, ready, pieces))
 
@@ -379,7 +396,12 @@ async def serve_coordinated(
 
         async with meanwhile:
             pieces_dir = await prepare_pieces(
-                identity, client, assignment, on_progress, options.download_bytes_per_s
+                identity,
+                client,
+                assignment,
+                on_progress,
+                options.download_bytes_per_s,
+                pieces_cap_bytes=options.pieces_cap_bytes,
             )
             if stop.is_set():  # paused while downloading: nothing to load
                 standby_stage.free(loaded)

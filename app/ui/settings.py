@@ -72,6 +72,9 @@ class Settings:
     """Piece download cap in KiB/s; 0: none."""
     max_upload_kib_s: int = 0
     """Upload cap for the stage's links in KiB/s; 0: none."""
+    pieces_cap_bytes: int = 0
+    """Disk the model pieces cache may take (app.pieces_cache.make_room); 0: the default
+    share of the free space."""
     first_run_done: bool = False
     """The first-run walk-through (app.ui.first_run) was finished."""
     chat_greedy: bool = False

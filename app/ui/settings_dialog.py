@@ -1,6 +1,6 @@
-"""Settings: VRAM cap, start on login, when to step aside (GPU busy, battery, quiet hours)
-and bandwidth caps, coordinator address, the local OpenAI-compatible API, log level and
-logs location."""
+"""Settings: VRAM cap, disk for model pieces, start on login, when to step aside (GPU busy,
+battery, quiet hours) and bandwidth caps, coordinator address, the local OpenAI-compatible
+API, log level and logs location."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import pieces_cache
 from app.identity import coordinator_url, secrets_place
 from app.serving.guest.policy import SettingsError, parse_quiet_hours
 from app.ui.controllers import validate_coordinator
@@ -84,6 +85,7 @@ class SettingsDialog(QDialog):
         self.cap.setSpecialValueText("everything free")
         self.cap.setValue(settings.vram_cap_bytes / GIB)
         form.addRow("Memory to offer:", self.cap)
+        self._add_pieces_cap(form, settings, identity_dir)
         self.autostart = QCheckBox("Start Sangama when I log in")
         self.autostart.setChecked(settings.start_on_login)
         form.addRow("", self.autostart)
@@ -173,6 +175,34 @@ class SettingsDialog(QDialog):
         layout.addWidget(note)
         layout.addWidget(buttons)
 
+    def _add_pieces_cap(
+        self, form: QFormLayout, settings: Settings, identity_dir: Path | None
+    ) -> None:
+        """The cap on the pieces cache, with what the cache holds now and the default."""
+        root = pieces_cache.pieces_root(identity_dir) if identity_dir is not None else None
+        cached = pieces_cache.cached_files(root) if root is not None else []
+        used = sum(f.size for f in cached)
+        default = pieces_cache.default_cap(root, cached) if root is not None else 0
+        disk = pieces_cache.disk_total(root) if root is not None else 0
+        self.pieces_cap = QDoubleSpinBox()
+        self.pieces_cap.setDecimals(1)
+        self.pieces_cap.setSuffix(" GiB")
+        self.pieces_cap.setRange(0.0, max(1.0, disk / GIB, settings.pieces_cap_bytes / GIB))
+        self.pieces_cap.setSpecialValueText(
+            f"half the free space ({pieces_cache.size_text(default)} now)"
+            if root is not None
+            else "half the free space"
+        )
+        self.pieces_cap.setValue(settings.pieces_cap_bytes / GIB)
+        form.addRow("Disk for model pieces:", self.pieces_cap)
+        self.pieces_used = QLabel(
+            f"The pieces take {pieces_cache.size_text(used)} now. To stay under this, those "
+            "of stages this PC no longer serves go first, least recently used first."
+        )
+        self.pieces_used.setToolTip(f"The pieces are kept in {root}" if root is not None else "")
+        self.pieces_used.setWordWrap(True)
+        form.addRow("", self.pieces_used)
+
     @Slot(str)
     def _check_coordinator(self, text: str) -> None:
         """A malformed address is said at once, and cannot be saved."""
@@ -214,6 +244,7 @@ class SettingsDialog(QDialog):
         """Write the form into the settings, save them, and set start-on-login."""
         s = self.settings
         s.vram_cap_bytes = int(self.cap.value() * GIB)
+        s.pieces_cap_bytes = int(self.pieces_cap.value() * GIB)
         if self.autostart.isChecked() != s.start_on_login:
             set_start_on_login(self.autostart.isChecked())
         s.start_on_login = self.autostart.isChecked()

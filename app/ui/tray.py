@@ -116,6 +116,7 @@ class DesktopApp(QObject):
                 identity_dir=identity_dir,
                 vram_cap_bytes=settings.vram_cap_bytes,
                 coordinator=settings.coordinator or None,
+                pieces_cap_bytes=settings.pieces_cap_bytes,
             ),
             guest=settings.guest(),
         )
@@ -296,8 +297,13 @@ class DesktopApp(QObject):
     def _settings_saved(self, before: Settings) -> None:
         s = self.settings
         _configure_logging(s)
+        # The pieces cap applies when serving starts again (after a pause, a restart): the
+        # stage served now already fits, so it is not worth a restart by itself.
         self.node.options = replace(
-            self.node.options, vram_cap_bytes=s.vram_cap_bytes, coordinator=s.coordinator or None
+            self.node.options,
+            vram_cap_bytes=s.vram_cap_bytes,
+            coordinator=s.coordinator or None,
+            pieces_cap_bytes=s.pieces_cap_bytes,
         )
         guest = s.guest()
         if guest != self.node.guest:  # takes effect when serving starts again

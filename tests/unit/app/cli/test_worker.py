@@ -42,6 +42,8 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         (["--quiet-hours", "22:00-25:00"], "is not a time of day"),
         (["--max-upload=-5M"], "a bandwidth cap is 0 (none) or a positive number"),
         (["--max-download", "fast"], "must look like 12G or 512M"),
+        (["--pieces-cap=-5G"], "--pieces-cap must be 0 (the default) or a size like 50G"),
+        (["--pieces-cap", "plenty"], "must look like 12G or 512M"),
     ],
 )
 def test_worker_refuses_bad_options(
@@ -131,3 +133,12 @@ def test_unusable_cpus_are_refused_before_joining(
 def test_cpus_reach_the_coordinated_worker(tmp_path: Path, seen: list[Any]) -> None:
     assert main(["worker", "--identity", str(tmp_path), "--cpus", FIRST_CPU]) == 0
     assert [o.cpus for o in seen] == [FIRST_CPU]
+
+
+@pytest.mark.parametrize(("given", "cap"), [([], 0), (["--pieces-cap", "50G"], 50 << 30)])
+def test_the_pieces_cap_reaches_the_coordinated_worker(
+    tmp_path: Path, seen: list[Any], given: list[str], cap: int
+) -> None:
+    """0: the default share of the free disk space (app.pieces_cache.make_room)."""
+    assert main(["worker", "--identity", str(tmp_path), *given]) == 0
+    assert [o.pieces_cap_bytes for o in seen] == [cap]
