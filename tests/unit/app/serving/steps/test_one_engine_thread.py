@@ -117,7 +117,7 @@ def test_workers_make_the_throttled_spin_as_long_as_the_other() -> None:
         "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'])"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    root = str(Path(__file__).resolve().parents[3])
+    root = str(Path(__file__).resolve().parents[5])
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True
     )
