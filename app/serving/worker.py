@@ -26,7 +26,6 @@ from app.config import Hop, WorkerConfig, parse_address
 from app.serving.links.downstream import Dialer, Downstream
 from app.serving.links.ring import Ring
 from app.serving.machine.row_budget import calibrated_row_budget
-from app.serving.machine.threads import idle_parker
 from app.serving.rules.node_limits import NodeLimits, NodeLimitsPolicy
 from app.serving.rules.peers import StagePlan, idle_sessions, per_node_sessions
 from app.serving.rules.resume import extend_history, rows_to_skip, trimmed
@@ -55,7 +54,7 @@ from app.serving.rules.sessions import (
 )
 from app.serving.rules.sessions import Event as RuleEvent
 from app.serving.steps.batch import StageSteps, guess_checks, step_request
-from app.serving.steps.engine_calls import EngineCalls, InlinePolicy, runs_inline
+from app.serving.steps.engine_calls import EngineCalls
 from app.serving.steps.mtp_guesses import (
     chosen_position,
     gate_offered,
@@ -151,8 +150,6 @@ class StageWorker:
         """Last stage: links to first stages, for sessions whose steps go round (ring)."""
         self._engine_calls = engine_calls or EngineCalls()
         self._replied_on: set[Channel] = set()
-        self._inline = InlinePolicy(config.inline_step_ms)
-        self._last_short_step_ms: float | None = None
         spec = stage.spec
         self.admission = AdmissionLedger(
             admission or AdmissionPolicy(n_ctx=spec.n_ctx, max_sessions=spec.n_seq_max)
@@ -203,7 +200,6 @@ class StageWorker:
                 calibrated_row_budget, self.stage
             )
             log.info("row budget %d from step times %s", self.row_budget, self.step_samples)
-        self._engine_calls.after_steps = await self._engine_calls.run(idle_parker, self.stage)
         self.address = await self._server.listen(*self.config.listen)
         if self._rules.plan is not None and self.config.listen[1] == 0:
             # Port 0: the stage's own address is the one the socket got.
@@ -505,17 +501,10 @@ class StageWorker:
                 if not batch:
                     continue
                 rows = sum(p.request.n_rows for p in batch)
-                inline = runs_inline(self._inline, rows, self._last_short_step_ms)
                 started = time.perf_counter()
                 checks = guess_checks(batch, self._sessions) if self.is_last else {}
-                results, verdicts = await self._engine_calls.run_step(
-                    inline, self._steps.run, batch, checks
-                )
+                results, verdicts = await self._engine_calls.run(self._steps.run, batch, checks)
                 compute_ms = (time.perf_counter() - started) * 1e3
-                if rows <= self._inline.max_rows:
-                    self._last_short_step_ms = compute_ms
-                if inline and self._pending:
-                    await asyncio.sleep(0)  # let the links run between inline steps
                 self.stats.batches += 1
                 self.stats.last_compute_ms = compute_ms
                 self._step_profile.observe(rows, compute_ms)
