@@ -42,19 +42,5 @@ def check_release(stated: str | None, min_release: str) -> None:
         )
 
 
-def update_notice(own: str, latest: str, min_release: str = "") -> str:
-    """What the tray and `sangama status` say about updates: "" when `own` is current or
-    the coordinator knows no newer release; never an internet call of its own."""
-    try:
-        mine = release_key(own)
-        if min_release and mine < release_key(min_release):
-            return f"Sangama {own} is too old for this swarm: update to {min_release} or later"
-        if latest and mine < release_key(latest):
-            return f"Sangama {latest} is available (you run {own})"
-    except BadRelease:
-        return ""
-    return ""
-
-
 NODE_HEADERS = {RELEASE_HEADER: this_release()}
 """The headers a node of this release sends with every call (tests' HTTP clients too)."""

@@ -440,9 +440,6 @@ class LlamaStageEngine:
         """Forget positions [p0, p1) of a sequence (p1 = -1: to the end)."""
         return bool(LL.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
 
-    def seq_pos_max(self, seq_id: int) -> int:
-        return int(LL.llama_memory_seq_pos_max(self._mem, seq_id))
-
     def clear(self) -> None:
         LL.llama_memory_clear(self._mem, True)
 
