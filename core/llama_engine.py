@@ -188,7 +188,7 @@ class EngineConfig:
     sequence, so `seq_rm` can cut up to this many rejected guesses (0: none)."""
     mtp: bool = False
     """Last stage of a model with an MTP block: load it and keep the trunk's h_nextn
-    rows of every decode (`nextn_rows`) for the draft head (core/llama_mtp.py)."""
+    rows of every decode (`nextn_rows`) for the MTP head (core/llama_mtp.py)."""
 
 
 class LlamaStageEngine:
@@ -222,7 +222,7 @@ class LlamaStageEngine:
         self._own_pos: npt.NDArray[np.int32] | None = None
         self._batch_pos: Any = None
         self.mtp_context: Any = None
-        """MTP stages: the draft head's context (core.llama_mtp.LlamaMtpContext)."""
+        """MTP stages: the MTP head's context (core.llama_mtp.LlamaMtpContext)."""
         self.nextn_rows: F32Array | None = None
         """MTP stages: the trunk's h_nextn (output-normed last hidden) of every row of
         the last decode, in batch order."""

@@ -28,7 +28,7 @@ from core.errors import (
     StageFullError,
     UnknownSessionError,
 )
-from core.mtp_head import MtpDrafter
+from core.mtp_head import MtpGuesser
 from core.types import StageSpec
 
 F32Array = npt.NDArray[np.float32]
@@ -64,9 +64,9 @@ class StepRequest:
     tokens: I32Array | None = None
     hidden: F32Array | None = None
     all_logits: bool = False
-    """Last stage: logits for every row (draft verification) instead of the last one only."""
+    """Last stage: logits for every row (guess verification) instead of the last one only."""
     keep_until: int | None = None
-    """Before evaluating, forget every cached position >= keep_until (rejected drafts)."""
+    """Before evaluating, forget every cached position >= keep_until (rejected guesses)."""
 
     @property
     def n_rows(self) -> int:
@@ -119,11 +119,11 @@ class Stage:
         self._sessions: dict[str, _Session] = {}
         self._free_slots = list(range(spec.n_seq_max - 1, -1, -1))
         self.stats = StageStats()
-        self.mtp: MtpDrafter | None = None
+        self.mtp: MtpGuesser | None = None
         """The model's MTP head, on a last stage whose file carries one."""
         context = getattr(engine, "mtp_context", None)
         if context is not None:
-            self.mtp = MtpDrafter(context, spec.n_seq_max, spec.n_batch)
+            self.mtp = MtpGuesser(context, spec.n_seq_max, spec.n_batch)
 
     @classmethod
     def from_file(cls, path: Path, spec: StageSpec, c_callback: bool = True) -> Stage:

@@ -45,7 +45,7 @@ from app.errors import AppError, ClientError, RouteUnavailable, StageFailed
 from app.session.replay_resume import resume_ref
 from app.session.replay_shapes import replay_segments
 from coordinator.errors import CoordinatorError
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.types import SamplingParams
 from net.channel import NodeCredentials, connect_channel
 from net.errors import NetError
@@ -172,7 +172,7 @@ class RecoveringClient:
         guesses: GuessPolicy | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """`SwarmClient.generate`, continued on a replacement chain when a stage dies.
-        Guesses (default `self.guesses`) restart from the replayed history (the drafts
+        Guesses (default `self.guesses`) restart from the replayed history (the guesses
         come from it)."""
         if guesses is None:
             guesses = self.guesses

@@ -66,8 +66,8 @@ from app.serving.steps.replies import choose_tokens, onward_step, tokens_reply
 from app.serving.worker_state import PendingStep, ServedSession, WorkerStats, guesses_of
 from app.session.wire_values import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
-from core.draft_acceptance import Verdict
 from core.errors import CoreError, PositionError
+from core.guess_acceptance import Verdict
 from core.sampling import make_rng
 from core.scheduling import Queued, select_batch
 from core.stage import Stage, StepFailure, StepResult
@@ -485,7 +485,7 @@ class StageWorker:
                 queue = [
                     Queued(
                         p.request.n_rows,
-                        is_prompt=p.request.n_rows > 1 and not p.step.drafts,
+                        is_prompt=p.request.n_rows > 1 and not p.step.guesses,
                         waited=p.waited,
                         session=p.request.session,
                     )
@@ -577,7 +577,7 @@ class StageWorker:
         self.stats.tokens += len(chosen)
         reply = tokens_reply(session, step, chosen, logits, timings, self.config.return_logits)
         k = min(self.config.mtp_guesses, session.open.max_tokens - session.generated - 1)
-        session.guess_gate = gate_step(session.guess_gate, bool(step.drafts))
+        session.guess_gate = gate_step(session.guess_gate, bool(step.guesses))
         mtp = self.stage.mtp
         if mtp is not None and not reply.finished and k > 0 and gate_open(session.guess_gate):
             # The model's own guesses of the next tokens ride back with this reply.
@@ -598,7 +598,7 @@ class StageWorker:
     ) -> None:
         guesses = guesses_of(future)
         session.guess_gate = gate_offered(session.guess_gate, guesses)
-        self._feed(TokensReady(replace(reply, drafts=guesses)))
+        self._feed(TokensReady(replace(reply, guesses=guesses)))
 
     # ------------------------------------------------------------ ending sessions
 

@@ -77,7 +77,7 @@ class WorkerStats:
 
 
 def guesses_of(future: asyncio.Future[tuple[int, ...]]) -> tuple[int, ...]:
-    """The head's guesses, or none when drafting failed: the tokens still go out."""
+    """The head's guesses, or none when guessing failed: the tokens still go out."""
     if future.cancelled() or future.exception() is not None:
         return ()
     return future.result()

@@ -28,11 +28,11 @@ _NO_WARM: Mapping[tuple[int, int], str] = MappingProxyType({})
 
 def _least_total(costs: Costs, stages: int) -> int:
     """What any chain of `stages` stages needs in total: all blocks, KV and state, the
-    embedding, head, draft and draft cache once, the embedding again on the last stage,
+    embedding, head, MTP layer and MTP cache once, the embedding again on the last stage,
     one overhead per stage."""
     m = costs.model
-    total = costs.prefix[m.n_layer] + m.embedding_bytes + m.head_bytes + m.draft_bytes
-    total += costs.draft_kv
+    total = costs.prefix[m.n_layer] + m.embedding_bytes + m.head_bytes + m.mtp_bytes
+    total += costs.mtp_kv
     return total + (m.embedding_bytes if stages > 1 else 0) + stages * PROCESS_OVERHEAD_BYTES
 
 

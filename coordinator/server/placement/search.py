@@ -22,7 +22,7 @@ SEARCH_MAX_ROUNDS = 50
 
 
 def _canonical(nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
-    """Node_id order, but the biggest node last (head, embedding, draft) and the next
+    """Node_id order, but the biggest node last (head, embedding, MTP layer) and the next
     biggest first (embedding): what fits best when layers are alike."""
     rest = sorted(nodes, key=lambda n: n.node_id)
     if len(rest) < 2:

@@ -294,7 +294,7 @@ def _open(name: str, prompt: int = 2, max_tokens: int = 8) -> wire.Open:
 
 
 def test_admission_refuses_the_first_session_past_the_kv_budget_and_frees_on_end() -> None:
-    # 3 sessions of 2 + 8 + 16 (draft slack) = 26 positions fit in 80; the fourth does not.
+    # 3 sessions of 2 + 8 + 16 (guess slack) = 26 positions fit in 80; the fourth does not.
     ledger = AdmissionLedger(AdmissionPolicy(n_ctx=80, max_sessions=256, kv_bytes_per_token=10))
     rules: SessionRules[str] = SessionRules(False, ledger)
     rules.handle(LinkReady("up-a", "a"))
