@@ -39,7 +39,7 @@ from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
 from net.quic.links import QuicTuning
-from net.resend_log import ReplayLog
+from net.resend_log import ResendLog
 from net.wire.checks import MAX_RING_GUESSES
 from net.wire.tensors import WireDtype
 
@@ -137,7 +137,7 @@ class SwarmClient:
         self._queues: dict[str, asyncio.Queue[wire.Frame | _Failure]] = {}
         self._dialer = dialer
         """Opens channels (direct, then ICE through the coordinator); default: direct only."""
-        self._sent = ReplayLog()
+        self._sent = ResendLog()
         """What the first stage must be sent again if its link is replaced."""
         self._relinking: asyncio.Task[None] | None = None
         self._closing = False
@@ -212,7 +212,7 @@ class SwarmClient:
                 else:
                     self._first = await dial(route.first.node_id, route.first.address)
                 assert self._first is not None
-                for frame in self._sent.replay():
+                for frame in self._sent.to_resend():
                     self._first.send(frame)
         except (NetError, OSError, TimeoutError) as exc:
             # A bare TimeoutError has no text: say what timed out, not an empty reason.
@@ -228,7 +228,7 @@ class SwarmClient:
         )
 
     def _send_first(self, frame: wire.Frame) -> None:
-        """To the first stage now, or, while its link is redialled, with the replay."""
+        """To the first stage now, or, while its link is redialled, with the frames resent."""
         self._sent.record(frame)
         if self._first is not None and not self._first.closed.done():
             self._first.send(frame)

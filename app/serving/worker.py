@@ -44,7 +44,7 @@ from app.serving.rules.sessions import (
     Looped,
     Refused,
     Release,
-    Replayed,
+    Resent,
     Resumed,
     Send,
     SessionRules,
@@ -351,8 +351,8 @@ class StageWorker:
                     self._begin(frame, adopt, kept)
                 case Take(step, opened):
                     self._take(step, opened)
-                case Replayed():
-                    self.stats.replayed_steps += 1  # resent after a resume; handled already
+                case Resent():
+                    self.stats.resent_steps += 1  # resent after a resume; handled already
                 case Looped(session, last):
                     log.debug("session %s goes round: its steps come from %s", session, last)
                 case Resumed(session, owner):

@@ -58,7 +58,7 @@ class WorkerStats:
     sessions_opened: int = 0
     sessions_resumed: int = 0
     """Sessions an upstream worker resumed over a new link after its path died."""
-    replayed_steps: int = 0
+    resent_steps: int = 0
     """Steps received twice after a resume (already handled, dropped)."""
     tokens: int = 0
     """Tokens sampled here (last stage only)."""

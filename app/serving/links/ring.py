@@ -17,7 +17,7 @@ client to send the next step.
 
 The links to first stages are `app.serving.links.downstream.Downstream`s: dialled lazily (the
 OPEN goes first, as the first stage takes the session's STEPs only from the last stage
-its OPEN names), replayed after a lost path, and given up on with a typed error to the
+its OPEN names), resent after a lost path, and given up on with a typed error to the
 client, who then replays the generation on another route.
 """
 

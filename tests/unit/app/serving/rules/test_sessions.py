@@ -20,7 +20,7 @@ from app.serving.rules.sessions import (
     LinkState,
     Refused,
     Release,
-    Replayed,
+    Resent,
     Resumed,
     Send,
     SessionRules,
@@ -124,8 +124,8 @@ def test_steps_already_taken_are_dropped_after_a_resume() -> None:
     assert rules.handle(FrameReceived("up-a", "a", step(0))) == [Take(step(0), OPEN)]
     assert rules.handle(FrameReceived("up-a", "a", step(1))) == [Take(step(1), OPEN)]
     rules.handle(FrameReceived("up-a2", "a", OPEN))  # resumed; the replay log follows
-    assert rules.handle(FrameReceived("up-a2", "a", step(0))) == [Replayed(step(0))]
-    assert rules.handle(FrameReceived("up-a2", "a", step(1))) == [Replayed(step(1))]
+    assert rules.handle(FrameReceived("up-a2", "a", step(0))) == [Resent(step(0))]
+    assert rules.handle(FrameReceived("up-a2", "a", step(1))) == [Resent(step(1))]
     assert rules.handle(FrameReceived("up-a2", "a", step(2))) == [Take(step(2), OPEN)]
 
 
