@@ -93,7 +93,7 @@ class StepFailure:
 
 
 @dataclass
-class _Session:
+class _SessionSlot:
     slot: int
     n_past: int = 0
 
@@ -116,7 +116,7 @@ class Stage:
     def __init__(self, engine: Engine, spec: StageSpec) -> None:
         self.engine = engine
         self.spec = spec
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, _SessionSlot] = {}
         self._free_slots = list(range(spec.n_seq_max - 1, -1, -1))
         self.stats = StageStats()
         self.mtp: MtpGuesser | None = None
@@ -158,7 +158,7 @@ class Stage:
             raise StageFullError(session, f"all {self.spec.n_seq_max} sequence slots are in use")
         slot = self._free_slots.pop()
         self.engine.seq_rm(slot, 0, -1)
-        self._sessions[session] = _Session(slot)
+        self._sessions[session] = _SessionSlot(slot)
         if self.mtp is not None:
             self.mtp.open(session)
 
@@ -198,7 +198,7 @@ class Stage:
         self.rollback(old, keep_until)
         self._sessions[new] = self._sessions.pop(old)
 
-    def _get(self, session: str) -> _Session:
+    def _get(self, session: str) -> _SessionSlot:
         try:
             return self._sessions[session]
         except KeyError:

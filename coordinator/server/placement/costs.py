@@ -90,7 +90,7 @@ class Costs:
 
 
 @dataclass(frozen=True)
-class Rtt:
+class RttLookup:
     table: Mapping[tuple[str, str], float]
 
     def __call__(self, a: str, b: str) -> float:

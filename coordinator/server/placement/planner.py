@@ -10,7 +10,7 @@ from itertools import pairwise
 from types import MappingProxyType
 
 from coordinator.errors import MemoryShortfall, NotEnoughMemory, PlacementError
-from coordinator.server.placement.costs import Costs, Rtt
+from coordinator.server.placement.costs import Costs, RttLookup
 from coordinator.server.placement.cuts import split
 from coordinator.server.placement.model import (
     PROCESS_OVERHEAD_BYTES,
@@ -57,7 +57,7 @@ def _assemble(
     costs: Costs,
     chain: Sequence[tuple[NodeInfo, LayerRange]],
     healthy: Sequence[NodeInfo],
-    rtt: Rtt,
+    rtt: RttLookup,
     previous: Plan | None,
 ) -> Plan:
     stages = tuple(
@@ -83,7 +83,7 @@ def _keep_or_repair(
     costs: Costs,
     previous: Plan,
     healthy: Sequence[NodeInfo],
-    rtt: Rtt,
+    rtt: RttLookup,
     min_stages: int,
     warm: Mapping[tuple[int, int], str] = _NO_WARM,
 ) -> Plan | None:
@@ -146,7 +146,7 @@ def _keep_or_repair(
 def _fresh(
     costs: Costs,
     healthy: Sequence[NodeInfo],
-    rtt: Rtt,
+    rtt: RttLookup,
     previous: Plan | None,
     spares: int,
     min_stages: int,
@@ -217,7 +217,7 @@ def plan(
         raise NotEnoughMemory(report)
     if min_stages > len(healthy):
         raise PlacementError(f"min_stages={min_stages} but only {len(healthy)} healthy nodes")
-    rtt = Rtt(rtt_ms)
+    rtt = RttLookup(rtt_ms)
     if previous is not None:
         kept = _keep_or_repair(costs, previous, healthy, rtt, min_stages, warm)
         if kept is not None:
