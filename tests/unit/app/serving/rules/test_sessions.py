@@ -123,7 +123,7 @@ def test_steps_already_taken_are_dropped_after_a_resume() -> None:
     rules = opened()
     assert rules.handle(FrameReceived("up-a", "a", step(0))) == [Take(step(0), OPEN)]
     assert rules.handle(FrameReceived("up-a", "a", step(1))) == [Take(step(1), OPEN)]
-    rules.handle(FrameReceived("up-a2", "a", OPEN))  # resumed; the replay log follows
+    rules.handle(FrameReceived("up-a2", "a", OPEN))  # resumed; the resend log follows
     assert rules.handle(FrameReceived("up-a2", "a", step(0))) == [Resent(step(0))]
     assert rules.handle(FrameReceived("up-a2", "a", step(1))) == [Resent(step(1))]
     assert rules.handle(FrameReceived("up-a2", "a", step(2))) == [Take(step(2), OPEN)]
