@@ -61,6 +61,14 @@ def _typed(name: str, default: object, value: object) -> Any:
     raise ConfigError(f"{name}: no reader for settings of type {type(default).__name__}")
 
 
+REMOVED_SETTINGS = {
+    "inline_step_ms": "steps always run on the engine thread; delete the line "
+    "(docs/decisions/inline-engine-steps.md)",
+}
+"""Settings older files may carry, and what to do about each: a file naming one is
+refused with that advice rather than run as if the setting still applied."""
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     node_id: str
@@ -134,15 +142,6 @@ class WorkerConfig:
     (every stage's recurrent snapshots, n_rs_seq = 8, bound how many can be undone)."""
     mtp_p_min: float = 0.3
     """The head stops guessing once its probability for a guess falls below this."""
-    inline_step_ms: float = 0.0
-    """A decode step (a few rows) runs on the event loop's thread, without the hand-off
-    to the engine thread, while such steps take at most this long; 0 (default): never.
-    Off because on a busy PC the loop thread, charged with the compute, loses the
-    scheduler's wake-up preference and every hop waits longer
-    (docs/decisions/inline-engine-steps.md). At more than one thread only with `cpus`:
-    the loop thread then leads an OpenMP team of its own beside the engine thread's, and
-    unpinned such teams were found sharing a core (a swarm on two cores: 0.64 of the
-    whole model against 0.80 pinned; docs/decisions/cpu-pinning.md)."""
 
     def __post_init__(self) -> None:
         if self.quic_library not in ("aioquic", "qh3"):
@@ -151,17 +150,10 @@ class WorkerConfig:
             raise ConfigError("threads must be >= 0 (0: auto), max_sessions and row_budget >= 1")
         if not (0 <= self.mtp_guesses <= 8 and 0.0 <= self.mtp_p_min <= 1.0):
             raise ConfigError("mtp_guesses must be in 0..8 and mtp_p_min in [0, 1]")
-        if not (isinstance(self.inline_step_ms, int | float) and self.inline_step_ms >= 0):
-            raise ConfigError(f"inline_step_ms must be >= 0, not {self.inline_step_ms!r}")
         try:
             cpus = parse_cpu_list(self.cpus)
         except CpuListError as exc:
             raise ConfigError(f"cpus: {exc}") from exc
-        if self.inline_step_ms > 0 and self.threads != 1 and not cpus:
-            raise ConfigError(
-                "inline_step_ms at more than one thread needs cpus: a step on the event "
-                "loop's thread starts a second OpenMP team, which must not share a core"
-            )
         if cpus and self.threads > len(cpus):
             raise ConfigError(f"threads = {self.threads} need as many CPUs, cpus names {len(cpus)}")
         if cpus and not hasattr(os, "sched_setaffinity"):
@@ -196,6 +188,13 @@ class WorkerConfig:
             # Every plain setting is read by its field's name and default type, so a new
             # setting cannot be forgotten here (upload_bytes_per_s, use_gpu and the VRAM
             # cap once were). An unknown key is an error, not silently ignored.
+            removed = sorted(set(doc) & set(REMOVED_SETTINGS))
+            if removed:
+                raise ConfigError(
+                    "; ".join(
+                        f"worker setting {k!r} was removed: {REMOVED_SETTINGS[k]}" for k in removed
+                    )
+                )
             unknown = set(doc) - {f.name for f in fields(WorkerConfig)}
             if unknown:
                 raise ConfigError(f"unknown worker setting(s): {', '.join(sorted(unknown))}")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.client.swarm_client import SwarmClient
 from app.lab.local_swarm import LocalSwarm
-from bench.drafts import _generate, _summary, _undo
+from bench.guesses import _generate, _summary, _undo
 from tests.support.tiny_qwen35 import Qwen35Dims, write_qwen35_model
 
 SETTINGS = ["none", "mtp:2", "mtp:4", "mtp", "mtp+ngram:4"]

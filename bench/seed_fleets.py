@@ -4,7 +4,7 @@ table for README.md: `python -m bench.seed_fleets [--sessions 96 --positions 204
 The model is read from a header-only GGUF (tests/support/qwen35_397b.py: the true
 metadata, tensor shapes and quant types, no data) through the same code that reads a
 full file (core.gguf_header), and placed by coordinator.server.placement with the KV
-cache, every session's recurrent state and the MTP block's draft cache counted. Every
+cache, every session's recurrent state and the MTP block's cache counted. Every
 layer boundary is taken as exact (the hybrid qwen architectures' cut rule)."""
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 (a) whole model vs a 3-process swarm on loopback, decode tokens/s, Gemma 3 270M, plain
     decoding round the ring (the last stage sends each next step to the first stage;
-    app.serving.links.ring), each stage's compute threads pinned to CPUs of their own and its
-    decode steps on its loop thread (LocalSwarm's defaults); beside it the same swarm
-    unpinned with every step handed to the engine thread (`unpinned`, as it ran before)
-    and the client sending every step (`no_ring`);
+    app.serving.links.ring), each stage's compute threads pinned to CPUs of their own
+    (LocalSwarm's default) and every step on its engine thread, as volunteers' workers
+    run; beside it the same swarm unpinned (`unpinned`, a volunteer's default without
+    `--cpus`) and the client sending every step (`no_ring`);
 (b) per-hop software cost, QUIC vs plain TCP carrying the same STEP frames, f32 and bf16
     (bench/hop_ring.py: forwarder processes, zero compute), back to back and paced as
     the swarm's decode (each hop woken from sleep), and what (a)'s swarm would reach if
@@ -344,24 +344,13 @@ def main() -> int:
         f"{DEFAULT_LIBRARY}_threads_1": {"threads": 1, "library": DEFAULT_LIBRARY},
         f"{DEFAULT_LIBRARY}_threads_2": {"threads": 2, "library": DEFAULT_LIBRARY},
         f"{other}_threads_2": {"threads": 2, "library": other},
-        # Decode steps on the event loop's thread instead of the engine thread at 1
-        # thread (WorkerConfig.inline_step_ms; LocalSwarm does so at 2+ threads only
-        # where it pins the stages' compute threads: docs/decisions/inline-engine-steps.md).
-        "inline": {"threads": 1, "library": DEFAULT_LIBRARY, "inline_step_ms": 50.0},
-        # The swarm as it ran before stages were pinned: every team free to wander, every
-        # step handed to the engine thread.
-        "unpinned": {
-            "threads": 2,
-            "library": DEFAULT_LIBRARY,
-            "pin_cpus": False,
-            "inline_step_ms": 0.0,
-        },
+        # A worker without `--cpus`: every OpenMP team free to wander over the cores.
+        "unpinned": {"threads": 2, "library": DEFAULT_LIBRARY, "pin_cpus": False},
         # The client sending every step itself (the path before the ring), for comparison.
         "no_ring": {"threads": 2, "library": DEFAULT_LIBRARY, "ring": False},
     }
     paired = event_loop.run(paired_rounds(model, prompt, args.tokens, configs, args.rounds))
     swarm_runs = paired["swarm"]
-    inline = swarm_runs.pop("inline")
     no_ring = swarm_runs.pop("no_ring")
     unpinned = swarm_runs.pop("unpinned")
     default = max(
@@ -379,8 +368,6 @@ def main() -> int:
         "1": swarm_runs[f"{DEFAULT_LIBRARY}_threads_1"]["swarm_vs_mono"],
         "2": swarm_runs[f"{DEFAULT_LIBRARY}_threads_2"]["swarm_vs_mono"],
     }
-    out["swarm_inline"] = inline
-    out["swarm_vs_mono_inline"] = inline["swarm_vs_mono"]  # both at 1 thread
     out["swarm_unpinned"] = unpinned
     out["swarm_vs_mono_unpinned"] = unpinned["swarm_vs_mono_2_threads"]
     out["swarm_no_ring"] = no_ring
@@ -442,7 +429,7 @@ def main() -> int:
         "  whole model (1 process, 1 thread)    "
         f"{out['whole_model_1_thread_tokens_per_s']:7.1f} tok/s"
     )
-    shown = {**swarm_runs, "inline": inline, "unpinned": unpinned, "no_ring": no_ring}
+    shown = {**swarm_runs, "unpinned": unpinned, "no_ring": no_ring}
     for name, r in shown.items():
         print(
             f"  swarm, 3 processes, {name:18} {r['tokens_per_s']:7.1f} tok/s   "
@@ -452,11 +439,10 @@ def main() -> int:
         )
     print(
         f"  swarm_vs_mono {out['swarm_vs_mono']:.2f} ({DEFAULT_LIBRARY}), "
-        f"{out[f'swarm_vs_mono_{other}']:.2f} ({other}), "
-        f"{out['swarm_vs_mono_inline']:.2f} ({DEFAULT_LIBRARY}, 1 thread, steps inline); "
+        f"{out[f'swarm_vs_mono_{other}']:.2f} ({other}); "
         f"same threads: 1 {out['swarm_vs_mono_by_threads']['1']:.2f}, "
         f"2 {out['swarm_vs_mono_by_threads']['2']:.2f}; "
-        f"unpinned, steps handed off {out['swarm_vs_mono_unpinned']:.2f}; "
+        f"unpinned {out['swarm_vs_mono_unpinned']:.2f}; "
         f"the client sending every step (no ring) {out['swarm_vs_mono_no_ring']:.2f}"
     )
     print(

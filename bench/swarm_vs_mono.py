@@ -12,8 +12,7 @@ it is unset); the whole model runs in this process, whose OpenMP runtime was set
 before any swarm.
 
     .venv/bin/python bench/swarm_vs_mono.py [--json] [--tokens 32] [--rounds 5]
-        [--swarm 2 --swarm 2:10000 --swarm 2:default:park --swarm 1]
-        # THREADS[:GOMP_SPINCOUNT|default[:park|nopark]]; park: SANGAMA_OMP_PARK=1
+        [--swarm 2 --swarm 2:10000 --swarm 1]  # THREADS[:GOMP_SPINCOUNT|default]
 """
 
 from __future__ import annotations
@@ -27,43 +26,34 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.serving.machine.threads import PARK_ENV
 from bench.swarm import PROMPT, paired_rounds
 from core.models import resolve_model
 from core.tokenizer import Tokenizer
 from net import event_loop
 from net.quic.links import DEFAULT_LIBRARY
 
-Swarm = tuple[int, str, bool]
+Swarm = tuple[int, str]
 
 
 def parse_swarm(text: str) -> Swarm:
-    threads, _, rest = text.partition(":")
-    spin, _, park = rest.partition(":")
+    threads, _, spin = text.partition(":")
     spin = spin or "default"
-    if (
-        not threads.isdigit()
-        or int(threads) < 1
-        or not (spin == "default" or spin.isdigit())
-        or park not in ("", "park", "nopark")
-    ):
-        raise argparse.ArgumentTypeError(
-            f"a swarm is THREADS[:SPINCOUNT|default[:park|nopark]], not {text!r}"
-        )
-    return int(threads), spin, park == "park"
+    if not threads.isdigit() or int(threads) < 1 or not (spin == "default" or spin.isdigit()):
+        raise argparse.ArgumentTypeError(f"a swarm is THREADS[:SPINCOUNT|default], not {text!r}")
+    return int(threads), spin
 
 
 def name_of(swarm: Swarm) -> str:
-    threads, spin, park = swarm
-    return f"{threads}:{spin}" + (":park" if park else "")
+    threads, spin = swarm
+    return f"{threads}:{spin}"
 
 
 def options_of(swarm: Swarm) -> dict[str, Any]:
     """`paired_rounds` arguments of one swarm: its threads, and the workers' environment
     (spin: libgomp reads GOMP_SPINCOUNT when ggml loads it; unset: the worker's own
     default, app/serving/serve.py)."""
-    threads, spin, park = swarm
-    env = {"GOMP_SPINCOUNT": None if spin == "default" else spin, PARK_ENV: "1" if park else None}
+    threads, spin = swarm
+    env = {"GOMP_SPINCOUNT": None if spin == "default" else spin}
     return {"threads": threads, "library": DEFAULT_LIBRARY, "env": env}
 
 
@@ -76,7 +66,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--swarm", type=parse_swarm, action="append")
     args = ap.parse_args()
-    swarms: list[Swarm] = args.swarm or [(2, "default", False), (1, "default", False)]
+    swarms: list[Swarm] = args.swarm or [(2, "default"), (1, "default")]
     if len({name_of(s) for s in swarms}) < len(swarms):
         # Each swarm's rounds are keyed by its name: a repeat would merge into the first.
         ap.error("each --swarm may be given once")

@@ -453,15 +453,15 @@ def _can_answer(value: Any) -> bool | None:
 
 
 @dataclass(frozen=True)
-class RouteStage:
+class RouteAnswerStage:
     node_id: str
     address: str
     layers: tuple[int, int]
 
 
-def _route_stage(value: Any) -> RouteStage:
+def _route_stage(value: Any) -> RouteAnswerStage:
     s = _object(value, "a stage")
-    return RouteStage(
+    return RouteAnswerStage(
         _name(s["node_id"], "a stage's node_id"),
         _text(s["address"], "a stage's address"),
         _layers(s["layers"]),
@@ -473,7 +473,7 @@ class RouteAnswer:
     """GET ROUTE: the chain a client sends its tokens through, in token order."""
 
     model: str
-    stages: tuple[RouteStage, ...]
+    stages: tuple[RouteAnswerStage, ...]
 
     @staticmethod
     def from_json(doc: Any) -> RouteAnswer:
@@ -509,7 +509,7 @@ class Health:
 
 
 @dataclass(frozen=True)
-class TurnCredentials:
+class TurnAnswer:
     """GET TURN: short-lived credentials for the swarm's relay (404: it has none)."""
 
     host: str
@@ -520,10 +520,10 @@ class TurnCredentials:
     uris: tuple[str, ...]
 
     @staticmethod
-    def from_json(doc: Any) -> TurnCredentials:
+    def from_json(doc: Any) -> TurnAnswer:
         return _read(
             "relay credentials",
-            lambda d: TurnCredentials(
+            lambda d: TurnAnswer(
                 _text(d["host"], "host"),
                 _integer(d["port"], "port", 1, 65535),
                 _text(d["username"], "username", 512),

@@ -55,7 +55,7 @@ class MemoryShortfall:
     largest_piece_bytes: int
     """The smallest stage that can hold the hardest layer (with its first/last extras)."""
     largest_piece_layer: int
-    """Which layer that is (the last one, when the head and a draft layer ride on it)."""
+    """Which layer that is (the last one, when the head and an MTP layer ride on it)."""
     largest_node_bytes: int
     """Capacity of the biggest healthy node (0 without any)."""
     healthy_nodes: int

@@ -3,7 +3,7 @@
 A stage's KV cache is one pool of `n_ctx` positions (llama.cpp's unified cache,
 allocated when the context is created) shared by up to `n_seq_max` sessions, and holds
 K and V only for the stage's own layers. A session costs the positions it may fill:
-its prompt plus its token limit (plus room for drafted tokens under verification), so
+its prompt plus its token limit (plus room for guessed tokens under verification), so
 a session admitted here can never run out of cells half-way and disturb the others by
 making a shared `llama_decode` fail. The ledger admits while the reserved positions fit
 the pool (and the memory cap, when one is set below the pool) and a sequence slot is
@@ -47,8 +47,8 @@ class AdmissionPolicy:
     """What one position costs over this stage's layers; 0 when unknown (fakes)."""
     memory_cap_bytes: int = 0
     """The most KV memory sessions may take; 0: the whole pool."""
-    draft_slack: int = 16
-    """Positions reserved beyond prompt + max_tokens for drafted rows under verification
+    guess_slack: int = 16
+    """Positions reserved beyond prompt + max_tokens for guessed rows under verification
     (they are rolled back, but occupy cells while the step runs)."""
     retry_after_ms: int = 1000
     """The hint sent with a refusal while sessions run here (one ends, a slot frees)."""
@@ -61,7 +61,7 @@ class AdmissionPolicy:
             raise ValueError("n_ctx must be >= 1")
         if not 1 <= self.max_sessions <= LLAMA_MAX_SEQ:
             raise ValueError(f"max_sessions must be in 1..{LLAMA_MAX_SEQ} (llama.cpp's limit)")
-        sizes = (self.kv_bytes_per_token, self.memory_cap_bytes, self.draft_slack, self.session_ctx)
+        sizes = (self.kv_bytes_per_token, self.memory_cap_bytes, self.guess_slack, self.session_ctx)
         if min(sizes) < 0:
             raise ValueError("sizes must be >= 0")
         if self.retry_after_ms < 1:
@@ -76,7 +76,7 @@ class AdmissionPolicy:
 
     def session_tokens(self, prompt_len: int, max_tokens: int) -> int:
         """Positions one session reserves."""
-        return max(1, prompt_len) + max(0, max_tokens) + self.draft_slack
+        return max(1, prompt_len) + max(0, max_tokens) + self.guess_slack
 
 
 @dataclass(frozen=True)

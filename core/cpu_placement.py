@@ -61,11 +61,12 @@ def _run_text(run: list[int]) -> str:
 def place_compute_threads(
     cpus: tuple[int, ...], leaders: Iterable[int], helpers: Iterable[int]
 ) -> dict[int, int]:
-    """thread id -> CPU. `leaders` run steps (each starts its own OpenMP team: the engine
-    thread, and the event loop's thread where steps run inline); `helpers` are the
-    teams' other threads. Leaders share cpus[0]: only one of them steps at a time. The
-    helpers take cpus[1:] in thread-id (creation) order, round again for a second team,
-    so the threads of one team (created together) land on distinct CPUs."""
+    """thread id -> CPU. `leaders` are the threads that ran graphs (each starts its own
+    OpenMP team: the engine thread, and any other thread an engine call came from);
+    `helpers` are the teams' other threads. Leaders share cpus[0]: only one of them
+    steps at a time. The helpers take cpus[1:] in thread-id (creation) order, round
+    again for a second team, so the threads of one team (created together) land on
+    distinct CPUs."""
     if not cpus:
         return {}
     leader_ids = sorted(set(leaders))

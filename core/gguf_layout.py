@@ -165,7 +165,7 @@ def _is_set(value: Any) -> bool:
 
 
 # Architectures whose MTP ("nextn") block Sangama places: one full-attention block after
-# the trunk, read by the draft graph only (src/models/qwen35*.cpp assert a single head).
+# the trunk, read by the MTP graph only (src/models/qwen35*.cpp assert a single head).
 MTP_ARCHS = frozenset({"qwen35", "qwen35moe"})
 
 

@@ -309,7 +309,7 @@ class _PieceWriter:
             self._file.close()
 
 
-class _Reader:
+class _SourceReader:
     """One source file read front to back into a reusable buffer, every byte passed to
     the source's sha256 and to the sinks given; the kernel told to drop what is behind."""
 
@@ -384,7 +384,7 @@ def _copy_all(
             if not empty.tensors and empty.file not in kept:
                 finish(_PieceWriter(out_dir, empty))
         for index, f in enumerate(source.files):
-            reader = _Reader(f.path, buf, source_hash, counted)
+            reader = _SourceReader(f.path, buf, source_hash, counted)
             try:
                 for t in (t for t in source.tensors if t.shard == index):
                     reader.copy(t.offset - reader.pos, None)  # header, padding

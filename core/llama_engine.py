@@ -188,7 +188,7 @@ class EngineConfig:
     sequence, so `seq_rm` can cut up to this many rejected guesses (0: none)."""
     mtp: bool = False
     """Last stage of a model with an MTP block: load it and keep the trunk's h_nextn
-    rows of every decode (`nextn_rows`) for the draft head (core/llama_mtp.py)."""
+    rows of every decode (`nextn_rows`) for the MTP head (core/llama_mtp.py)."""
 
 
 class LlamaStageEngine:
@@ -222,7 +222,7 @@ class LlamaStageEngine:
         self._own_pos: npt.NDArray[np.int32] | None = None
         self._batch_pos: Any = None
         self.mtp_context: Any = None
-        """MTP stages: the draft head's context (core.llama_mtp.LlamaMtpContext)."""
+        """MTP stages: the MTP head's context (core.llama_mtp.LlamaMtpContext)."""
         self.nextn_rows: F32Array | None = None
         """MTP stages: the trunk's h_nextn (output-normed last hidden) of every row of
         the last decode, in batch order."""
@@ -439,9 +439,6 @@ class LlamaStageEngine:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """Forget positions [p0, p1) of a sequence (p1 = -1: to the end)."""
         return bool(LL.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        return int(LL.llama_memory_seq_pos_max(self._mem, seq_id))
 
     def clear(self) -> None:
         LL.llama_memory_clear(self._mem, True)

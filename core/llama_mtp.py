@@ -1,4 +1,4 @@
-"""llama.cpp's MTP ("nextn") draft head of qwen35-family models, on the last stage.
+"""llama.cpp's MTP ("nextn") head of qwen35-family models, on the last stage.
 
 The trunk context publishes h_nextn (its output-normed last hidden state) for every row
 (`enable_nextn_rows`, `read_nextn_rows`). A second context of the same model, of type

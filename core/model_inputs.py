@@ -32,7 +32,7 @@ _SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
 @dataclass(frozen=True)
-class GgufHeader:
+class ModelFileSummary:
     """The few metadata a model file is judged by before it is sliced or loaded."""
 
     path: Path
@@ -44,7 +44,7 @@ class GgufHeader:
     """Shards the model was split into; 0 or 1 for a whole model."""
 
 
-def read_header(path: Path) -> GgufHeader:
+def read_header(path: Path) -> ModelFileSummary:
     """The header of the GGUF at `path`; NotAModelError for anything that is not one."""
     path = Path(path)
     try:
@@ -82,10 +82,10 @@ def read_header(path: Path) -> GgufHeader:
             raise NotAModelError(
                 f"{path} has no general.architecture, so it is not a model GGUF: give a model file"
             )
-    return GgufHeader(path, arch, split_index, split_count)
+    return ModelFileSummary(path, arch, split_index, split_count)
 
 
-def first_shard_name(header: GgufHeader) -> str:
+def first_shard_name(header: ModelFileSummary) -> str:
     """How to name the first shard of the model `header` belongs to: the file name
     gguf-split gives it, or (for a renamed file) its split.no."""
     name = header.path.name
@@ -94,14 +94,14 @@ def first_shard_name(header: GgufHeader) -> str:
     return "the one with split.no 0"
 
 
-def _shard_of(header: GgufHeader) -> str:
+def _shard_of(header: ModelFileSummary) -> str:
     return (
         f"{header.path} is shard {header.split_index + 1} of {header.split_count} of a split "
         "GGUF (gguf-split)"
     )
 
 
-def check_whole_model(path: Path, first_shard_ok: bool = False) -> GgufHeader:
+def check_whole_model(path: Path, first_shard_ok: bool = False) -> ModelFileSummary:
     """Refuse a file a chain cannot be cut from: not a GGUF, a shard of a split model (but
     the first one if `first_shard_ok`: the slicer reads its siblings), or an architecture
     whose exact cuts have not been checked (core.gguf_layout)."""

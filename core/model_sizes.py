@@ -1,4 +1,4 @@
-"""Memory a stage holds for its sessions beyond weights: recurrent state and the draft
+"""Memory a stage holds for its sessions beyond weights: recurrent state and the MTP
 head's KV cache, from a GGUF's metadata alone. Pure functions, no IO.
 
 Hybrid models (qwen3next, qwen35, qwen35moe) keep, in each gated delta-net layer, a
@@ -80,7 +80,7 @@ def _at(value: Any, index: int, default: int) -> int:
 
 def mtp_kv_bytes_per_token(arch: str, metadata: Mapping[str, Any], n_layer: int, n_mtp: int) -> int:
     """K+V bytes one cached position costs in the MTP block(s) after the trunk: the last
-    stage's draft context keeps a KV cache for those blocks alone, as deep as the trunk's
+    stage's MTP context keeps a KV cache for those blocks alone, as deep as the trunk's
     (llama.cpp's MTP context filters its cache to layers >= n_layer)."""
     if n_mtp <= 0:
         return 0

@@ -9,10 +9,10 @@ after each trunk decode of rows [start, start+n) with their tokens, `observe` fe
 dropping what it held from `start` on (rejected guesses of the previous trip).
 
 After the last stage chose its token c at position pos (the accepted guesses before it),
-`draft` runs the head from (c, h_{pos-1}, pos): its argmax is guess 1; guess j+1 comes
+`guess` runs the head from (c, h_{pos-1}, pos): its argmax is guess 1; guess j+1 comes
 from (guess j, the head's own hidden state, pos+j). It stops after `k` guesses, or
 earlier when the head's probability for its guess falls below `p_min` (prose, where
-guesses rarely stand, stops early and costs little). Its draft rows are then dropped
+guesses rarely stand, stops early and costs little). Its guess rows are then dropped
 again: the next trip's verified rows are fed by `observe`.
 """
 
@@ -61,7 +61,7 @@ def top_probability(logits: F32Array) -> tuple[int, float]:
     return best, p
 
 
-class MtpDrafter:
+class MtpGuesser:
     """One per last stage; not thread-safe (the engine thread)."""
 
     def __init__(self, context: MtpContext, n_seq_max: int, n_batch: int) -> None:
@@ -109,7 +109,7 @@ class MtpDrafter:
         row: F32Array = s.h[pos - s.start]
         return row
 
-    def draft(self, session: str, pos: int, token: int, k: int, p_min: float) -> tuple[int, ...]:
+    def guess(self, session: str, pos: int, token: int, k: int, p_min: float) -> tuple[int, ...]:
         """Up to `k` guesses of what follows `token`, the last stage's choice at `pos`."""
         s = self._sessions.get(session)
         if s is None or k <= 0:

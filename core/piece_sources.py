@@ -183,7 +183,7 @@ def mirror_from_doc(doc: Any, piece_sizes: Mapping[str, int]) -> Mirror:
 
 
 @dataclass(frozen=True)
-class Segment:
+class PieceSegment:
     """A run of a piece's bytes and where they come from."""
 
     kind: str
@@ -196,23 +196,23 @@ class Segment:
     """For DATA: the file index and the offset there of the segment's first byte."""
 
 
-def piece_segments(r: PieceRanges) -> tuple[Segment, ...]:
+def piece_segments(r: PieceRanges) -> tuple[PieceSegment, ...]:
     """The piece from its first byte to its last: header, then each span and its zeros."""
-    out = [Segment(HEADER, 0, r.header)] if r.header else []
+    out = [PieceSegment(HEADER, 0, r.header)] if r.header else []
     at = r.header
     for s in r.spans:
         if s.length:
-            out.append(Segment(DATA, at, s.length, s.file, s.offset))
+            out.append(PieceSegment(DATA, at, s.length, s.file, s.offset))
         zeros = pad(s.length, r.alignment) - s.length
         if zeros:
-            out.append(Segment(ZEROS, at + s.length, zeros))
+            out.append(PieceSegment(ZEROS, at + s.length, zeros))
         at += pad(s.length, r.alignment)
     return tuple(out)
 
 
 def segments_between(
-    segments: Sequence[Segment], start: int, stop: int | None = None
-) -> tuple[Segment, ...]:
+    segments: Sequence[PieceSegment], start: int, stop: int | None = None
+) -> tuple[PieceSegment, ...]:
     """The piece's bytes [start, stop): the segments cut to that window (a resumed
     download starts inside one; a range request may end inside one)."""
     out = []
@@ -250,7 +250,7 @@ class Read:
         return self.file >= 0 and self.stop > self.start
 
 
-def plan_reads(segments: Sequence[Segment], max_gap: int = MAX_GAP) -> tuple[Read, ...]:
+def plan_reads(segments: Sequence[PieceSegment], max_gap: int = MAX_GAP) -> tuple[Read, ...]:
     """The fewest requests that give `segments` in order: consecutive spans of one file
     with at most `max_gap` bytes between them share a request (the gap is read and
     dropped: it is the source's own padding, whose bytes a piece does not take), padding

@@ -26,7 +26,7 @@ GREEDY = SamplingParams()
 
 
 @dataclass(frozen=True)
-class Generation:
+class PipelineGeneration:
     prompt_tokens: tuple[int, ...]
     tokens: tuple[int, ...]
     logits: F32Array | None
@@ -92,7 +92,7 @@ class LocalPipeline:
         keep_logits: bool = False,
         on_token: Callable[[int], None] | None = None,
         session: str = "local",
-    ) -> Generation:
+    ) -> PipelineGeneration:
         if not prompt:
             raise CoreError("empty prompt")
         self.reset_timers()
@@ -129,7 +129,7 @@ class LocalPipeline:
             t2 = time.perf_counter()
         finally:
             self.close(session)
-        return Generation(
+        return PipelineGeneration(
             prompt_tokens=tuple(prompt),
             tokens=tuple(tokens),
             logits=np.stack(kept) if kept else None,
@@ -149,11 +149,11 @@ class Comparison:
     identical: bool
     first_difference: int | None
     max_abs_logit_diff: float
-    chain: Generation
-    whole: Generation
+    chain: PipelineGeneration
+    whole: PipelineGeneration
 
 
-def compare_generations(chain: Generation, whole: Generation) -> Comparison:
+def compare_generations(chain: PipelineGeneration, whole: PipelineGeneration) -> Comparison:
     """Tokens identical? Largest |logit difference| over the steps both produced."""
     first = next(
         (i for i, (a, b) in enumerate(zip(chain.tokens, whole.tokens, strict=False)) if a != b),

@@ -27,9 +27,9 @@ __all__ = [
     "Logits",
     "Probs",
     "apply_repetition_penalty",
-    "draft_acceptance",
     "greedy",
     "greedy_rows",
+    "guess_acceptance",
     "make_rng",
     "min_p_filter",
     "sample",
@@ -72,7 +72,7 @@ def sample(
 
 
 def greedy_rows(logits: Logits) -> list[int]:
-    """`greedy` of every row of a (rows, vocab) array (e.g. k drafted tokens plus one)."""
+    """`greedy` of every row of a (rows, vocab) array (e.g. k guessed tokens plus one)."""
     if logits.ndim != 2 or logits.shape[1] == 0:
         raise ValueError(f"logits rows must be a (rows, vocab) array, got shape {logits.shape}")
     return [int(i) for i in np.argmax(logits, axis=1)]
@@ -157,14 +157,14 @@ def min_p_filter(logits: Logits, min_p: float) -> Logits:
     return out
 
 
-def draft_acceptance(target_tokens: Sequence[int], drafted: Sequence[int]) -> int:
-    """How many leading drafted tokens equal the target model's greedy choices.
+def guess_acceptance(target_tokens: Sequence[int], guessed: Sequence[int]) -> int:
+    """How many leading guessed tokens equal the target model's greedy choices.
 
-    `target_tokens[i]` is the target's pick at the position `drafted[i]` claims.
+    `target_tokens[i]` is the target's pick at the position `guessed[i]` claims.
     """
     accepted = 0
-    for target, draft in zip(target_tokens, drafted, strict=False):
-        if target != draft:
+    for target, guess in zip(target_tokens, guessed, strict=False):
+        if target != guess:
             break
         accepted += 1
     return accepted

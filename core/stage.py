@@ -28,7 +28,7 @@ from core.errors import (
     StageFullError,
     UnknownSessionError,
 )
-from core.mtp_head import MtpDrafter
+from core.mtp_head import MtpGuesser
 from core.types import StageSpec
 
 F32Array = npt.NDArray[np.float32]
@@ -64,9 +64,9 @@ class StepRequest:
     tokens: I32Array | None = None
     hidden: F32Array | None = None
     all_logits: bool = False
-    """Last stage: logits for every row (draft verification) instead of the last one only."""
+    """Last stage: logits for every row (guess verification) instead of the last one only."""
     keep_until: int | None = None
-    """Before evaluating, forget every cached position >= keep_until (rejected drafts)."""
+    """Before evaluating, forget every cached position >= keep_until (rejected guesses)."""
 
     @property
     def n_rows(self) -> int:
@@ -93,7 +93,7 @@ class StepFailure:
 
 
 @dataclass
-class _Session:
+class _SessionSlot:
     slot: int
     n_past: int = 0
 
@@ -116,14 +116,14 @@ class Stage:
     def __init__(self, engine: Engine, spec: StageSpec) -> None:
         self.engine = engine
         self.spec = spec
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, _SessionSlot] = {}
         self._free_slots = list(range(spec.n_seq_max - 1, -1, -1))
         self.stats = StageStats()
-        self.mtp: MtpDrafter | None = None
+        self.mtp: MtpGuesser | None = None
         """The model's MTP head, on a last stage whose file carries one."""
         context = getattr(engine, "mtp_context", None)
         if context is not None:
-            self.mtp = MtpDrafter(context, spec.n_seq_max, spec.n_batch)
+            self.mtp = MtpGuesser(context, spec.n_seq_max, spec.n_batch)
 
     @classmethod
     def from_file(cls, path: Path, spec: StageSpec, c_callback: bool = True) -> Stage:
@@ -158,7 +158,7 @@ class Stage:
             raise StageFullError(session, f"all {self.spec.n_seq_max} sequence slots are in use")
         slot = self._free_slots.pop()
         self.engine.seq_rm(slot, 0, -1)
-        self._sessions[session] = _Session(slot)
+        self._sessions[session] = _SessionSlot(slot)
         if self.mtp is not None:
             self.mtp.open(session)
 
@@ -198,7 +198,7 @@ class Stage:
         self.rollback(old, keep_until)
         self._sessions[new] = self._sessions.pop(old)
 
-    def _get(self, session: str) -> _Session:
+    def _get(self, session: str) -> _SessionSlot:
         try:
             return self._sessions[session]
         except KeyError:

@@ -87,7 +87,7 @@ class ModelFacts:
     attention layers; llama.cpp keeps 1 + n_rs_seq copies, core.model_sizes); () when
     unknown (manifests written before this field existed)."""
     mtp_kv_bytes_per_token: int = 0
-    """f16 K+V one position costs in the MTP block(s): the last stage's draft context."""
+    """f16 K+V one position costs in the MTP block(s): the last stage's MTP context."""
 
     def cut_allowed(self, position: int) -> bool:
         return self.allowed_cuts is None or position in self.allowed_cuts

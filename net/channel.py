@@ -23,11 +23,11 @@ from net.peer_limits import DEFAULT_LINK_LIMITS, LinkLimits
 from net.protocol import (
     Authenticated,
     ConnectionFailed,
-    FrameReceived,
     PeerConnection,
+    PeerFrame,
     PeerIdentity,
-    Role,
     SessionRejected,
+    Side,
 )
 from net.quic.links import Addr, QuicLink, QuicServer, QuicTuning, Receiver, TlsIdentity, connect
 from net.wire.versions import this_release
@@ -115,7 +115,7 @@ class Channel:
         return self.conn.peer
 
     def start(self) -> None:
-        if self.conn.role is Role.INITIATOR:
+        if self.conn.role is Side.INITIATOR:
             self.conn.initiate()
             self._flush()
 
@@ -146,7 +146,7 @@ class Channel:
         events = self.conn.receive_data(data)
         self._flush()
         for ev in events:
-            if isinstance(ev, FrameReceived):
+            if isinstance(ev, PeerFrame):
                 if self._on_frame is not None:
                     self._on_frame(self, ev.frame)
                 elif len(self._early) < EARLY_FRAMES:
@@ -232,7 +232,7 @@ async def connect_channel(
     server_hash = link.peer_certificate_sha256()
     assert server_hash is not None  # TLS completed, so the server presented a certificate
     conn = PeerConnection(
-        Role.INITIATOR,
+        Side.INITIATOR,
         make_proof=_proof_maker(creds, server_hash),
         expected_peer=PeerIdentity(expected_node_id, "worker"),
         release=this_release(),
@@ -357,7 +357,7 @@ class ChannelServer:
             return self._check_role(data, nonce, channel)
 
         conn = PeerConnection(
-            Role.ACCEPTOR, check_proof=check, new_nonce=auth.new_nonce, release=this_release()
+            Side.ACCEPTOR, check_proof=check, new_nonce=auth.new_nonce, release=this_release()
         )
         channel = ch = Channel(link, conn)
         self.channels.add(ch)

@@ -12,7 +12,7 @@ class ErrorCode(IntEnum):
     """The bytes do not parse: truncated, trailing bytes, bad UTF-8, unknown frame type."""
     UNSUPPORTED_VERSION = 2
     TOO_LARGE = 3
-    """A size is over a `Limits` cap (frame, rows, width, tokens, drafts, strings, timings)."""
+    """A size is over a `Limits` cap (frame, rows, width, tokens, guesses, strings, timings)."""
     BAD_DTYPE = 4
     BAD_SHAPE = 5
     """Row counts, widths and byte counts disagree with each other."""

@@ -32,7 +32,10 @@ from net.peer_limits import pre_auth_limits
 from net.wire.versions import PeerTooOld, negotiate
 
 
-class Role(Enum):
+class Side(Enum):
+    """Which end of the connection this is: the initiator proves its identity, the
+    acceptor checks it (net.auth.Role is what a certificate allows instead)."""
+
     INITIATOR = auto()
     ACCEPTOR = auto()
 
@@ -66,7 +69,9 @@ class Authenticated:
 
 
 @dataclass(frozen=True)
-class FrameReceived:
+class PeerFrame:
+    """A frame from the authenticated peer that passed the connection's checks."""
+
     frame: wire.Frame
 
 
@@ -88,7 +93,7 @@ class ConnectionFailed:
     by_peer: bool
 
 
-Event = Authenticated | FrameReceived | SessionRejected | ConnectionFailed
+Event = Authenticated | PeerFrame | SessionRejected | ConnectionFailed
 
 ProofMaker = Callable[[bytes], bytes]
 """Initiator: nonce -> encoded proof of our identity."""
@@ -99,7 +104,7 @@ ProofChecker = Callable[[bytes, bytes], PeerIdentity]
 class PeerConnection:
     def __init__(
         self,
-        role: Role,
+        role: Side,
         *,
         make_proof: ProofMaker | None = None,
         check_proof: ProofChecker | None = None,
@@ -112,12 +117,12 @@ class PeerConnection:
     ) -> None:
         """`protocol` below PROTOCOL_VERSION makes this side behave as a peer of that
         protocol (tests pump one against the current one); `release` is announced."""
-        if role is Role.INITIATOR and (make_proof is None or expected_peer is None):
+        if role is Side.INITIATOR and (make_proof is None or expected_peer is None):
             raise ValueError("an initiator needs make_proof and the peer TLS verified")
-        if role is Role.ACCEPTOR and (check_proof is None or new_nonce is None):
+        if role is Side.ACCEPTOR and (check_proof is None or new_nonce is None):
             raise ValueError("an acceptor needs check_proof and new_nonce")
         self.role = role
-        self.state = State.SEND_HELLO if role is Role.INITIATOR else State.AWAIT_HELLO
+        self.state = State.SEND_HELLO if role is Side.INITIATOR else State.AWAIT_HELLO
         self.peer: PeerIdentity | None = None
         self._make_proof = make_proof
         self._check_proof = check_proof
@@ -202,7 +207,7 @@ class PeerConnection:
                     ErrorCode.UNAUTHENTICATED, f"{type(frame).__name__} before authentication"
                 )
             ]
-        return [FrameReceived(frame)]
+        return [PeerFrame(frame)]
 
     def _fail(self, code: ErrorCode, message: str) -> ConnectionFailed:
         if self.state is not State.CLOSED:
@@ -266,15 +271,15 @@ class PeerConnection:
 
     def _on_open(self, frame: wire.Frame) -> list[Event]:
         assert isinstance(frame, wire.Open)
-        if self.role is Role.ACCEPTOR:
+        if self.role is Side.ACCEPTOR:
             if frame.session in self.owned_sessions:
                 return [self._reject(frame.session, ErrorCode.NOT_OWNER, "session already open")]
             self.owned_sessions.add(frame.session)
-        return [FrameReceived(frame)]
+        return [PeerFrame(frame)]
 
     def _on_owned(self, frame: wire.Frame) -> list[Event]:
         assert isinstance(frame, wire.Step | wire.Close)
-        if self.role is Role.ACCEPTOR and frame.session not in self.owned_sessions:
+        if self.role is Side.ACCEPTOR and frame.session not in self.owned_sessions:
             return [
                 self._reject(
                     frame.session, ErrorCode.NOT_OWNER, "session not opened on this connection"
@@ -282,7 +287,7 @@ class PeerConnection:
             ]
         if isinstance(frame, wire.Close):
             self.owned_sessions.discard(frame.session)
-        return [FrameReceived(frame)]
+        return [PeerFrame(frame)]
 
     def _reject(self, session: str, code: ErrorCode, message: str) -> SessionRejected:
         self._queue(wire.Error(session, code, message))

@@ -1,7 +1,7 @@
 """What a worker resends to its next stage over a new link so running sessions continue.
 
 Sans-IO: the link shell records every frame it sends; after a lost path is replaced,
-`replay()` gives, per live session, its OPEN and the STEPs the next stage may not have
+`to_resend()` gives, per live session, its OPEN and the STEPs the next stage may not have
 seen. The next stage treats a repeated OPEN from the same upstream identity as a resume
 and drops STEPs it has already taken (step ids only grow within a session).
 
@@ -25,7 +25,7 @@ class _Entry:
     steps: list[wire.Step] = field(default_factory=list)
 
 
-class ReplayLog:
+class ResendLog:
     def __init__(self) -> None:
         self._sessions: dict[str, _Entry] = {}
 
@@ -40,7 +40,7 @@ class ReplayLog:
         return session in self._sessions
 
     def record(self, frame: wire.Frame) -> None:
-        """Note a frame sent downstream (OPEN, STEP, CLOSE; others are not replayed)."""
+        """Note a frame sent downstream (OPEN, STEP, CLOSE; others are not resent)."""
         if isinstance(frame, wire.Open):
             self._sessions[frame.session] = _Entry(frame)
         elif isinstance(frame, wire.Step):
@@ -57,7 +57,7 @@ class ReplayLog:
         """The session ended here (finished, failed): never resend it."""
         self._sessions.pop(session, None)
 
-    def replay(self) -> list[wire.Frame]:
+    def to_resend(self) -> list[wire.Frame]:
         """Frames for a fresh link: each session's OPEN, then its unconfirmed STEPs."""
         frames: list[wire.Frame] = []
         for entry in self._sessions.values():
@@ -66,7 +66,7 @@ class ReplayLog:
         return frames
 
     def pending_bytes(self) -> int:
-        """Hidden-state bytes held for replay (for status pages and tests)."""
+        """Hidden-state bytes held for resending (for status pages and tests)."""
         return sum(
             len(step.hidden or b"") for entry in self._sessions.values() for step in entry.steps
         )

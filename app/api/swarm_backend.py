@@ -16,7 +16,7 @@ from app.client.swarm_client import ChannelDialer, SwarmClient
 from app.config import Route
 from app.errors import ClientError, RouteUnavailable, StageFailed, StageTimeout
 from core.admission import LLAMA_MAX_SEQ
-from core.drafting import DEFAULT_GUESSES
+from core.guessing import DEFAULT_GUESSES
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 from net.channel import NodeCredentials

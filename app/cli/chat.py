@@ -10,7 +10,7 @@ from app.client.connect import ChatConnector, direct_connector, identity_connect
 from app.config import Route
 from app.credentials import load_credentials
 from app.errors import ConfigError
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.models import resolve_model
 from core.sampling_defaults import SamplingChoice
 from net.wire.tensors import WireDtype

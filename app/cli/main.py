@@ -18,8 +18,8 @@ from app.log_limits import limit_repeats
 from app.parent_watch import maybe_watch_parent
 from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteError
-from core.drafting import GUESS_CHOICES
 from core.errors import CoreError
+from core.guessing import GUESS_CHOICES
 from core.sampling_defaults import SamplingChoice
 from core.types import BackendReport, LayerRange, SamplingParams
 from net.errors import NetError

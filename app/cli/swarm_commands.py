@@ -199,7 +199,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from app.cli.secret_args import ADMIN_PASSWORD_ENV, read_secret
     from app.config import parse_address
     from coordinator.server.serve import CoordinatorOptions, default_data_dir, serve
-    from coordinator.server.service import Settings
+    from coordinator.server.service import CoordinatorSettings
 
     options = CoordinatorOptions(
         host=args.host,
@@ -216,7 +216,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             "--admin-password",
         ),
         answer_probe_every_s=args.answer_probe_every,
-        settings=Settings(
+        settings=CoordinatorSettings(
             min_stages=args.min_stages,
             spares=args.spares,
             warm_spares=not args.cold_spares,

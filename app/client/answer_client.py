@@ -10,7 +10,7 @@ from typing import Protocol
 
 from app.client.swarm_client import TokenEvent
 from app.config import Route
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.types import SamplingParams
 from net.wire.tensors import WireDtype
 

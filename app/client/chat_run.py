@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from app.client.answer_client import AnswerClient
 from app.client.swarm_client import NO_GUESSES, TokenEvent
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.repetition_guard import looping_tail
 from core.sampling_defaults import SamplingChoice
 from core.tokenizer import Tokenizer

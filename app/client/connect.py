@@ -27,7 +27,7 @@ from app.client.swarm_client import ChannelDialer, SwarmClient
 from app.config import Route
 from app.identity import Identity
 from app.links.paths import channel_dialer, start_links
-from core.drafting import DEFAULT_GUESSES
+from core.guessing import DEFAULT_GUESSES
 from core.tokenizer import Tokenizer
 from net.channel import NodeCredentials
 from net.quic.links import QuicTuning

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from app.client.recovery import (
     Decision,
     Probe,
+    RecoveryAction,
     RecoveryPolicy,
-    Verdict,
     classify,
     dead_stages,
     decide,
@@ -45,7 +45,7 @@ from app.errors import AppError, ClientError, RouteUnavailable, StageFailed
 from app.session.replay_resume import resume_ref
 from app.session.replay_shapes import replay_segments
 from coordinator.errors import CoordinatorError
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.types import SamplingParams
 from net.channel import NodeCredentials, connect_channel
 from net.errors import NetError
@@ -149,7 +149,7 @@ class RecoveringClient:
         except (AppError, CoordinatorError, NetError, OSError, TimeoutError) as exc:
             dead = dead_stages(await self._probe(self.route), failed=True)
             log.warning("connecting failed (%s); dead stages %s: asking for a route", exc, dead)
-            await self._switch(Decision(Verdict.REROUTE, avoid=dead), exc, self._client)
+            await self._switch(Decision(RecoveryAction.REROUTE, avoid=dead), exc, self._client)
 
     async def close(self) -> None:
         await self._client.close()
@@ -172,7 +172,7 @@ class RecoveringClient:
         guesses: GuessPolicy | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """`SwarmClient.generate`, continued on a replacement chain when a stage dies.
-        Guesses (default `self.guesses`) restart from the replayed history (the drafts
+        Guesses (default `self.guesses`) restart from the replayed history (the guesses
         come from it)."""
         if guesses is None:
             guesses = self.guesses
@@ -196,7 +196,7 @@ class RecoveringClient:
                     _stage_refs(previous_route),
                     _stage_refs(client.route),
                     dead,
-                    state_lost=decision.verdict is Verdict.REPLAY,
+                    state_lost=decision.verdict is RecoveryAction.REPLAY,
                 )
                 if from_layer is not None:
                     resume = resume_ref(previous, history, from_layer)
@@ -268,7 +268,7 @@ class RecoveringClient:
                     self.policy,
                 )
                 log.warning("answer broke (%s); dead stages %s: %s", exc, dead, decision.verdict)
-                if decision.verdict is Verdict.GIVE_UP:
+                if decision.verdict is RecoveryAction.GIVE_UP:
                     raise
                 recoveries += 1
                 if pending is not None:  # broke again before a token came: one long stall
@@ -376,7 +376,7 @@ class RecoveringClient:
             try:
                 route = (
                     self.route
-                    if decision.verdict is Verdict.REPLAY and not avoid
+                    if decision.verdict is RecoveryAction.REPLAY and not avoid
                     else await self._route_source(avoid)
                 )
                 if any(s.node_id in avoid for s in route.stages):

@@ -50,7 +50,7 @@ from core.types import SamplingParams
 from net.errors import ErrorCode
 
 
-class Verdict(Enum):
+class RecoveryAction(Enum):
     REPLAY = "replay on the same route"
     REROUTE = "ask for a route avoiding the dead stages, then replay"
     GIVE_UP = "give up: raise the error"
@@ -134,7 +134,7 @@ class RecoveryPolicy:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: Verdict
+    verdict: RecoveryAction
     avoid: tuple[str, ...] = ()
     """Node ids the next route must not contain."""
     replay_tokens: int = 0
@@ -153,11 +153,11 @@ def decide(
     + generated). Only what is dead now is avoided: a stage that was down during an
     earlier failure and serves again (a spare that was still loading) is usable."""
     if kind is FailureKind.CLIENT_FAULT or recoveries >= policy.max_recoveries:
-        return Decision(Verdict.GIVE_UP)
+        return Decision(RecoveryAction.GIVE_UP)
     avoid = tuple(dict.fromkeys(dead))
     if kind is FailureKind.MISSING_STATE:
-        return Decision(Verdict.REPLAY, avoid, n_tokens)
-    return Decision(Verdict.REROUTE, avoid, n_tokens)
+        return Decision(RecoveryAction.REPLAY, avoid, n_tokens)
+    return Decision(RecoveryAction.REROUTE, avoid, n_tokens)
 
 
 StageRef = tuple[str, int, int]

@@ -29,17 +29,17 @@ import numpy.typing as npt
 from app.config import Route
 from app.errors import ClientError, RouteUnavailable, StageTimeout, stage_error
 from app.links.redial import dial_until
-from app.session.guess_tracker import DraftTracker
+from app.session.guess_tracker import GuessTracker
 from app.session.replay_resume import ResumeRef
 from app.session.replay_shapes import Segment, plain_segments
 from app.session.wire_values import sampling_to_wire
-from core.drafting import NGRAM, GuessPolicy
+from core.guessing import NGRAM, GuessPolicy
 from core.types import SamplingParams
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
 from net.quic.links import QuicTuning
-from net.resend_log import ReplayLog
+from net.resend_log import ResendLog
 from net.wire.checks import MAX_RING_GUESSES
 from net.wire.tensors import WireDtype
 
@@ -60,7 +60,7 @@ class TokenEvent:
     n_accepted: int = 0
     logits: npt.NDArray[np.float32] | None = None
     """Only from workers configured with return_logits (diagnostics, tests)."""
-    n_drafts: int = 0
+    n_guesses: int = 0
     """Guesses the step carried (n_accepted of them stood)."""
     looped: bool = False
     """The last stage sent the next step to the first stage itself (the ring)."""
@@ -123,9 +123,9 @@ class SwarmClient:
         the last stage sends each next step to the first stage itself. False: this
         client sends every step."""
         self.guesses = guesses
-        """Guessing ahead for generations that do not choose (core.drafting). Plain by
+        """Guessing ahead for generations that do not choose (core.guessing). Plain by
         default here, so a library caller gets plain decoding's exact rows unless it asks;
-        what people use passes `core.drafting.DEFAULT_GUESSES` (adaptive) or their
+        what people use passes `core.guessing.DEFAULT_GUESSES` (adaptive) or their
         `--guesses` (app/cli/chat.py, the connect wiring)."""
         self.route = route
         self.tuning = tuning
@@ -137,7 +137,7 @@ class SwarmClient:
         self._queues: dict[str, asyncio.Queue[wire.Frame | _Failure]] = {}
         self._dialer = dialer
         """Opens channels (direct, then ICE through the coordinator); default: direct only."""
-        self._sent = ReplayLog()
+        self._sent = ResendLog()
         """What the first stage must be sent again if its link is replaced."""
         self._relinking: asyncio.Task[None] | None = None
         self._closing = False
@@ -212,7 +212,7 @@ class SwarmClient:
                 else:
                     self._first = await dial(route.first.node_id, route.first.address)
                 assert self._first is not None
-                for frame in self._sent.replay():
+                for frame in self._sent.to_resend():
                     self._first.send(frame)
         except (NetError, OSError, TimeoutError) as exc:
             # A bare TimeoutError has no text: say what timed out, not an empty reason.
@@ -228,7 +228,7 @@ class SwarmClient:
         )
 
     def _send_first(self, frame: wire.Frame) -> None:
-        """To the first stage now, or, while its link is redialled, with the replay."""
+        """To the first stage now, or, while its link is redialled, with the frames resent."""
         self._sent.record(frame)
         if self._first is not None and not self._first.closed.done():
             self._first.send(frame)
@@ -290,7 +290,7 @@ class SwarmClient:
         route = self.route
         loops = (
             self.ring
-            # n-gram guesses the last stage can draft round the ring; MTP ones are its
+            # n-gram guesses the last stage can propose round the ring; MTP ones are its
             # head's, offered to whoever builds the step: the client keeps that turn.
             and (guesses.max_guesses == 0 or guesses.source == NGRAM)
             and guesses.max_guesses <= MAX_RING_GUESSES
@@ -336,8 +336,8 @@ class SwarmClient:
                 rows = tuple(prompt[seg.start : seg.start + seg.rows])
                 self._send_first(self._step(name, step_id, seg.start, rows, alone=seg.one_by_one))
                 step_id += 1
-            drafting = DraftTracker(prompt, max_tokens, guesses)
-            n_drafts = 0
+            guessing = GuessTracker(prompt, max_tokens, guesses)
+            n_guesses = 0
             went_round = False  # the step now answered was the ring's, not ours
             timeout = self.first_token_timeout
             while True:
@@ -359,15 +359,15 @@ class SwarmClient:
                     trip_ms,
                     frame.n_accepted,
                     logits,
-                    frame.guessed if went_round else n_drafts,
+                    frame.guessed if went_round else n_guesses,
                     frame.looped,
                 )
                 yield event
                 if went_round:
-                    drafting.went_round(frame.tokens, frame.guessed - frame.n_accepted)
+                    guessing.went_round(frame.tokens, frame.guessed - frame.n_accepted)
                 else:
-                    drafting.reply(frame.tokens, frame.n_accepted, trip_ms, frame.drafts)
-                if drafting.produced >= max_tokens or frame.finished or ended is not None:
+                    guessing.reply(frame.tokens, frame.n_accepted, trip_ms, frame.guesses)
+                if guessing.produced >= max_tokens or frame.finished or ended is not None:
                     break
                 timeout = self.step_timeout
                 sent = time.perf_counter()
@@ -375,10 +375,12 @@ class SwarmClient:
                     raise ClientError(f"TOKENS of step {frame.step_id} went round unasked")
                 went_round = frame.looped
                 if not went_round:
-                    nxt = drafting.next_step()
-                    n_drafts = len(nxt.drafts)
+                    nxt = guessing.next_step()
+                    n_guesses = len(nxt.guesses)
                     self._send_first(
-                        self._step(name, step_id, nxt.start, nxt.tokens, nxt.drafts, nxt.keep_until)
+                        self._step(
+                            name, step_id, nxt.start, nxt.tokens, nxt.guesses, nxt.keep_until
+                        )
                     )
                 step_id += 1
         finally:
@@ -391,7 +393,7 @@ class SwarmClient:
         step_id: int,
         start: int,
         tokens: tuple[int, ...],
-        drafts: tuple[int, ...] = (),
+        guesses: tuple[int, ...] = (),
         keep_until: int | None = None,
         alone: bool = False,
     ) -> wire.Step:
@@ -404,7 +406,7 @@ class SwarmClient:
             n_rows=len(tokens),
             width=0,
             wire_dtype=WireDtype.F32,
-            drafts=drafts,
+            guesses=guesses,
             keep_until=keep_until,
             sent_at_ns=time.time_ns(),
             one_by_one=alone,

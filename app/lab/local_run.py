@@ -9,7 +9,7 @@ from typing import Any
 from core.errors import TokenizerError
 from core.model_inputs import model_file, stage_ranges, suggest_cuts
 from core.models import stage_files
-from core.pipeline import Generation, LocalPipeline, compare_generations
+from core.pipeline import LocalPipeline, PipelineGeneration, compare_generations
 from core.stage import Stage
 from core.tokenizer import Tokenizer
 from core.types import LayerRange, SamplingParams, StageSpec
@@ -142,7 +142,7 @@ def run_generate(
 
 
 def _report(
-    model_path: Path, ranges: list[LayerRange], gen: Generation, tok: Tokenizer
+    model_path: Path, ranges: list[LayerRange], gen: PipelineGeneration, tok: Tokenizer
 ) -> dict[str, Any]:
     steps = max(len(gen.tokens), 1)
     return {

@@ -42,10 +42,6 @@ class WorkerProcess:
         return self.child.alive
 
 
-PINNED_INLINE_STEP_MS = 50.0
-"""Pinned stages step on their loop thread while a step takes at most this long."""
-
-
 @dataclass
 class LocalSwarm:
     model: str
@@ -67,10 +63,6 @@ class LocalSwarm:
     """WorkerConfig.exact_guesses of every worker."""
     mtp_p_min: float = 0.3
     """The last stage's MTP confidence threshold (WorkerConfig.mtp_p_min)."""
-    inline_step_ms: float | None = None
-    """WorkerConfig.inline_step_ms of every worker; None: 50 ms where the stages are
-    pinned (`pin_cpus`, 2+ threads: decode steps skip the hand-off to the engine
-    thread), else the worker's default (off)."""
     pin_cpus: bool = True
     """Stages of 2 threads or more keep their compute threads on CPUs of their own
     (WorkerConfig.cpus, core.cpu_placement.spread_for_stage): stages sharing one
@@ -120,11 +112,6 @@ class LocalSwarm:
             and self.threads <= len(os.sched_getaffinity(0))
         )
 
-    def _inline_ms(self) -> float:
-        if self.inline_step_ms is not None:
-            return self.inline_step_ms
-        return PINNED_INLINE_STEP_MS if self._pinned() else WorkerConfig.inline_step_ms
-
     async def start(self, ready_timeout: float = 300.0) -> None:
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="sangama-swarm-")
@@ -167,7 +154,6 @@ class LocalSwarm:
                     reproducible=self.reproducible,
                     exact_guesses=self.exact_guesses,
                     mtp_p_min=self.mtp_p_min,
-                    inline_step_ms=self._inline_ms(),
                     cpus=self._cpus_of(i),
                     max_sessions_per_node=(
                         self.max_sessions

@@ -21,7 +21,7 @@ from typing import Any
 
 from coordinator.client.session import CoordinatorClient
 from coordinator.client.unreachable import CoordinatorUnreachable
-from coordinator.contract import TurnCredentials
+from coordinator.contract import TurnAnswer
 from coordinator.errors import CoordinatorError
 from net.channel import Channel, ChannelServer, NodeCredentials, connect_channel
 from net.errors import NetError
@@ -68,7 +68,7 @@ def ice_config(client: CoordinatorClient, advertise: tuple[Addr, ...] = ()) -> I
     return _ice_config_of(client.turn(), advertise)
 
 
-def _ice_config_of(creds: TurnCredentials | None, advertise: tuple[Addr, ...]) -> IceConfig:
+def _ice_config_of(creds: TurnAnswer | None, advertise: tuple[Addr, ...]) -> IceConfig:
     if creds is None:
         return IceConfig(extra_host_candidates=advertise)
     host, port = creds.host, creds.port

@@ -23,7 +23,7 @@ from app import pieces_cache
 from app.compute import stage_compute
 from app.config import Hop, WorkerConfig, format_address, parse_address
 from app.errors import ConfigError, PiecesError
-from app.identity import Identity, default_identity_dir, join_swarm
+from app.identity import Identity, default_identity_dir
 from app.links.paths import (
     IceConfigSource,
     LinkDialer,
@@ -42,7 +42,7 @@ from app.progress import print_progress
 from app.serving import standby as standby_stage
 from app.serving.machine.vram import check_within_cap
 from app.serving.rules.beats import BeatPolicy, beat_delay
-from app.serving.serve import LoadedStage, report_stopped, start_worker, stop_event
+from app.serving.serve import LoadedStage, start_worker
 from app.serving.worker import StageWorker
 from coordinator.client.downloads import DownloadProgress
 from coordinator.client.mirror import fetch_pieces
@@ -57,7 +57,7 @@ from coordinator.releases import update_notice
 from core.admission import LLAMA_MAX_SEQ
 from core.hardware import detect_hardware, memory_in_use
 from core.types import LayerRange
-from net import event_loop, reach_probe
+from net import reach_probe
 from net.quic.links import DEFAULT_LIBRARY, QuicTuning
 from net.rate import Throttle, upload_throttle
 from net.wire.versions import this_release
@@ -696,15 +696,3 @@ class _CliReport:
 
 CliReport = _CliReport
 """For the good-guest loop's headless report (app.serving.guest.loop)."""
-
-
-async def run(options: CoordinatedOptions) -> int:
-    if options.join_code:
-        identity = join_swarm(options.join_code, options.identity_dir)
-        print(f"joined as {identity.node_id} ({identity.role})", file=sys.stderr, flush=True)
-    await serve_coordinated(options, stop_event(), _CliReport(), report_stopped)
-    return 0
-
-
-def run_coordinated(options: CoordinatedOptions) -> int:
-    return event_loop.run(run(options))  # uvloop on Linux

@@ -26,7 +26,6 @@ from app.config import Hop, WorkerConfig, parse_address
 from app.serving.links.downstream import Dialer, Downstream
 from app.serving.links.ring import Ring
 from app.serving.machine.row_budget import calibrated_row_budget
-from app.serving.machine.threads import idle_parker
 from app.serving.rules.node_limits import NodeLimits, NodeLimitsPolicy
 from app.serving.rules.peers import StagePlan, idle_sessions, per_node_sessions
 from app.serving.rules.resume import extend_history, rows_to_skip, trimmed
@@ -45,7 +44,7 @@ from app.serving.rules.sessions import (
     Looped,
     Refused,
     Release,
-    Replayed,
+    Resent,
     Resumed,
     Send,
     SessionRules,
@@ -55,7 +54,7 @@ from app.serving.rules.sessions import (
 )
 from app.serving.rules.sessions import Event as RuleEvent
 from app.serving.steps.batch import StageSteps, guess_checks, step_request
-from app.serving.steps.engine_calls import EngineCalls, InlinePolicy, runs_inline
+from app.serving.steps.engine_calls import EngineCalls
 from app.serving.steps.mtp_guesses import (
     chosen_position,
     gate_offered,
@@ -67,8 +66,8 @@ from app.serving.steps.replies import choose_tokens, onward_step, tokens_reply
 from app.serving.worker_state import PendingStep, ServedSession, WorkerStats, guesses_of
 from app.session.wire_values import sampling_from_wire
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
-from core.draft_acceptance import Verdict
 from core.errors import CoreError, PositionError
+from core.guess_acceptance import Verdict
 from core.sampling import make_rng
 from core.scheduling import Queued, select_batch
 from core.stage import Stage, StepFailure, StepResult
@@ -151,8 +150,6 @@ class StageWorker:
         """Last stage: links to first stages, for sessions whose steps go round (ring)."""
         self._engine_calls = engine_calls or EngineCalls()
         self._replied_on: set[Channel] = set()
-        self._inline = InlinePolicy(config.inline_step_ms)
-        self._last_short_step_ms: float | None = None
         spec = stage.spec
         self.admission = AdmissionLedger(
             admission or AdmissionPolicy(n_ctx=spec.n_ctx, max_sessions=spec.n_seq_max)
@@ -203,7 +200,6 @@ class StageWorker:
                 calibrated_row_budget, self.stage
             )
             log.info("row budget %d from step times %s", self.row_budget, self.step_samples)
-        self._engine_calls.after_steps = await self._engine_calls.run(idle_parker, self.stage)
         self.address = await self._server.listen(*self.config.listen)
         if self._rules.plan is not None and self.config.listen[1] == 0:
             # Port 0: the stage's own address is the one the socket got.
@@ -355,8 +351,8 @@ class StageWorker:
                     self._begin(frame, adopt, kept)
                 case Take(step, opened):
                     self._take(step, opened)
-                case Replayed():
-                    self.stats.replayed_steps += 1  # resent after a resume; handled already
+                case Resent():
+                    self.stats.resent_steps += 1  # resent after a resume; handled already
                 case Looped(session, last):
                     log.debug("session %s goes round: its steps come from %s", session, last)
                 case Resumed(session, owner):
@@ -489,7 +485,7 @@ class StageWorker:
                 queue = [
                     Queued(
                         p.request.n_rows,
-                        is_prompt=p.request.n_rows > 1 and not p.step.drafts,
+                        is_prompt=p.request.n_rows > 1 and not p.step.guesses,
                         waited=p.waited,
                         session=p.request.session,
                     )
@@ -505,17 +501,10 @@ class StageWorker:
                 if not batch:
                     continue
                 rows = sum(p.request.n_rows for p in batch)
-                inline = runs_inline(self._inline, rows, self._last_short_step_ms)
                 started = time.perf_counter()
                 checks = guess_checks(batch, self._sessions) if self.is_last else {}
-                results, verdicts = await self._engine_calls.run_step(
-                    inline, self._steps.run, batch, checks
-                )
+                results, verdicts = await self._engine_calls.run(self._steps.run, batch, checks)
                 compute_ms = (time.perf_counter() - started) * 1e3
-                if rows <= self._inline.max_rows:
-                    self._last_short_step_ms = compute_ms
-                if inline and self._pending:
-                    await asyncio.sleep(0)  # let the links run between inline steps
                 self.stats.batches += 1
                 self.stats.last_compute_ms = compute_ms
                 self._step_profile.observe(rows, compute_ms)
@@ -588,7 +577,7 @@ class StageWorker:
         self.stats.tokens += len(chosen)
         reply = tokens_reply(session, step, chosen, logits, timings, self.config.return_logits)
         k = min(self.config.mtp_guesses, session.open.max_tokens - session.generated - 1)
-        session.guess_gate = gate_step(session.guess_gate, bool(step.drafts))
+        session.guess_gate = gate_step(session.guess_gate, bool(step.guesses))
         mtp = self.stage.mtp
         if mtp is not None and not reply.finished and k > 0 and gate_open(session.guess_gate):
             # The model's own guesses of the next tokens ride back with this reply.
@@ -609,7 +598,7 @@ class StageWorker:
     ) -> None:
         guesses = guesses_of(future)
         session.guess_gate = gate_offered(session.guess_gate, guesses)
-        self._feed(TokensReady(replace(reply, drafts=guesses)))
+        self._feed(TokensReady(replace(reply, guesses=guesses)))
 
     # ------------------------------------------------------------ ending sessions
 

@@ -58,7 +58,7 @@ class WorkerStats:
     sessions_opened: int = 0
     sessions_resumed: int = 0
     """Sessions an upstream worker resumed over a new link after its path died."""
-    replayed_steps: int = 0
+    resent_steps: int = 0
     """Steps received twice after a resume (already handled, dropped)."""
     tokens: int = 0
     """Tokens sampled here (last stage only)."""
@@ -77,7 +77,7 @@ class WorkerStats:
 
 
 def guesses_of(future: asyncio.Future[tuple[int, ...]]) -> tuple[int, ...]:
-    """The head's guesses, or none when drafting failed: the tokens still go out."""
+    """The head's guesses, or none when guessing failed: the tokens still go out."""
     if future.cancelled() or future.exception() is not None:
         return ()
     return future.result()

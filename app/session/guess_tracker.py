@@ -1,9 +1,9 @@
-"""Drafting without IO: what the next STEP carries (the client's, or the ring's on the
+"""Guessing without IO: what the next STEP carries (the client's, or the ring's on the
 last stage: app.serving.links.ring).
 
-One `DraftTracker` per generation. After each TOKENS it is told what came back; it then
+One `GuessTracker` per generation. After each TOKENS it is told what came back; it then
 says where the next step starts, which rows it carries (the newest token, then up to k
-n-gram guesses from `core.drafting`) and where every stage must cut its cache first
+n-gram guesses from `core.guessing`) and where every stage must cut its cache first
 (`keep_until`: the positions of guesses the last stage rejected). A rejected guess so
 costs no extra trip: the cut rides on the next step.
 
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.errors import ClientError
-from core.drafting import (
+from core.guessing import (
     GuessPolicy,
     GuessState,
-    choose_drafts,
+    choose_guesses,
     guesses_now,
     initial_state,
     next_guess_state,
@@ -33,11 +33,11 @@ class NextStep:
     start: int
     tokens: tuple[int, ...]
     """The newest token followed by the guesses."""
-    drafts: tuple[int, ...]
+    guesses: tuple[int, ...]
     keep_until: int | None
 
 
-class DraftTracker:
+class GuessTracker:
     def __init__(self, prompt: Sequence[int], max_tokens: int, policy: GuessPolicy) -> None:
         self.policy = policy
         self.state: GuessState = initial_state(policy)
@@ -48,7 +48,7 @@ class DraftTracker:
         """Positions every stage holds as real."""
         self.cached = self.pos
         """Positions every stage holds, rejected guesses included."""
-        self._last_drafts: tuple[int, ...] = ()
+        self._last_guesses: tuple[int, ...] = ()
         self._offered: tuple[int, ...] = ()
         """The MTP head's guesses that came with the latest tokens."""
         self.proposed = 0
@@ -64,17 +64,17 @@ class DraftTracker:
     ) -> None:
         """TOKENS for the latest step: its accepted guesses, then the model's own token,
         and the last stage's guesses of what follows (`offered`, MTP)."""
-        if not 0 <= n_accepted <= len(self._last_drafts) or len(tokens) != n_accepted + 1:
+        if not 0 <= n_accepted <= len(self._last_guesses) or len(tokens) != n_accepted + 1:
             raise ClientError(
                 f"malformed TOKENS: a reply of {len(tokens)} tokens accepting {n_accepted} of "
-                f"{len(self._last_drafts)} guesses does not add up"
+                f"{len(self._last_guesses)} guesses does not add up"
             )
         self._offered = tuple(offered)
-        if self._last_drafts or self.trips:
+        if self._last_guesses or self.trips:
             self.state = next_guess_state(
-                self.policy, self.state, len(self._last_drafts), n_accepted, trip_ms
+                self.policy, self.state, len(self._last_guesses), n_accepted, trip_ms
             )
-        self.proposed += len(self._last_drafts)
+        self.proposed += len(self._last_guesses)
         self.accepted += n_accepted
         self.trips += 1
         if self.cached > self.pos:  # a decode step: its first row and accepted guesses stay
@@ -90,16 +90,16 @@ class DraftTracker:
         self.produced += len(tokens)
         self.pos = len(self.history) - 1  # the newest token is the next step's first row
         self.cached = self.pos + rejected
-        self._last_drafts = ()
+        self._last_guesses = ()
         self._offered = ()
 
     def next_step(self) -> NextStep:
         """The step after the latest reply (call `reply` first)."""
         room = self.max_tokens - self.produced - 1  # guesses beyond max_tokens are wasted
         k = max(0, min(guesses_now(self.policy, self.state), room))
-        drafts = choose_drafts(self.policy, self.history, self._offered, k)
+        guesses = choose_guesses(self.policy, self.history, self._offered, k)
         keep = self.pos if self.cached > self.pos else None
-        tokens = (self.history[-1], *drafts)
-        self._last_drafts = drafts
+        tokens = (self.history[-1], *guesses)
+        self._last_guesses = guesses
         self.cached = self.pos + len(tokens)
-        return NextStep(self.pos, tokens, drafts, keep)
+        return NextStep(self.pos, tokens, guesses, keep)

@@ -57,7 +57,7 @@ class DownloadProgress:
 ProgressCallback = Callable[[DownloadProgress], None]
 
 
-class _Cancelled(Exception):
+class StoppedEarly(Exception):
     """Another piece failed; this worker stops early and keeps its .part for next time."""
 
 
@@ -160,7 +160,7 @@ def download_pieces(
             job.stop.set()
         wait(futures)
     errors = [f.exception() for f in futures]
-    real = [e for e in errors if e is not None and not isinstance(e, _Cancelled)]
+    real = [e for e in errors if e is not None and not isinstance(e, StoppedEarly)]
     if real:
         raise real[0]
     paths = {p.file: f.result() for p, f in zip(unique, futures, strict=True)}
@@ -211,7 +211,7 @@ def _fetch_piece(job: _Job, piece: PieceInfo) -> Path:
     failures = 0
     while True:
         if job.stop.is_set():
-            raise _Cancelled
+            raise StoppedEarly
         before = _size(part)
         try:
             _transfer(job, piece, part)
@@ -231,7 +231,7 @@ def _fetch_piece(job: _Job, piece: PieceInfo) -> Path:
             if failures >= job.retries:
                 raise DownloadError(piece.name, f"{_describe(exc)} ({failures} attempts)") from exc
             if job.stop.wait(job.backoff * 2 ** (failures - 1)):
-                raise _Cancelled from exc
+                raise StoppedEarly from exc
             continue
         os.replace(part, final)
         job.progress.update(piece, piece.size, finished=True)
@@ -282,7 +282,7 @@ def _transfer(job: _Job, piece: PieceInfo, part: Path) -> None:
             job.progress.update(piece, done)
             for chunk in _body(resp, job.chunk_bytes):
                 if job.stop.is_set():
-                    raise _Cancelled
+                    raise StoppedEarly
                 if done + len(chunk) > piece.size:
                     raise _Mismatch(f"server sent more than the manifest's {piece.size} bytes")
                 f.write(chunk)

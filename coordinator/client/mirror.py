@@ -33,6 +33,7 @@ from coordinator.client.downloads import (
     DownloadError,
     DownloadProgress,
     ProgressCallback,
+    StoppedEarly,
     download_pieces,
 )
 from coordinator.mirror_reads import MirrorError, RangeOptions, piece_bytes
@@ -55,11 +56,7 @@ class FetchReport:
     """Why the mirror was demoted; empty when it was not."""
 
 
-class _Cancelled(Exception):
-    pass
-
-
-class _State:
+class _FetchState:
     """Shared by the piece threads: the mirror's health, byte counts and progress."""
 
     def __init__(self, pieces: Sequence[PieceInfo], callback: ProgressCallback | None) -> None:
@@ -144,7 +141,7 @@ def fetch_pieces(
         return FetchReport(tuple(paths), 0, sum(p.size for p in unique) - before, "")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    state = _State(unique, progress)
+    state = _FetchState(unique, progress)
     http = mirror_session or requests.Session()
     opts = RangeOptions(
         timeout=timeout,
@@ -173,7 +170,7 @@ def fetch_pieces(
             state.stop.set()
         wait(futures)
     errors = [f.exception() for f in futures]
-    real = [e for e in errors if e is not None and not isinstance(e, _Cancelled)]
+    real = [e for e in errors if e is not None and not isinstance(e, StoppedEarly)]
     if real:
         raise real[0]
     by_file = {p.file: f.result() for p, f in zip(unique, futures, strict=True)}
@@ -206,7 +203,7 @@ def _from_mirror(
     ranges: PieceRanges,
     piece: PieceInfo,
     dest: Path,
-    state: _State,
+    state: _FetchState,
     opts: RangeOptions,
     retries: int,
     backoff: float,
@@ -224,7 +221,7 @@ def _from_mirror(
             return final
     while state.usable():
         if state.stop.is_set():
-            raise _Cancelled
+            raise StoppedEarly
         done = _size(part)
         if done > piece.size:
             part.unlink()
@@ -245,7 +242,7 @@ def _from_mirror(
             log.info("mirror failed piece %s: %s", piece.name, exc)
             health = state.weigh(exc.outcome, exc.reason, retries)
             if not health.demoted and state.stop.wait(backoff * 2 ** max(health.failures - 1, 0)):
-                raise _Cancelled from exc
+                raise StoppedEarly from exc
             continue
         except PieceCorruptError as exc:
             part.unlink(missing_ok=True)
@@ -266,7 +263,7 @@ def _piece_stream(
     ranges: PieceRanges,
     piece: PieceInfo,
     start: int,
-    state: _State,
+    state: _FetchState,
     opts: RangeOptions,
 ) -> Iterator[bytes]:
     def header(a: int, b: int) -> Iterator[bytes]:
@@ -276,7 +273,7 @@ def _piece_stream(
 
     for chunk in piece_bytes(http, mirror, ranges, start, piece.size, header, opts):
         if state.stop.is_set():
-            raise _Cancelled
+            raise StoppedEarly
         yield chunk
 
 
@@ -312,7 +309,7 @@ def _from_coordinator(
     base_url: str,
     piece: PieceInfo,
     dest: Path,
-    state: _State,
+    state: _FetchState,
     chunk_bytes: int,
     retries: int,
     timeout: float,

@@ -35,7 +35,7 @@ from coordinator.contract import (
     RouteAnswer,
     Signal,
     SignalPost,
-    TurnCredentials,
+    TurnAnswer,
 )
 from coordinator.errors import CoordinatorError, MalformedAnswer
 from coordinator.invites import InviteCode, invite_refusal
@@ -274,7 +274,7 @@ class CoordinatorClient:
                 log.warning("ignoring a signal: %s", exc)
         return signals
 
-    def turn(self) -> TurnCredentials | None:
+    def turn(self) -> TurnAnswer | None:
         """TURN credentials for this node, or None where the swarm has no relay."""
         try:
             result = _call(self.session, "GET", self.url(c.TURN))
@@ -282,7 +282,7 @@ class CoordinatorClient:
             if exc.status == 404:
                 return None
             raise
-        return TurnCredentials.from_json(result) if isinstance(result, dict) else None
+        return TurnAnswer.from_json(result) if isinstance(result, dict) else None
 
     def pieces_url(self, assignment: Assignment) -> str:
         return self.url(assignment.pieces_url)

@@ -17,7 +17,7 @@ __all__ = [
     "AnswerState",
     "Chain",
     "Failure",
-    "FailureKind",
+    "ProbeFailure",
     "ProbePolicy",
     "describe",
     "next_state",
@@ -43,7 +43,7 @@ class ProbePolicy:
     answer again soon after it is repaired."""
 
 
-class FailureKind(enum.Enum):
+class ProbeFailure(enum.Enum):
     NO_PLAN = "no_plan"
     DIAL = "dial"
     """A stage of the chain did not accept the coordinator's link."""
@@ -60,7 +60,7 @@ class FailureKind(enum.Enum):
 
 @dataclass(frozen=True)
 class Failure:
-    kind: FailureKind
+    kind: ProbeFailure
     stage: str = ""
     """The node id the failure points at, where known."""
     detail: str = ""
@@ -112,15 +112,15 @@ def describe(failure: Failure, chain: Chain) -> str:
     role = _role(failure.stage, ids)
     k = failure.kind
     detail = f": {failure.detail}" if failure.detail else ""
-    if k is FailureKind.NO_PLAN:
+    if k is ProbeFailure.NO_PLAN:
         return f"no chain is planned{detail}"
-    if k is FailureKind.DIAL:
+    if k is ProbeFailure.DIAL:
         return f"{role} {failure.stage} does not accept links{detail}"
-    if k is FailureKind.REFUSED:
+    if k is ProbeFailure.REFUSED:
         return f"{role} {failure.stage} refused the probe{detail}"
-    if k is FailureKind.LINK_CLOSED:
+    if k is ProbeFailure.LINK_CLOSED:
         return f"the link to {role} {failure.stage} closed mid-answer{detail}"
-    if k is FailureKind.NO_RING:
+    if k is ProbeFailure.NO_RING:
         first = ids[0] if ids else "?"
         return (
             f"the first token came, the next did not: the link from the last stage "
@@ -169,4 +169,4 @@ def next_state(
 
 def no_plan_state(previous: AnswerState, reason: str, now: float) -> AnswerState:
     """No chain to probe: it cannot answer, because there is none."""
-    return next_state(previous, (), Failure(FailureKind.NO_PLAN, detail=reason), now)
+    return next_state(previous, (), Failure(ProbeFailure.NO_PLAN, detail=reason), now)

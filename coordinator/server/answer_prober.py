@@ -26,7 +26,7 @@ from coordinator.server.answer_probe import (
     AnswerState,
     Chain,
     Failure,
-    FailureKind,
+    ProbeFailure,
     ProbePolicy,
     next_state,
     no_plan_state,
@@ -92,7 +92,7 @@ async def probe_chain(
                             split_address(address), creds, node, tuning, policy.dial_timeout_s
                         )
                     except (NetError, OSError, TimeoutError, ValueError) as exc:
-                        return Failure(FailureKind.DIAL, node, str(exc) or type(exc).__name__)
+                        return Failure(ProbeFailure.DIAL, node, str(exc) or type(exc).__name__)
                     channels[node] = ch
                     _watch(ch, node, events)
                 entry = channels[first[0]]
@@ -119,10 +119,10 @@ async def probe_chain(
                 while got < PROBE_TOKENS:
                     ev = await events.get()
                     if ev.frame is None:
-                        return Failure(FailureKind.LINK_CLOSED, ev.node, ev.closed)
+                        return Failure(ProbeFailure.LINK_CLOSED, ev.node, ev.closed)
                     frame = ev.frame
                     if isinstance(frame, wire.Error) and frame.session in ("", session):
-                        return Failure(FailureKind.REFUSED, ev.node, frame.message)
+                        return Failure(ProbeFailure.REFUSED, ev.node, frame.message)
                     if not isinstance(frame, wire.Tokens) or frame.session != session:
                         continue
                     got += len(frame.tokens)
@@ -135,10 +135,10 @@ async def probe_chain(
                         entry.flush()
         except TimeoutError:
             if got:
-                return Failure(FailureKind.NO_RING, last[0], f"within {policy.timeout_s:.0f} s")
+                return Failure(ProbeFailure.NO_RING, last[0], f"within {policy.timeout_s:.0f} s")
             silent = await _silent_stages(chain[1:-1], creds, policy, tuning)
             return Failure(
-                FailureKind.NO_TOKEN, first[0], f"within {policy.timeout_s:.0f} s", silent
+                ProbeFailure.NO_TOKEN, first[0], f"within {policy.timeout_s:.0f} s", silent
             )
         return None
     finally:

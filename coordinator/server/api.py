@@ -36,10 +36,10 @@ from coordinator.contract import (
     InviteCheck,
     JoinAnswer,
     RouteAnswer,
-    RouteStage,
+    RouteAnswerStage,
     Signal,
     SignalPost,
-    TurnCredentials,
+    TurnAnswer,
 )
 from coordinator.errors import AccessDenied, JoinRefused, NotFound
 from coordinator.releases import RELEASE_HEADER, ReleaseRefused, check_release
@@ -392,11 +392,11 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
 
     @app.get(
         c.TURN,
-        response_model=TurnCredentials,
+        response_model=TurnAnswer,
         tags=["nodes"],
         responses=_errors(401, 404),
     )
-    def turn(who: NodeId) -> TurnCredentials:
+    def turn(who: NodeId) -> TurnAnswer:
         creds = coord.turn_credentials(who)
         if creds is None:
             raise HTTPException(404, "this swarm has no relay")
@@ -617,7 +617,7 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
         []
         if current is None
         else [
-            RouteStage(
+            RouteAnswerStage(
                 node_id=s.node_id,
                 address=addresses.get(s.node_id, ""),
                 layers=(s.layers.start, s.layers.stop),

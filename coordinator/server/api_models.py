@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from coordinator.contract import (
-    RouteStage,
+    RouteAnswerStage,
 )
 from coordinator.server.events import MAX_NAME
 from coordinator.server.invite_book import MAX_USES
@@ -248,7 +248,7 @@ class SwarmOut(BaseModel):
     model: str
     n_layer: int
     nodes: list[NodeOut]
-    plan: list[RouteStage]
+    plan: list[RouteAnswerStage]
     spares: list[str]
     no_spare: list[tuple[int, int]] = []
     """Layer ranges of stages no spare stands by for."""

@@ -61,7 +61,7 @@ KINDS: Mapping[str, Kind] = {
 
 
 @dataclass(frozen=True)
-class Draft:
+class PendingEvent:
     """An event to record: its kind (a key of KINDS), the node it is about ("" for the
     swarm as a whole) and a line for the operator."""
 
@@ -186,7 +186,7 @@ def _stage(report: Report) -> str:
 
 def beat_events(
     node_id: str, before: Report | None, now: Report, liveness: str, silent_s: float
-) -> tuple[Draft, ...]:
+) -> tuple[PendingEvent, ...]:
     """The events one heartbeat makes, from the node's last report (`before`; None when
     this coordinator has heard none since it started) and what the timeline last said
     about its liveness; `silent_s`: how long it was silent before this beat.
@@ -195,15 +195,17 @@ def beat_events(
     change (a spare standing by for other layers, a new stage), and a download at
     its start and at each quarter. A first report after a restart makes events only
     for a pause, a download or a load: the rest was told before the restart."""
-    out: list[Draft] = []
+    out: list[PendingEvent] = []
     if liveness in (STALE, GONE):
-        out.append(Draft("back", node_id, f"heartbeats again after {silent_s:.0f} s of silence"))
+        out.append(
+            PendingEvent("back", node_id, f"heartbeats again after {silent_s:.0f} s of silence")
+        )
     if now.paused:
         if before is None or before.paused != now.paused:
-            out.append(Draft("paused", node_id, bounded(now.paused)))
+            out.append(PendingEvent("paused", node_id, bounded(now.paused)))
         return tuple(out)
     if before is not None and before.paused:
-        out.append(Draft("resumed", node_id, "offers to serve again"))
+        out.append(PendingEvent("resumed", node_id, "offers to serve again"))
     stage = _stage(now)
     if now.activity == "downloading":
         quarter = download_quarter(now.done_bytes, now.total_bytes)
@@ -213,35 +215,39 @@ def beat_events(
         if quarter > last:
             pct = 100 * max(0, now.done_bytes) // max(1, now.total_bytes)
             sizes = f"{pct}% of {size_text(now.total_bytes)}" if now.total_bytes else "starting"
-            out.append(Draft("downloading", node_id, f"{stage}: {sizes}" if stage else sizes))
+            out.append(
+                PendingEvent("downloading", node_id, f"{stage}: {sizes}" if stage else sizes)
+            )
         return tuple(out)
     changed = before is None or (before.activity, before.layers) != (now.activity, now.layers)
     if not changed:
         return tuple(out)
     if now.activity == "loading":
-        out.append(Draft("loading", node_id, stage))
+        out.append(PendingEvent("loading", node_id, stage))
     elif before is None:
         pass  # told before this coordinator restarted
     elif now.activity == "serving":
-        out.append(Draft("serving", node_id, stage))
+        out.append(PendingEvent("serving", node_id, stage))
     elif now.activity == "standby" and now.layers is not None:
-        out.append(Draft("standby", node_id, f"a spare getting {stage} ready"))
+        out.append(PendingEvent("standby", node_id, f"a spare getting {stage} ready"))
     return tuple(out)
 
 
-def silence_events(node_id: str, liveness: str, state: str, silent_s: float) -> tuple[Draft, ...]:
+def silence_events(
+    node_id: str, liveness: str, state: str, silent_s: float
+) -> tuple[PendingEvent, ...]:
     """A node's silence as events: stale once, gone once (until it heartbeats again).
     `state` is node_state's; a paused node's slow heartbeats are no silence."""
     if state == "gone" and liveness != GONE:
-        return (Draft("gone", node_id, f"silent for {silent_s:.0f} s: out of the plan"),)
+        return (PendingEvent("gone", node_id, f"silent for {silent_s:.0f} s: out of the plan"),)
     if state == "stale" and liveness not in (STALE, GONE):
-        return (Draft("stale", node_id, f"silent for {silent_s:.0f} s"),)
+        return (PendingEvent("stale", node_id, f"silent for {silent_s:.0f} s"),)
     return ()
 
 
-def liveness_after(liveness: str, drafts: tuple[Draft, ...]) -> str:
-    """What the timeline says about a node's liveness once `drafts` are recorded."""
-    for d in drafts:
+def liveness_after(liveness: str, pending: tuple[PendingEvent, ...]) -> str:
+    """What the timeline says about a node's liveness once `pending` are recorded."""
+    for d in pending:
         liveness = KINDS[d.kind].liveness or liveness
     return liveness
 
@@ -252,14 +258,14 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 def plan_events(
     before: PlanView | None, after: PlanView | None, error: str, names: Mapping[str, str]
-) -> tuple[Draft, ...]:
+) -> tuple[PendingEvent, ...]:
     """The events of a new plan: the plan lost (and why), or re-planned (its stages, and
     the nodes that left it), and each spare promoted to a stage (whose layers it took).
     Nothing when the stages stay as they were (spares coming and going are no re-plan)."""
     if after is None:
         if before is None:
             return ()
-        return (Draft("no_plan", "", bounded(error or "no chain can be formed")),)
+        return (PendingEvent("no_plan", "", bounded(error or "no chain can be formed")),)
     if before is not None and before.stages == after.stages:
         return ()
     stages = ", ".join(f"{who(n, names)} {layer_text(lay)}" for n, lay in after.stages)
@@ -269,7 +275,7 @@ def plan_events(
     left = [n for n, _ in (before.stages if before else ()) if n not in kept]
     if left:
         detail += "; left the plan: " + ", ".join(who(n, names) for n in left)
-    out = [Draft("replanned", "", bounded(detail))]
+    out = [PendingEvent("replanned", "", bounded(detail))]
     spares = set(before.spares) if before is not None else set()
     for node, layers in after.stages:
         if node not in spares or before is None:
@@ -278,5 +284,5 @@ def plan_events(
             who(n, names) for n, old in before.stages if n != node and _overlaps(old, layers)
         ]
         whom = f" from {', '.join(replaced)}" if replaced else ""
-        out.append(Draft("promoted", node, bounded(f"takes {layers_text(layers)}{whom}")))
+        out.append(PendingEvent("promoted", node, bounded(f"takes {layers_text(layers)}{whom}")))
     return tuple(out)

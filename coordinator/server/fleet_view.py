@@ -20,7 +20,7 @@ from coordinator.server.prediction import (
     predict,
 )
 
-__all__ = ["FleetForecast", "StageLoad", "StageReport", "forecast"]
+__all__ = ["FleetForecast", "StageCapacity", "StageReport", "forecast"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class StageReport:
 
 
 @dataclass(frozen=True)
-class StageLoad:
+class StageCapacity:
     max_sessions: int = 0
     kv_budget_bytes: int = 0
 
@@ -71,7 +71,7 @@ def forecast(
     plan: Plan | None,
     model: ModelSpec,
     reports: Mapping[str, StageReport],
-    loads: Mapping[str, StageLoad],
+    loads: Mapping[str, StageCapacity],
     rtt_ms: Mapping[tuple[str, str], float],
     context_tokens: int,
     hop_ms: float = DEFAULT_HOP_MS,
@@ -86,7 +86,7 @@ def forecast(
         points = _points(reports.get(s.node_id))
         if not points:
             return FleetForecast(None, f"waiting for {s.node_id}'s step times")
-        load = loads.get(s.node_id, StageLoad())
+        load = loads.get(s.node_id, StageCapacity())
         report = reports[s.node_id]
         stages.append(StageFacts(s.node_id, points, report.row_budget, load.max_sessions))
         per_token = sum(model.kv_bytes_per_token_per_layer[s.layers.start : s.layers.stop])

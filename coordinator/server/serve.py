@@ -20,7 +20,7 @@ from coordinator.server.answer_probe import AnswerState, ProbePolicy
 from coordinator.server.answer_prober import AnswerProber, probe_credentials
 from coordinator.server.remote_model import is_url, register
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import ADMIN_PASSWORD, Coordinator, HostedModel, Settings
+from coordinator.server.service import ADMIN_PASSWORD, Coordinator, CoordinatorSettings, HostedModel
 from coordinator.server.store import Store, migrate
 from core.errors import CoreError, SplitShardError
 from core.model_inputs import model_file, pieces_manifest
@@ -50,7 +50,7 @@ class CoordinatorOptions:
     model: str = "default"
     public_url: str | None = None
     admin_password: str | None = None
-    settings: Settings = field(default_factory=Settings)
+    settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     answer_probe_every_s: float = 45.0
     """How often the planned chain is asked for two tokens (answer_prober.py); 0: never."""
     keep_pieces: bool = False

@@ -29,10 +29,10 @@ from coordinator.contract import (
     JoinAnswer,
     NextHop,
     RouteAnswer,
-    RouteStage,
+    RouteAnswerStage,
     Signal,
     SignalPost,
-    TurnCredentials,
+    TurnAnswer,
 )
 from coordinator.errors import (
     AccessDenied,
@@ -51,8 +51,7 @@ from coordinator.server.events import (
     name_from_note,
     node_state,
 )
-from coordinator.server.fleet_view import FleetForecast, StageReport, forecast
-from coordinator.server.fleet_view import StageLoad as FleetLoad
+from coordinator.server.fleet_view import FleetForecast, StageCapacity, StageReport, forecast
 from coordinator.server.invite_book import (
     InviteRecord,
     create_invite,
@@ -132,7 +131,7 @@ class HostedModel:
 
 
 @dataclass(frozen=True)
-class Settings:
+class CoordinatorSettings:
     stale_after_s: float = 15.0
     """A node silent this long is shown as stale."""
     dead_after_s: float = 45.0
@@ -210,7 +209,7 @@ class Coordinator:
         ca: auth.CertifiedKey,
         public_url: str,
         model: HostedModel,
-        settings: Settings = Settings(),
+        settings: CoordinatorSettings = CoordinatorSettings(),
         reachable: Callable[[str], bool] | None = None,
     ) -> None:
         """`reachable`: whether an advertised address answers the coordinator's probe
@@ -962,7 +961,9 @@ class Coordinator:
                 self._handed[pick] += 1
             current = chains[pick]
         stages = tuple(
-            RouteStage(st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop))
+            RouteAnswerStage(
+                st.node_id, addresses.get(st.node_id, ""), (st.layers.start, st.layers.stop)
+            )
             for st in current.stages
         )
         return RouteAnswer(self.model.name, stages)
@@ -972,7 +973,7 @@ class Coordinator:
         the stages' reported step times and the links' measured round trips."""
         plan = self._plan
         nodes = self.nodes()
-        loads = {n.node_id: FleetLoad(n.max_sessions, n.kv_budget_bytes) for n in nodes}
+        loads = {n.node_id: StageCapacity(n.max_sessions, n.kv_budget_bytes) for n in nodes}
         with self._lock:
             reports = dict(self._reports)
         return forecast(
@@ -986,7 +987,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ relay
 
-    def turn_credentials(self, node_id: str) -> TurnCredentials | None:
+    def turn_credentials(self, node_id: str) -> TurnAnswer | None:
         """coturn REST credentials for a joined node, or None where there is no relay."""
         if self.settings.turn_server is None or not self.settings.turn_secret:
             return None
@@ -999,7 +1000,7 @@ class Coordinator:
             time.time(),
             (turn_uri(host, port), stun_uri(host, port)),
         )
-        return TurnCredentials(
+        return TurnAnswer(
             host, port, creds.username, creds.password, creds.ttl_s, tuple(creds.uris)
         )
 

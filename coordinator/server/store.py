@@ -7,7 +7,6 @@ The schema is created and upgraded by Alembic migrations (coordinator/server/mig
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -252,7 +251,3 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)

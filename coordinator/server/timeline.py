@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from coordinator.server.events import (
     KINDS,
     MAX_DETAIL,
-    Draft,
+    PendingEvent,
     PlanView,
     Report,
     beat_events,
@@ -70,12 +70,12 @@ class Timeline:
 
     def record(self, kind: str, node_id: str = "", detail: str = "") -> None:
         """Keep one event; UnknownEventKind for a kind not in events.KINDS."""
-        self.record_all((Draft(kind, node_id, detail),))
+        self.record_all((PendingEvent(kind, node_id, detail),))
 
-    def record_all(self, drafts: Iterable[Draft]) -> None:
-        drafts = tuple(drafts)
+    def record_all(self, pending: Iterable[PendingEvent]) -> None:
+        pending = tuple(pending)
         rows = []
-        for d in drafts:
+        for d in pending:
             if d.kind not in KINDS:
                 raise UnknownEventKind(f"no event kind {d.kind!r}")
             detail = d.detail if len(d.detail) <= MAX_DETAIL else d.detail[: MAX_DETAIL - 1] + "…"
@@ -83,7 +83,7 @@ class Timeline:
         if not rows:
             return
         self._store.add_events(rows, MAX_EVENTS)
-        for d in drafts:
+        for d in pending:
             log.info("event %s %s %s", d.kind, d.node_id, d.detail)
 
     # ------------------------------------------------------------ what happened
@@ -92,10 +92,12 @@ class Timeline:
         """A heartbeat: events for what changed since the node's last report."""
         with self._lock:
             before = self._reports.get(node_id)
-            drafts = beat_events(node_id, before, report, self._liveness.get(node_id, ""), silent_s)
+            pending = beat_events(
+                node_id, before, report, self._liveness.get(node_id, ""), silent_s
+            )
             self._reports[node_id] = report
-            self._liveness[node_id] = liveness_after("live", drafts)
-        self.record_all(drafts)
+            self._liveness[node_id] = liveness_after("live", pending)
+        self.record_all(pending)
 
     def report_of(self, node_id: str) -> Report | None:
         """What the node last said it is doing (None: nothing since this start)."""
@@ -117,29 +119,29 @@ class Timeline:
 
     def sweep(self, states: Mapping[str, tuple[str, float]]) -> None:
         """Node id -> (node_state, seconds silent): events for new silences."""
-        drafts: list[Draft] = []
+        pending: list[PendingEvent] = []
         with self._lock:
             for node_id, (state, silent_s) in states.items():
                 liveness = self._liveness.get(node_id, "")
                 found = silence_events(node_id, liveness, state, silent_s)
                 if found:
                     self._liveness[node_id] = liveness_after(liveness, found)
-                    drafts.extend(found)
-        self.record_all(tuple(drafts))
+                    pending.extend(found)
+        self.record_all(tuple(pending))
 
     def said_gone(self, node_id: str, detail: str) -> None:
         """A node found dead otherwise than by silence (a client's report, confirmed)."""
         self.record_all(self._liveness_event("reported_dead", node_id, detail))
 
-    def _liveness_event(self, kind: str, node_id: str, detail: str) -> tuple[Draft, ...]:
-        drafts = (Draft(kind, node_id, detail),)
+    def _liveness_event(self, kind: str, node_id: str, detail: str) -> tuple[PendingEvent, ...]:
+        pending = (PendingEvent(kind, node_id, detail),)
         with self._lock:
             liveness = self._liveness.get(node_id, "")
-            after = liveness_after(liveness, drafts)
+            after = liveness_after(liveness, pending)
             if after == liveness:
                 return ()
             self._liveness[node_id] = after
-        return drafts
+        return pending
 
     def plan_now(
         self, plan: PlanView | None, error: str, names: Callable[[], Mapping[str, str]]

@@ -112,7 +112,7 @@ def _check_open(frame: Open, limits: Limits) -> None:
 
 
 MAX_RING_GUESSES = 32
-"""Guesses a step round the ring may carry (a client drafts 6 at most by default)."""
+"""Guesses a step round the ring may carry (a client guesses 6 at most by default)."""
 
 
 def _check_loop(loop: Loop, limits: Limits) -> None:
@@ -177,13 +177,13 @@ def _check_step(frame: Step, limits: Limits) -> None:
     _check_int("step_id", frame.step_id, U64_MAX)
     dtype = as_enum(WireDtype, frame.wire_dtype, ErrorCode.BAD_DTYPE, "wire dtype")
     _check_token_list("tokens", frame.tokens, limits.max_tokens_per_frame)
-    _check_token_list("drafts", frame.drafts, limits.max_drafts)
+    _check_token_list("guesses", frame.guesses, limits.max_guesses)
     _check_rows(frame, dtype, limits)
-    if frame.drafts and len(frame.drafts) >= frame.n_rows:
-        # Drafts are verified after the accepted token before them, so they fill at most
+    if frame.guesses and len(frame.guesses) >= frame.n_rows:
+        # Guesses are verified after the accepted token before them, so they fill at most
         # all rows but the first.
         raise FrameError(
-            ErrorCode.BAD_SHAPE, f"{len(frame.drafts)} drafts need more than {frame.n_rows} rows"
+            ErrorCode.BAD_SHAPE, f"{len(frame.guesses)} guesses need more than {frame.n_rows} rows"
         )
     if not 0 <= frame.start <= POS_MAX - frame.n_rows:
         raise FrameError(ErrorCode.BAD_POSITIONS, f"rows from {frame.start} overflow int32")
@@ -194,9 +194,9 @@ def _check_step(frame: Step, limits: Limits) -> None:
         )
     _check_timings(frame.timings, limits)
     _check_int("sent_at_ns", frame.sent_at_ns, U64_MAX)
-    if frame.one_by_one and frame.drafts:
+    if frame.one_by_one and frame.guesses:
         # Guessed rows have their own row-by-row rules (app.serving.steps.verify_rows).
-        raise FrameError(ErrorCode.BAD_SHAPE, "rows one at a time carry no drafts")
+        raise FrameError(ErrorCode.BAD_SHAPE, "rows one at a time carry no guesses")
 
 
 def _check_rows(frame: Step, dtype: WireDtype, limits: Limits) -> None:
@@ -233,9 +233,9 @@ def _check_tokens_frame(frame: Tokens, limits: Limits) -> None:
     _check_session(frame.session, limits)
     _check_int("step_id", frame.step_id, U64_MAX)
     _check_token_list("tokens", frame.tokens, limits.max_tokens_per_frame)
-    _check_token_list("drafts", frame.drafts, limits.max_drafts)
-    _check_int("n_accepted", frame.n_accepted, limits.max_drafts)
-    _check_int("guessed", frame.guessed, min(limits.max_drafts, U8_MAX))
+    _check_token_list("guesses", frame.guesses, limits.max_guesses)
+    _check_int("n_accepted", frame.n_accepted, limits.max_guesses)
+    _check_int("guessed", frame.guessed, min(limits.max_guesses, U8_MAX))
     if frame.n_accepted > frame.guessed and frame.guessed:
         raise FrameError(ErrorCode.BAD_VALUE, "more guesses accepted than the step carried")
     _check_timings(frame.timings, limits)

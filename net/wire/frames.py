@@ -50,9 +50,9 @@ class Loop:
     session's STEPs from."""
     guesses: int = 0
     """Up to this many n-gram guesses a step round the ring may carry, chosen by the last
-    stage from the session's tokens (core.drafting); 0: plain steps only."""
+    stage from the session's tokens (core.guessing); 0: plain steps only."""
     adaptive: bool = True
-    """The guesses follow what pays (core.drafting's adaptive policy); False: always
+    """The guesses follow what pays (core.guessing's adaptive policy); False: always
     `guesses` where the text has them."""
 
     @property
@@ -119,16 +119,16 @@ class Step:
     n_rows: int
     width: int
     wire_dtype: WireDtype
-    drafts: tuple[int, ...] = ()
-    """Guessed tokens under verification: the last len(drafts) rows."""
+    guesses: tuple[int, ...] = ()
+    """Guessed tokens under verification: the last len(guesses) rows."""
     keep_until: int | None = None
-    """Before evaluating, each stage drops cached positions >= keep_until (rejected drafts)."""
+    """Before evaluating, each stage drops cached positions >= keep_until (rejected guesses)."""
     timings: tuple[StageTiming, ...] = ()
     sent_at_ns: int = 0
     one_by_one: bool = False
     """Every stage evaluates these rows one at a time, each in a llama_decode of its own
     (a replay's generated tokens, as they were first computed: app.session.replay_shapes); the
-    last stage needs logits for the final row only. No drafts with it. Encoded as an
+    last stage needs logits for the final row only. No guesses with it. Encoded as an
     optional tail of the STEP body, absent when False: plain STEPs keep their bytes."""
 
 
@@ -139,9 +139,9 @@ class Tokens:
     session: str
     step_id: int
     tokens: tuple[int, ...]
-    drafts: tuple[int, ...]
+    guesses: tuple[int, ...]
     n_accepted: int
-    """How many of the step's drafts the model agreed with."""
+    """How many of the step's guesses the model agreed with."""
     finished: bool
     timings: tuple[StageTiming, ...]
     logits_sample: bytes = b""

@@ -62,7 +62,7 @@ class Limits:
     max_rows: int = 4096
     max_width: int = 65536
     max_tokens_per_frame: int = 4096
-    max_drafts: int = 64
+    max_guesses: int = 64
     max_string: int = 1024
     """UTF-8 bytes of any one string."""
     max_timings: int = 256

@@ -160,7 +160,7 @@ def _read_step(r: _Reader) -> Step:
     dtype = as_enum(WireDtype, raw_dtype, ErrorCode.BAD_DTYPE, "wire dtype")
     tokens = r.ints()
     hidden = r.blob() if r.flag("hidden") else None
-    drafts = r.ints()
+    guesses = r.ints()
     keep_until = r.u(_U32) if r.flag("keep_until") else None
     timings, sent_at_ns = r.timings(), r.u(_U64)
     one_by_one = False
@@ -168,12 +168,12 @@ def _read_step(r: _Reader) -> Step:
         one_by_one = r.flag("one_by_one")
         if not one_by_one:  # one encoding per frame: the writer omits a false tail
             raise FrameError(ErrorCode.MALFORMED, "a one_by_one tail of 0 (omitted when false)")
-    return Step(session, step_id, start, tokens, hidden, n_rows, width, dtype, drafts,
+    return Step(session, step_id, start, tokens, hidden, n_rows, width, dtype, guesses,
                 keep_until, timings, sent_at_ns, one_by_one)  # fmt: skip
 
 
 def _read_tokens(r: _Reader) -> Tokens:
-    session, step_id, tokens, drafts = r.string(), r.u(_U64), r.ints(), r.ints()
+    session, step_id, tokens, guesses = r.string(), r.u(_U64), r.ints(), r.ints()
     n_accepted, finished = r.u(_U32), r.flag("finished")
     timings, logits = r.timings(), r.blob()
     looped, guessed = False, 0
@@ -181,7 +181,7 @@ def _read_tokens(r: _Reader) -> Tokens:
         looped, guessed = r.flag("looped"), r.u(_U8)
         if not looped and not guessed:  # one encoding per frame: the writer omits it
             raise FrameError(ErrorCode.MALFORMED, "a ring tail of zeros (omitted when unset)")
-    return Tokens(session, step_id, tokens, drafts, n_accepted, finished, timings, logits,
+    return Tokens(session, step_id, tokens, guesses, n_accepted, finished, timings, logits,
                   looped, guessed)  # fmt: skip
 
 

@@ -113,7 +113,7 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
             w.pack(">B", frame.hidden is not None)
             if frame.hidden is not None:
                 w.blob(frame.hidden)
-            w.ints(frame.drafts)
+            w.ints(frame.guesses)
             w.pack(">B", frame.keep_until is not None)
             if frame.keep_until is not None:
                 w.pack(">I", frame.keep_until)
@@ -126,7 +126,7 @@ def _pack_body(frame: Frame, w: _Writer) -> FrameType:
             w.string(frame.session)
             w.pack(">Q", frame.step_id)
             w.ints(frame.tokens)
-            w.ints(frame.drafts)
+            w.ints(frame.guesses)
             w.pack(">IB", frame.n_accepted, frame.finished)
             w.timings(frame.timings)
             w.blob(frame.logits_sample)

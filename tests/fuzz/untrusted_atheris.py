@@ -61,7 +61,7 @@ READERS: list[Callable[[Any], object]] = [
     c.Assignment.from_json,
     c.HeartbeatAnswer.from_json,
     c.RouteAnswer.from_json,
-    c.TurnCredentials.from_json,
+    c.TurnAnswer.from_json,
     c.Signal.from_json,
 ]
 

@@ -13,7 +13,7 @@ import pytest
 
 from app.config import format_address
 from app.lab.local_swarm import LocalSwarm
-from coordinator.server.answer_probe import Chain, Failure, FailureKind, ProbePolicy, describe
+from coordinator.server.answer_probe import Chain, Failure, ProbeFailure, ProbePolicy, describe
 from coordinator.server.answer_prober import probe_chain
 from tests.support.tiny_models import write_tiny_model
 
@@ -55,6 +55,6 @@ def test_a_link_between_stages_that_carries_nothing_fails_the_probe(model: Path)
 
     before, after, chain = asyncio.run(scenario())
     assert before is None
-    assert after is not None and after.kind is FailureKind.NO_TOKEN, after
+    assert after is not None and after.kind is ProbeFailure.NO_TOKEN, after
     assert after.silent == ()
     assert "a link between stages" in describe(after, chain)

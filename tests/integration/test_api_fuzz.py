@@ -32,7 +32,7 @@ from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.api_models import MAX_BODY_BYTES
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator, HostedModel, Settings
+from coordinator.server.service import Coordinator, CoordinatorSettings, HostedModel
 from coordinator.server.store import Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
@@ -113,7 +113,7 @@ def swarm(db_url: str, pieces: tuple[Path, Any]) -> Iterator[Swarm]:
         auth.create_ca("fuzz-swarm"),
         "https://127.0.0.1:8443",
         HostedModel("tiny", directory, manifest),
-        Settings(min_stages=1, stale_after_s=600, dead_after_s=900),
+        CoordinatorSettings(min_stages=1, stale_after_s=600, dead_after_s=900),
         reachable=lambda _address: True,  # no worker answers the probe here
     )
     coord.set_admin_password("operator-pw")

@@ -16,7 +16,7 @@ from coordinator.contract import HeartbeatAnswer
 from coordinator.releases import NODE_HEADERS, RELEASE_HEADER
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator, HostedModel, Settings
+from coordinator.server.service import Coordinator, CoordinatorSettings, HostedModel
 from coordinator.server.store import Invite, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
@@ -57,7 +57,7 @@ def coord(db_url: str, pieces: tuple[Path, object]) -> Iterator[Coordinator]:
         ca,
         "https://127.0.0.1:8443",
         HostedModel("tiny", directory, manifest),  # type: ignore[arg-type]
-        Settings(min_stages=2, stale_after_s=30, dead_after_s=60),
+        CoordinatorSettings(min_stages=2, stale_after_s=30, dead_after_s=60),
         reachable=lambda _address: True,  # no worker answers the probe here
     )
     c.set_admin_password("operator-pw")
@@ -400,7 +400,9 @@ def test_nodes_from_before_migration_0002_read_as_serving_nothing(db_url: str) -
 def test_spare_capacity_forms_a_second_chain_and_routes_follow_the_load(
     http: TestClient, coord: Coordinator
 ) -> None:
-    coord.settings = Settings(min_stages=2, max_chains=2, stale_after_s=30, dead_after_s=60)
+    coord.settings = CoordinatorSettings(
+        min_stages=2, max_chains=2, stale_after_s=30, dead_after_s=60
+    )
     workers = [_join(http, _invite(http)) for _ in range(4)]
 
     def beat(w: dict[str, str], port: int, sessions: int) -> None:

@@ -21,7 +21,7 @@ from coordinator import invites as inv
 from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator, HostedModel, Settings
+from coordinator.server.service import Coordinator, CoordinatorSettings, HostedModel
 from coordinator.server.store import Node, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
@@ -30,7 +30,7 @@ from tests.support.probe_answerer import HARDWARE
 pytestmark = pytest.mark.integration
 
 ADMIN = "admin-token-for-churn"
-SETTINGS = Settings(min_stages=3, spares=1, stale_after_s=30, dead_after_s=60)
+SETTINGS = CoordinatorSettings(min_stages=3, spares=1, stale_after_s=30, dead_after_s=60)
 
 
 @pytest.fixture(scope="module")

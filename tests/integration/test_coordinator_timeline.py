@@ -17,7 +17,7 @@ from coordinator import invites as inv
 from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator, HostedModel, Settings
+from coordinator.server.service import Coordinator, CoordinatorSettings, HostedModel
 from coordinator.server.store import Event, Node, Store, migrate
 from coordinator.server.timeline import MAX_EVENTS, UnknownEventKind
 from core.gguf_slices import slice_model
@@ -56,7 +56,7 @@ def _coordinator(db_url: str, pieces: tuple[Path, object]) -> Coordinator:
         auth.create_ca("test-swarm"),
         "https://127.0.0.1:8443",
         HostedModel("tiny", directory, manifest),  # type: ignore[arg-type]
-        Settings(min_stages=1, stale_after_s=30, dead_after_s=60),
+        CoordinatorSettings(min_stages=1, stale_after_s=30, dead_after_s=60),
         reachable=lambda _address: True,  # no worker answers the probe here
     )
     store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))

@@ -22,7 +22,7 @@ import pytest
 from app.cli.main import main
 from core.gguf_slices import assemble_stage, slice_model
 from core.manifest import Manifest
-from core.pipeline import Generation, LocalPipeline, compare_generations
+from core.pipeline import LocalPipeline, PipelineGeneration, compare_generations
 from core.stage import Stage
 from core.types import LayerRange, StageSpec
 from tests.support.tiny_qwen35 import Qwen35Dims, write_qwen35_model
@@ -41,7 +41,7 @@ def _spec(layers: LayerRange, n_layer: int) -> StageSpec:
     return StageSpec(layers, n_layer, n_ctx=256, n_batch=64, n_seq_max=2)
 
 
-def _generate(stages: list[Stage]) -> Generation:
+def _generate(stages: list[Stage]) -> PipelineGeneration:
     pipeline = LocalPipeline(stages)
     try:
         return pipeline.generate(PROMPT, N_TOKENS, chunk=3, keep_logits=True)
@@ -49,7 +49,7 @@ def _generate(stages: list[Stage]) -> Generation:
         pipeline.shutdown()
 
 
-def _chain(manifest: Manifest, pieces: Path, cuts: list[int], tmp: Path) -> Generation:
+def _chain(manifest: Manifest, pieces: Path, cuts: list[int], tmp: Path) -> PipelineGeneration:
     n = manifest.facts.n_layer
     stages = []
     for layers in LayerRange.from_cuts(cuts):
@@ -58,11 +58,11 @@ def _chain(manifest: Manifest, pieces: Path, cuts: list[int], tmp: Path) -> Gene
     return _generate(stages)
 
 
-def _whole(model: Path, n: int) -> Generation:
+def _whole(model: Path, n: int) -> PipelineGeneration:
     return _generate([Stage.from_file(model, _spec(LayerRange(0, n), n))])
 
 
-def _assert_exact(chain: Generation, whole: Generation) -> None:
+def _assert_exact(chain: PipelineGeneration, whole: PipelineGeneration) -> None:
     cmp = compare_generations(chain, whole)
     assert len(chain.tokens) == N_TOKENS
     assert cmp.identical, (chain.tokens, whole.tokens)
@@ -76,7 +76,7 @@ def _assert_exact(chain: Generation, whole: Generation) -> None:
 )
 def sliced(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Manifest, Path, Generation]:
+) -> tuple[Manifest, Path, PipelineGeneration]:
     dims, mtp = request.param
     d = tmp_path_factory.mktemp(dims.arch)
     model = write_qwen35_model(d / "m.gguf", dims, mtp=mtp, seed=3)
@@ -87,7 +87,7 @@ def sliced(
 
 
 def test_one_layer_stages_of_either_kind_chain_exactly(
-    sliced: tuple[Manifest, Path, Generation], tmp_path: Path
+    sliced: tuple[Manifest, Path, PipelineGeneration], tmp_path: Path
 ) -> None:
     manifest, pieces, whole = sliced
     n = manifest.facts.n_layer
@@ -98,7 +98,7 @@ def test_one_layer_stages_of_either_kind_chain_exactly(
 
 @pytest.mark.parametrize("cut", range(1, len(PATTERN)))
 def test_every_boundary_chains_exactly(
-    sliced: tuple[Manifest, Path, Generation], tmp_path: Path, cut: int
+    sliced: tuple[Manifest, Path, PipelineGeneration], tmp_path: Path, cut: int
 ) -> None:
     manifest, pieces, whole = sliced
     _assert_exact(_chain(manifest, pieces, [0, cut, manifest.facts.n_layer], tmp_path), whole)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 SESSIONS = 256
 PROMPT_LEN, NEW = 4, 6
-RESERVED = PROMPT_LEN + NEW + 16  # what admission reserves per session (draft slack 16)
+RESERVED = PROMPT_LEN + NEW + 16  # what admission reserves per session (guess slack 16)
 CUTS = [0, 4, 8]
 
 

@@ -1,6 +1,6 @@
 """A 2-thread swarm on loopback pins its stages (LocalSwarm's default): every worker's
-compute threads end up on single CPUs of its own list, its decode steps run inline, and
-the tokens stay the whole model's."""
+compute threads end up on single CPUs of its own list, and the tokens stay the whole
+model's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.client.swarm_client import SwarmClient
-from app.lab.local_swarm import PINNED_INLINE_STEP_MS, LocalSwarm
+from app.lab.local_swarm import LocalSwarm
 from core.cpu_placement import parse_cpu_list, spread_for_stage
 from core.tokenizer import Tokenizer
 from tests.support.whole_model import whole_model_tokens
@@ -47,18 +47,17 @@ def test_a_two_thread_swarm_pins_its_teams_and_keeps_the_tokens(gemma_path: Path
     n = 12
     reference = whole_model_tokens(gemma_path, 18, prompt, n)
 
-    async def scenario() -> tuple[list[int], list[str], list[float], list[dict[int, int]]]:
+    async def scenario() -> tuple[list[int], list[str], list[dict[int, int]]]:
         async with LocalSwarm(model=str(gemma_path), cuts=CUTS, threads=2) as swarm:
             assert swarm.route is not None and swarm.client_credentials is not None
             async with SwarmClient(swarm.client_credentials, swarm.route) as client:
                 tokens = [t async for ev in client.generate(prompt, n) for t in ev.tokens]
             configs = [w.config for w in swarm.workers]
             pinned = [_single_cpu_threads(w.process.pid) for w in swarm.workers]
-        return tokens, [c.cpus for c in configs], [c.inline_step_ms for c in configs], pinned
+        return tokens, [c.cpus for c in configs], pinned
 
-    tokens, cpus, inline_ms, pinned = asyncio.run(scenario())
+    tokens, cpus, pinned = asyncio.run(scenario())
     assert tokens == reference
-    assert inline_ms == [PINNED_INLINE_STEP_MS] * 3
     usable = tuple(sorted(os.sched_getaffinity(0)))
     for stage, (listed, threads) in enumerate(zip(cpus, pinned, strict=True)):
         chosen = parse_cpu_list(listed)

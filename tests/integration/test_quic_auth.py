@@ -27,7 +27,7 @@ from net.channel import (
     connect_channel,
 )
 from net.errors import ErrorCode, NetError
-from net.protocol import Event, FrameReceived, PeerConnection, PeerIdentity, Role
+from net.protocol import Event, PeerConnection, PeerFrame, PeerIdentity, Side
 from net.quic.links import Addr, LinkError, QuicTuning, connect
 from net.wire.tensors import WireDtype, decode_rows, encode_rows
 
@@ -94,7 +94,7 @@ def swarm() -> Swarm:
 class RecordingPeerConnection(PeerConnection):
     """Records every event each connection emits, so a test can prove no frame ran."""
 
-    log: list[tuple[Role, Event]]
+    log: list[tuple[Side, Event]]
 
     def receive_data(self, data: bytes) -> list[Event]:
         events = super().receive_data(data)
@@ -103,15 +103,15 @@ class RecordingPeerConnection(PeerConnection):
 
 
 @pytest.fixture
-def protocol_events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Role, Event]]]:
-    log: list[tuple[Role, Event]] = []
+def protocol_events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Side, Event]]]:
+    log: list[tuple[Side, Event]] = []
     recording = type("Recording", (RecordingPeerConnection,), {"log": log})
     monkeypatch.setattr(channel_mod, "PeerConnection", recording)
     yield log
 
 
-def frames_processed_by_server(log: list[tuple[Role, Event]]) -> list[wire.Frame]:
-    return [ev.frame for role, ev in log if role is Role.ACCEPTOR and isinstance(ev, FrameReceived)]
+def frames_processed_by_server(log: list[tuple[Side, Event]]) -> list[wire.Frame]:
+    return [ev.frame for role, ev in log if role is Side.ACCEPTOR and isinstance(ev, PeerFrame)]
 
 
 @dataclass
@@ -195,7 +195,7 @@ async def dial_with_proof(
         return make_proof(nonce)
 
     conn = PeerConnection(
-        Role.INITIATOR,
+        Side.INITIATOR,
         make_proof=proof_then_frames,
         expected_peer=PeerIdentity(SERVER_ID, "worker"),
     )
@@ -215,7 +215,7 @@ async def refused(ch: Channel) -> str:
 
 
 def test_authenticated_peers_exchange_frames_both_ways(
-    swarm: Swarm, protocol_events: list[tuple[Role, Event]]
+    swarm: Swarm, protocol_events: list[tuple[Side, Event]]
 ) -> None:
     async def main() -> None:
         async with Server(swarm.server) as srv:
@@ -286,7 +286,7 @@ def test_large_hidden_state_step_arrives_intact(swarm: Swarm) -> None:
 
 
 def test_client_from_a_rogue_ca_is_refused_before_any_frame(
-    swarm: Swarm, protocol_events: list[tuple[Role, Event]]
+    swarm: Swarm, protocol_events: list[tuple[Side, Event]]
 ) -> None:
     # Certified by a CA of the same name, and it trusts the real CA, so TLS succeeds.
     rogue = creds(swarm.rogue_ca, CLIENT_ID, "client", trust=swarm.ca)
@@ -307,7 +307,7 @@ def test_client_from_a_rogue_ca_is_refused_before_any_frame(
 
 
 def test_frames_pipelined_behind_a_rogue_proof_are_never_processed(
-    swarm: Swarm, protocol_events: list[tuple[Role, Event]]
+    swarm: Swarm, protocol_events: list[tuple[Side, Event]]
 ) -> None:
     rogue = creds(swarm.rogue_ca, CLIENT_ID, "client", trust=swarm.ca)
     server_hash = swarm.server.certificate_sha256
@@ -346,7 +346,7 @@ def _stolen_certificate_proof(swarm: Swarm) -> Callable[[bytes], bytes]:
 
 @pytest.mark.parametrize("kind", ["garbage", "stolen-certificate"])
 def test_client_without_a_valid_proof_is_refused(
-    swarm: Swarm, protocol_events: list[tuple[Role, Event]], kind: str
+    swarm: Swarm, protocol_events: list[tuple[Side, Event]], kind: str
 ) -> None:
     def garbage(_nonce: bytes) -> bytes:
         return b"no certificate here, just bytes"
@@ -372,7 +372,7 @@ def test_client_without_a_valid_proof_is_refused(
 
 
 def test_server_with_another_node_id_is_refused_by_tls(
-    swarm: Swarm, protocol_events: list[tuple[Role, Event]]
+    swarm: Swarm, protocol_events: list[tuple[Side, Event]]
 ) -> None:
     stage2 = creds(swarm.ca, "stage2", "worker")
 
@@ -390,7 +390,7 @@ def test_server_with_another_node_id_is_refused_by_tls(
 # ---------------------------------------------------------------- (e) revoked client
 
 
-def test_revoked_client_is_refused(swarm: Swarm, protocol_events: list[tuple[Role, Event]]) -> None:
+def test_revoked_client_is_refused(swarm: Swarm, protocol_events: list[tuple[Side, Event]]) -> None:
     serial = swarm.client.certified.certificate.serial_number
     revoking = NodeCredentials(
         certified=swarm.server.certified,
@@ -465,7 +465,7 @@ def test_a_link_open_when_its_certificate_expires_is_closed_at_the_next_refresh(
 
 
 def test_role_not_allowed_here_is_refused(
-    swarm: Swarm, protocol_events: list[tuple[Role, Event]]
+    swarm: Swarm, protocol_events: list[tuple[Side, Event]]
 ) -> None:
     async def main() -> None:
         async with Server(swarm.server, allowed_roles=("worker",)) as srv:
@@ -482,7 +482,7 @@ def test_role_not_allowed_here_is_refused(
 
 
 def test_server_from_a_rogue_ca_is_refused_by_tls(
-    swarm: Swarm, protocol_events: list[tuple[Role, Event]]
+    swarm: Swarm, protocol_events: list[tuple[Side, Event]]
 ) -> None:
     # Claims the right node id, and trusts the real CA, but its certificate is rogue.
     impostor = creds(swarm.rogue_ca, SERVER_ID, "worker", trust=swarm.ca)

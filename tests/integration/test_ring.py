@@ -13,7 +13,7 @@ import pytest
 from app.client.swarm_client import SwarmClient, TokenEvent
 from app.errors import ClientError, StageTimeout
 from app.lab.local_swarm import LocalSwarm
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.tokenizer import Tokenizer
 from net import wire
 from tests.support.whole_model import whole_model_tokens
@@ -124,7 +124,7 @@ def test_a_first_stage_vanishing_mid_ring_is_a_typed_error(
 def test_guessed_decoding_goes_round_the_ring_and_keeps_the_plain_answer(
     gemma_path: Path,
 ) -> None:
-    """n-gram guesses drafted by the last stage: fewer trips than tokens, the client
+    """n-gram guesses proposed by the last stage: fewer trips than tokens, the client
     sends the prompt only, and the tokens are plain greedy decoding's."""
     tok = Tokenizer.from_gguf(gemma_path)
     prompt = tok.encode("one two three four five one two three four five one two three")
@@ -145,6 +145,6 @@ def test_guessed_decoding_goes_round_the_ring_and_keeps_the_plain_answer(
     assert [t for ev in guessed for t in ev.tokens] == [t for ev in plain for t in ev.tokens]
     assert steps == 1  # the prompt; every guessed step went round
     assert all(ev.looped for ev in guessed[:-1])
-    assert sum(ev.n_drafts for ev in guessed) > 0
-    assert all(ev.n_accepted <= ev.n_drafts for ev in guessed)
+    assert sum(ev.n_guesses for ev in guessed) > 0
+    assert all(ev.n_accepted <= ev.n_guesses for ev in guessed)
     assert sum(ev.n_accepted for ev in guessed) > 0 and len(guessed) < n

@@ -13,11 +13,11 @@ from cryptography.hazmat.primitives import serialization
 from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
-from coordinator.contract import TurnCredentials
+from coordinator.contract import TurnAnswer
 from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator, HostedModel, Settings
+from coordinator.server.service import Coordinator, CoordinatorSettings, HostedModel
 from coordinator.server.store import Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
@@ -40,7 +40,9 @@ def http(tiny_llama: Path, tmp_path: Path) -> Iterator[TestClient]:
         auth.create_ca("test-swarm"),
         "https://127.0.0.1:8443",
         HostedModel("tiny", tmp_path / "pieces", manifest),
-        dataclasses.replace(Settings(), turn_server=("203.0.113.5", 3478), turn_secret=SECRET),
+        dataclasses.replace(
+            CoordinatorSettings(), turn_server=("203.0.113.5", 3478), turn_secret=SECRET
+        ),
     )
     store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
     yield TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
@@ -65,9 +67,9 @@ def test_a_node_keeps_one_short_lived_username_and_loses_it_when_revoked(
     http: TestClient,
 ) -> None:
     a, b = _join(http), _join(http)
-    first = TurnCredentials.from_json(http.get("/api/v1/turn", headers=a).json())
-    again = TurnCredentials.from_json(http.get("/api/v1/turn", headers=a).json())
-    other = TurnCredentials.from_json(http.get("/api/v1/turn", headers=b).json())
+    first = TurnAnswer.from_json(http.get("/api/v1/turn", headers=a).json())
+    again = TurnAnswer.from_json(http.get("/api/v1/turn", headers=a).json())
+    other = TurnAnswer.from_json(http.get("/api/v1/turn", headers=b).json())
     # Asking again is the same coturn user (its quota holds); another node is another.
     assert again.username == first.username != other.username
     assert first.username.endswith(":" + a["X-Sangama-Node"])

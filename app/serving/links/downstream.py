@@ -1,9 +1,9 @@
 """The link from a worker to its next hop: connects lazily, re-establishes lost paths.
 
-Every OPEN and STEP sent is recorded in a `net.resend_log.ReplayLog`. When the path dies
+Every OPEN and STEP sent is recorded in a `net.resend_log.ResendLog`. When the path dies
 (a NAT mapping expires, a route changes, a relay restarts) the link is dialled again
 within `relink_timeout` (the dialer falls back from direct to ICE to the relay) and the
-log is replayed, so the next stage resumes the running sessions instead of losing them.
+log is resent, so the next stage resumes the running sessions instead of losing them.
 Only when no new path is found in time are the sessions failed, with a typed error.
 
 While sessions wait for a path (`waiting`), `on_waiting` is told at once: the worker
@@ -28,7 +28,7 @@ from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
 from net.quic.links import QuicTuning
-from net.resend_log import ReplayLog
+from net.resend_log import ResendLog
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ class Downstream:
         self._channel: Channel | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._backlog: list[wire.Frame] = []
-        """Frames other than OPEN/STEP sent while unconnected (those are in the replay log)."""
-        self._replay = ReplayLog()
+        """Frames other than OPEN/STEP sent while unconnected (those are in the resend log)."""
+        self._resend_log = ResendLog()
         self._unsent: set[str] = set()
         """Sessions of the log none of whose frames went out on a link yet: no next stage
         holds anything of them, so a retarget carries them to the new one."""
@@ -83,16 +83,16 @@ class Downstream:
         return self._channel is not None and not self._channel.closed.done()
 
     @property
-    def replay_log(self) -> ReplayLog:
-        return self._replay
+    def resend_log(self) -> ResendLog:
+        return self._resend_log
 
     @property
     def waiting(self) -> bool:
         """Sessions wait for a link to the next stage (dialling it, or again)."""
-        return not self.connected and len(self._replay) > 0
+        return not self.connected and len(self._resend_log) > 0
 
     def send(self, frame: wire.Frame) -> None:
-        self._replay.record(frame)
+        self._resend_log.record(frame)
         if self.connected and self._channel is not None:
             self._channel.send(frame)
             self._unsent.discard(getattr(frame, "session", ""))
@@ -115,14 +115,14 @@ class Downstream:
     def end_session(self, session: str, reason: str) -> None:
         """Tell the next stage a session ended here (now, or once the link is back)."""
         dialling = self._connecting is not None and not self._connecting.done()
-        if session in self._replay and (self.connected or dialling):
+        if session in self._resend_log and (self.connected or dialling):
             self.send(wire.Close(session, wire.truncate_utf8(reason, 900)))
         else:
             self.forget(session)
 
     def forget(self, session: str) -> None:
         """A session ended here and the next stage learns it otherwise: do not resend it."""
-        self._replay.forget(session)
+        self._resend_log.forget(session)
         self._unsent.discard(session)
 
     def retarget(self, hop: Hop) -> tuple[str, ...]:
@@ -140,10 +140,10 @@ class Downstream:
         if channel is not None:
             channel.close("next stage replaced")
         self.lost_at = None
-        moved = carried(self._replay.sessions, self._unsent)
-        lost = tuple(name for name in self._replay.sessions if name not in moved)
+        moved = carried(self._resend_log.sessions, self._unsent)
+        lost = tuple(name for name in self._resend_log.sessions if name not in moved)
         for name in lost:
-            self._replay.forget(name)
+            self._resend_log.forget(name)
         self._backlog.clear()
         self.relinks_pending = False
         if moved:
@@ -171,7 +171,7 @@ class Downstream:
         return channel, "direct"
 
     async def _connect(self) -> None:
-        relinking = len(self._replay) > 0 and self.relinks_pending
+        relinking = len(self._resend_log) > 0 and self.relinks_pending
         try:
             channel, path = await dial_until(
                 self._dial_once,
@@ -192,20 +192,20 @@ class Downstream:
                 "link to %s re-established (%s); resuming %d session(s)",
                 self.hop.node_id,
                 path,
-                len(self._replay),
+                len(self._resend_log),
             )
         self.relinks_pending = False
-        # Replay first: a CLOSE in the backlog belongs to a session no longer in the log.
+        # Resend first: a CLOSE in the backlog belongs to a session no longer in the log.
         backlog, self._backlog = self._backlog, []
-        for frame in [*self._replay.replay(), *backlog]:
+        for frame in [*self._resend_log.to_resend(), *backlog]:
             channel.send(frame)
         self._unsent.clear()
 
     def _give_up(self, error: Exception) -> None:
         self._backlog.clear()
-        sessions = self._replay.sessions
+        sessions = self._resend_log.sessions
         for name in sessions:
-            self._replay.forget(name)
+            self._resend_log.forget(name)
         self._unsent.clear()
         self.relinks_pending = False
         log.warning(
@@ -252,13 +252,13 @@ class Downstream:
             if not waiter.done():
                 waiter.set_exception(ConnectionResetError(reason))
         self._on_waiting()  # the next stage may be gone: the worker asks the coordinator
-        if not len(self._replay):
+        if not len(self._resend_log):
             return  # nothing running: the next frame dials again
         log.warning(
             "link to %s lost (%s); re-establishing for %d session(s)",
             self.hop.node_id,
             reason,
-            len(self._replay),
+            len(self._resend_log),
         )
         self.relinks_pending = True
         self._ensure_connecting()

@@ -10,14 +10,14 @@ one delay a token fewer of N+1; on one machine, a process fewer woken per token.
 The last stage goes round only where the client would have sent that step itself: the
 generation not finished, no MTP guesses riding back, the reply answering the step just
 taken. A plain ring (`Loop.guesses` 0) carries one token a step, as the client would;
-with guesses the ring drafts them itself (`RingDrafts`: the client's `DraftTracker` on
+with guesses the ring proposes them itself (`RingGuesses`: the client's `GuessTracker` on
 the session's tokens, timed by the ring's own trips), so guessed decoding goes round
 too. Everything else keeps the client's path, and a TOKENS without `looped` tells the
 client to send the next step.
 
 The links to first stages are `app.serving.links.downstream.Downstream`s: dialled lazily (the
 OPEN goes first, as the first stage takes the session's STEPs only from the last stage
-its OPEN names), replayed after a lost path, and given up on with a typed error to the
+its OPEN names), resent after a lost path, and given up on with a typed error to the
 client, who then replays the generation on another route.
 """
 
@@ -33,8 +33,8 @@ from app.config import Hop
 from app.errors import ClientError
 from app.serving.links.downstream import Dialer, Downstream
 from app.serving.worker_state import ServedSession
-from app.session.guess_tracker import DraftTracker
-from core.drafting import GuessPolicy
+from app.session.guess_tracker import GuessTracker
+from core.guessing import GuessPolicy
 from net import wire
 from net.channel import Channel, NodeCredentials
 from net.errors import ErrorCode
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 def looped_step(open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> wire.Step | None:
     """The step the client would send after `reply`, when the last stage may send it to
     the first stage instead (pure): None where the client keeps the turn."""
-    if not may_go_round(open_, step, reply) or step.drafts or len(reply.tokens) != 1:
+    if not may_go_round(open_, step, reply) or step.guesses or len(reply.tokens) != 1:
         return None
     return _token_step(step, step.start + step.n_rows, reply.tokens)  # the chosen token's
 
@@ -56,7 +56,7 @@ def _token_step(
     answered: wire.Step,
     start: int,
     tokens: tuple[int, ...],
-    drafts: tuple[int, ...] = (),
+    guesses: tuple[int, ...] = (),
     keep_until: int | None = None,
 ) -> wire.Step:
     """The token step after `answered`, as the client would build it (ids, no rows)."""
@@ -69,29 +69,29 @@ def _token_step(
         n_rows=len(tokens),
         width=0,
         wire_dtype=WireDtype.F32,
-        drafts=drafts,
+        guesses=guesses,
         keep_until=keep_until,
         sent_at_ns=time.time_ns(),
     )
 
 
 @dataclass
-class _Drafted:
-    tracker: DraftTracker
+class _Guessed:
+    tracker: GuessTracker
     sent_step: int
     """The step id of the last step the ring sent."""
     sent_at: float
     """time.perf_counter() when it went: its answer's trip."""
 
 
-class RingDrafts:
-    """The guesses of every session that drafts round the ring (no IO): per session the
-    client's `DraftTracker`, fed the last stage's answers. Where the answered step was
+class RingGuesses:
+    """The guesses of every session that guesses round the ring (no IO): per session the
+    client's `GuessTracker`, fed the last stage's answers. Where the answered step was
     not the ring's (the prompt's last chunk, a step of the client's after a pause), the
     tracker starts again from the tokens the stage holds."""
 
     def __init__(self) -> None:
-        self._sessions: dict[str, _Drafted] = {}
+        self._sessions: dict[str, _Guessed] = {}
 
     def next_step(
         self, session: ServedSession, step: wire.Step, reply: wire.Tokens, now: float
@@ -112,15 +112,15 @@ class RingDrafts:
             held = None
         if held is None:
             # The stage's tokens before this step's guesses, then the answer's tokens.
-            known = session.history[: step.start + step.n_rows - len(step.drafts)]
+            known = session.history[: step.start + step.n_rows - len(step.guesses)]
             policy = GuessPolicy(max_guesses=loop.guesses, adaptive=loop.adaptive)
-            tracker = DraftTracker(known, session.open.max_tokens, policy)
+            tracker = GuessTracker(known, session.open.max_tokens, policy)
             tracker.produced = session.generated - len(reply.tokens)
-            tracker.went_round(reply.tokens, len(step.drafts) - reply.n_accepted)
-            held = self._sessions[name] = _Drafted(tracker, -1, now)
+            tracker.went_round(reply.tokens, len(step.guesses) - reply.n_accepted)
+            held = self._sessions[name] = _Guessed(tracker, -1, now)
         nxt = held.tracker.next_step()
         held.sent_step, held.sent_at = step.step_id + 1, now
-        return _token_step(step, nxt.start, nxt.tokens, nxt.drafts, nxt.keep_until)
+        return _token_step(step, nxt.start, nxt.tokens, nxt.guesses, nxt.keep_until)
 
     def sent(self, session: str, step_id: int) -> bool:
         """The ring sent this step (with the guesses it carries)."""
@@ -133,7 +133,7 @@ class RingDrafts:
 
 def may_go_round(open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> bool:
     """Whether the last stage may send the step after `reply` itself (pure)."""
-    if open_.loop is None or reply.finished or reply.drafts:
+    if open_.loop is None or reply.finished or reply.guesses:
         return False
     if reply.step_id != step.step_id:
         return False
@@ -166,7 +166,7 @@ class Ring:
         self._route_of: dict[str, str] = {}
         """Session -> the first stage its steps go round to."""
         self._dirty: set[Downstream] = set()
-        self._drafts = RingDrafts()
+        self._guesses = RingGuesses()
 
     def open(self, frame: wire.Open) -> None:
         """A session asking for the ring began here: its OPEN goes to the first stage now,
@@ -190,16 +190,16 @@ class Ring:
 
     def go_round(self, session: ServedSession, step: wire.Step, reply: wire.Tokens) -> wire.Tokens:
         """Send the next step to the first stage where it may go (`looped_step`, or with
-        guesses `RingDrafts`); the reply, marked `looped` if it went, and carrying the
+        guesses `RingGuesses`); the reply, marked `looped` if it went, and carrying the
         answered step's guess count when the ring sent that step with guesses."""
-        if step.drafts and self._drafts.sent(step.session, step.step_id):
-            reply = replace(reply, guessed=len(step.drafts))
+        if step.guesses and self._guesses.sent(step.session, step.step_id):
+            reply = replace(reply, guessed=len(step.guesses))
         node = self._route_of.get(step.session)
         if node is None:
             return reply
         loop = session.open.loop
         if loop is not None and loop.guesses:
-            onward = self._drafts.next_step(session, step, reply, time.perf_counter())
+            onward = self._guesses.next_step(session, step, reply, time.perf_counter())
         else:
             onward = looped_step(session.open, step, reply)
         if onward is None:
@@ -218,7 +218,7 @@ class Ring:
     def forget(self, session: str) -> None:
         """The session ended here; the first stage ends it by its own CLOSE."""
         node = self._route_of.pop(session, None)
-        self._drafts.forget(session)
+        self._guesses.forget(session)
         link = None if node is None else self._links.get(node)
         if link is not None:
             link.forget(session)

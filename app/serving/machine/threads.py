@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 
 from app.serving.machine.row_budget import SCRATCH, best_step_ms, scratch_rows
-from core.omp_idle import OmpIdle
 from core.scheduling import choose_threads, thread_candidates
 from core.stage import Stage
 
@@ -70,20 +69,3 @@ def _thread_setter(stage: Stage) -> Callable[[int], None] | None:
     require it, so fakes and other engines may lack it)."""
     setter: Callable[[int], None] | None = getattr(stage.engine, "set_threads", None)
     return setter
-
-
-PARK_ENV = "SANGAMA_OMP_PARK"
-"""Set to 1 to park OpenMP's idle threads after each step. Off by default: measured on
-the shared 2-core machine it cost more than the spin it saves (a parked thread waits for
-a core when the next graph wakes it; docs/decisions/omp-park-idle-threads.md)."""
-
-
-def idle_parker(stage: Stage) -> Callable[[], None] | None:
-    """The call that sends the stage's idle OpenMP threads to sleep after a step, or None
-    where it does not apply (core.omp_idle). On the engine thread: libgomp is loaded by
-    then, and the pool that runs this stage's graphs belongs to that thread."""
-    threads = getattr(stage.engine, "n_threads", None)
-    if os.environ.get(PARK_ENV) != "1" or not isinstance(threads, int):
-        return None
-    idle = OmpIdle.load(threads, usable_cpus())
-    return None if idle is None else idle.park

@@ -148,7 +148,7 @@ class Looped:
 
 
 @dataclass(frozen=True)
-class Replayed:
+class Resent:
     """A step sent again after a resume; it was taken already and is dropped."""
 
     step: wire.Step
@@ -180,5 +180,5 @@ class End:
 
 
 Action = (
-    Send[L] | Release[L] | Begin | Resumed | Looped | Take | Replayed | LinkLost | CancelGrace | End
+    Send[L] | Release[L] | Begin | Resumed | Looped | Take | Resent | LinkLost | CancelGrace | End
 )

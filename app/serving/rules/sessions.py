@@ -39,7 +39,7 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
                                another node, or another OPEN          refuse NOT_OWNER
     STEP                       unknown session, or neither the owner  refuse UNKNOWN_SESSION
                                  link nor its loop link
-                               step_id <= highest taken               Replayed (dropped)
+                               step_id <= highest taken               Resent (dropped)
                                otherwise                              Take
     CLOSE                      session exists                         [Release] End
     Refused (worker's check)   the link owns the session              Send ERROR, Fail
@@ -89,7 +89,7 @@ from app.serving.rules.events import (
     Looped,
     Refused,
     Release,
-    Replayed,
+    Resent,
     Resumed,
     Send,
     Shutdown,
@@ -123,7 +123,7 @@ __all__ = [
     "Looped",
     "Refused",
     "Release",
-    "Replayed",
+    "Resent",
     "Resumed",
     "Send",
     "SessionRules",
@@ -365,7 +365,7 @@ class SessionRules(Generic[L]):
                 link, frame.session, ErrorCode.UNKNOWN_SESSION, "no such session here"
             )
         if frame.step_id <= session.last_step_id:
-            return [Replayed(frame)]
+            return [Resent(frame)]
         session.last_step_id = frame.step_id
         return [Take(frame, session.open)]
 

@@ -18,7 +18,7 @@ from app.serving.steps.mtp_guesses import observe_results
 from app.serving.steps.replay_rows import rows_one_by_one, step_apart
 from app.serving.steps.verify_rows import step_guesses_alone, step_verifying
 from app.serving.worker_state import PendingStep, ServedSession
-from core.draft_acceptance import RowByRow, Verdict
+from core.guess_acceptance import RowByRow, Verdict
 from core.stage import Stage, StepFailure, StepRequest, StepResult
 from net import wire
 from net.errors import ErrorCode, FrameError
@@ -38,7 +38,7 @@ def step_request(frame: wire.Step, is_first: bool, n_embd: int) -> StepRequest:
             frame.session,
             frame.start,
             tokens=np.asarray(frame.tokens, dtype=np.int32),
-            all_logits=bool(frame.drafts),
+            all_logits=bool(frame.guesses),
             keep_until=frame.keep_until,
         )
     if frame.hidden is None or frame.width != n_embd:
@@ -48,7 +48,7 @@ def step_request(frame: wire.Step, is_first: bool, n_embd: int) -> StepRequest:
         frame.session,
         frame.start,
         hidden=rows,
-        all_logits=bool(frame.drafts),
+        all_logits=bool(frame.guesses),
         keep_until=frame.keep_until,
     )
 
@@ -58,12 +58,12 @@ def guess_checks(batch: list[PendingStep], sessions: dict[str, ServedSession]) -
     checks: Checks = {}
     for i, p in enumerate(batch):
         session = sessions.get(p.step.session)
-        drafts = p.step.drafts
-        if not drafts or session is None or session.rng is None or session.params is None:
+        guesses = p.step.guesses
+        if not guesses or session is None or session.rng is None or session.params is None:
             continue
         # The penalty's history as the reply will hold it, without the guesses.
-        history = [*session.history[: p.step.keep_until], *p.step.tokens[: -len(drafts)]]
-        checks[i] = (len(drafts), RowByRow(drafts, session.params, session.rng, history))
+        history = [*session.history[: p.step.keep_until], *p.step.tokens[: -len(guesses)]]
+        checks[i] = (len(guesses), RowByRow(guesses, session.params, session.rng, history))
     return checks
 
 
@@ -87,7 +87,7 @@ class StageSteps:
         verdicts: dict[int, Verdict] = {}
         is_last = self.stage.spec.is_last
         guessed = (
-            {i: len(p.step.drafts) for i, p in enumerate(batch) if p.step.drafts}
+            {i: len(p.step.guesses) for i, p in enumerate(batch) if p.step.guesses}
             if self.exact_guesses and not is_last and not self.recurrent
             else {}
         )

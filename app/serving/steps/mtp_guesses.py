@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.errors import CoreError
-from core.mtp_head import MtpDrafter
+from core.mtp_head import MtpGuesser
 from core.stage import StepFailure, StepResult
 from net import wire
 
 
 def observe_results(
-    mtp: MtpDrafter, steps: Sequence[wire.Step], results: Sequence[StepResult | StepFailure]
+    mtp: MtpGuesser, steps: Sequence[wire.Step], results: Sequence[StepResult | StepFailure]
 ) -> None:
     """Feed the head's cache with every evaluated step whose tokens came with its rows
     (the first stage forwards them); a step without them leaves that session unguessed."""
@@ -28,12 +28,12 @@ def observe_results(
 
 
 def guess(
-    mtp: MtpDrafter, session: str, pos: int, token: int, k: int, p_min: float
+    mtp: MtpGuesser, session: str, pos: int, token: int, k: int, p_min: float
 ) -> tuple[int, ...]:
     """Up to k guesses after `token` at `pos`; none if the head cannot (a bad state must
     cost the guesses, never the answer)."""
     try:
-        return mtp.draft(session, pos, token, k, p_min)
+        return mtp.guess(session, pos, token, k, p_min)
     except CoreError:
         return ()
 
@@ -41,7 +41,7 @@ def guess(
 def chosen_position(step: wire.Step, n_accepted: int) -> int:
     """Position of the token the last stage chose for `step`: after the step's real rows
     and the guesses it accepted."""
-    return step.start + step.n_rows - len(step.drafts) + n_accepted
+    return step.start + step.n_rows - len(step.guesses) + n_accepted
 
 
 IGNORED_LIMIT = 2
@@ -62,9 +62,9 @@ class GuessGate:
     steps: int = 0
 
 
-def gate_step(gate: GuessGate, step_had_drafts: bool) -> GuessGate:
+def gate_step(gate: GuessGate, step_had_guesses: bool) -> GuessGate:
     """The gate after the session's next step arrived (pure)."""
-    ignored = 0 if step_had_drafts else gate.ignored + (1 if gate.offered else 0)
+    ignored = 0 if step_had_guesses else gate.ignored + (1 if gate.offered else 0)
     return GuessGate(gate.offered, ignored, gate.steps + 1)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.serving.worker_state import ServedSession
-from core.draft_acceptance import Verdict, accept_drafts
+from core.guess_acceptance import Verdict, accept_guesses
 from core.sampling import sample
 from net import wire
 from net.wire.tensors import WireDtype, encode_rows
@@ -30,7 +30,7 @@ def onward_step(
         n_rows=hidden.shape[0],
         width=hidden.shape[1],
         wire_dtype=dtype,
-        drafts=step.drafts,
+        guesses=step.guesses,
         keep_until=step.keep_until,
         timings=timings,
         sent_at_ns=step.sent_at_ns,
@@ -51,17 +51,17 @@ def choose_tokens(
         return None
     assert session.rng is not None and session.params is not None
     params = session.params
-    drafts = step.drafts
-    if drafts:
-        # Row j's logits predict what follows row j: the last len(drafts)+1 rows decide;
+    guesses = step.guesses
+    if guesses:
+        # Row j's logits predict what follows row j: the last len(guesses)+1 rows decide;
         # the penalty's history must not yet hold the guesses under test.
         if verdict is None:  # verified here from all rows' logits
-            verdict = accept_drafts(
-                logits[-(len(drafts) + 1) :],
-                drafts,
+            verdict = accept_guesses(
+                logits[-(len(guesses) + 1) :],
+                guesses,
                 params,
                 session.rng,
-                session.history[: len(session.history) - len(drafts)],
+                session.history[: len(session.history) - len(guesses)],
             )
         room = max(1, session.open.max_tokens - session.generated)
         chosen = list(verdict.tokens[:room])
@@ -83,13 +83,13 @@ def tokens_reply(
     `return_logits`, the logits row that followed the newest token rides along."""
     diagnostics = b""
     if return_logits:
-        row = logits[0] if step.drafts else logits[-1]
+        row = logits[0] if step.guesses else logits[-1]
         diagnostics = row.astype(np.float32).tobytes()
     return wire.Tokens(
         session=step.session,
         step_id=step.step_id,
         tokens=tuple(chosen),
-        drafts=(),
+        guesses=(),
         n_accepted=len(chosen) - 1,
         finished=session.generated >= session.open.max_tokens,
         timings=timings,

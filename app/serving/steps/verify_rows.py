@@ -2,14 +2,14 @@
 can still matter (`step_verifying`); the stages before it: guessed rows one at a time
 (`step_guesses_alone`), so guessing never changes an answer.
 
-Measured (bench/draft_trips.py, Gemma 3 270M on this machine's CPU): the last stage's
+Measured (bench/guess_trips.py, Gemma 3 270M on this machine's CPU): the last stage's
 layers cost about the same for 1 or 5 rows, but the output head over 262 144 tokens
 costs ~30 ms of CPU per output row, 130 ms for 3-5 rows; so a trip with 4 guesses spent
 most of its extra time computing logits for rows after the first wrong guess, which
-are thrown away. Here a drafted session's rows are evaluated up to and including its
+are thrown away. Here a guessed session's rows are evaluated up to and including its
 first guess row with logits for that row only (it joins the batch with everyone else),
 and each further row is evaluated alone only while the guesses before it stood
-(`core.draft_acceptance.RowByRow` decides). Rows never evaluated here are rows the next
+(`core.guess_acceptance.RowByRow` decides). Rows never evaluated here are rows the next
 step's `keep_until` would have cut anyway, so this stage's cache ends exactly where
 every other stage's will after the cut.
 
@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from core.draft_acceptance import RowByRow, Verdict
+from core.guess_acceptance import RowByRow, Verdict
 from core.stage import Stage, StepFailure, StepRequest, StepResult
 
 

@@ -3,7 +3,7 @@
 
 `plan(model, nodes, ...)` returns a chain of stages that covers every layer exactly once,
 each stage fitting its node's memory (weights, KV cache and recurrent state for the
-planned sessions, the last stage's draft cache, a fixed per-process overhead), with as
+planned sessions, the last stage's MTP cache, a fixed per-process overhead), with as
 few hops as possible, ordered to keep the token's trip short, some healthy nodes kept
 out as spares, and a re-plan that moves as few nodes as it can. Like Petals'
 block_selection it reads no clock, network or database: the caller measures and passes

@@ -24,8 +24,8 @@ class Costs:
     cuts: tuple[int, ...]
     """Allowed boundaries, increasing; `cut_mask` has bit p set for each."""
     cut_mask: int
-    draft_kv: int = 0
-    """The last stage's draft-context KV for the planned sessions (after the last layer,
+    mtp_kv: int = 0
+    """The last stage's MTP-context KV for the planned sessions (after the last layer,
     like the head, so not in the prefix sums)."""
     _ends: dict[tuple[int, int], tuple[int, ...]] = field(
         default_factory=dict, repr=False, compare=False
@@ -43,8 +43,8 @@ class Costs:
         ):
             prefix.append(prefix[-1] + w + per * kv + sessions * st)
         cuts = model.cut_points
-        draft_kv = per * model.draft_kv_bytes_per_token
-        return Costs(model, tuple(prefix), cuts, sum(1 << c for c in cuts), draft_kv)
+        mtp_kv = per * model.mtp_kv_bytes_per_token
+        return Costs(model, tuple(prefix), cuts, sum(1 << c for c in cuts), mtp_kv)
 
     def allows(self, position: int) -> bool:
         return bool(self.cut_mask >> position & 1)
@@ -64,7 +64,7 @@ class Costs:
         if a == 0:
             total += m.embedding_bytes
         if b == m.n_layer:
-            total += m.head_bytes + m.draft_bytes + self.draft_kv
+            total += m.head_bytes + m.mtp_bytes + self.mtp_kv
             total += 0 if a == 0 else m.embedding_bytes
         return total
 
@@ -90,7 +90,7 @@ class Costs:
 
 
 @dataclass(frozen=True)
-class Rtt:
+class RttLookup:
     table: Mapping[tuple[str, str], float]
 
     def __call__(self, a: str, b: str) -> float:

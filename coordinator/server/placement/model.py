@@ -30,8 +30,8 @@ class ModelSpec:
     head_bytes: int
     tied_output: bool = False
     """Informational: the last stage always loads the embedding too (see `stage_weight_bytes`)."""
-    draft_bytes: int = 0
-    """Extra weights the last stage holds, e.g. Qwen3.5's MTP draft layer (~5.7 GB)."""
+    mtp_bytes: int = 0
+    """Extra weights the last stage holds, e.g. Qwen3.5's MTP layer (~5.7 GB)."""
     compute_ms_per_layer: float = DEFAULT_COMPUTE_MS_PER_LAYER
     """Estimated GPU time of one layer for one token on a node of compute_speed 1.0."""
     allowed_cuts: tuple[int, ...] | None = None
@@ -40,8 +40,8 @@ class ModelSpec:
     state_bytes_per_session_per_layer: tuple[int, ...] = ()
     """Recurrent state one admitted session holds in each layer, every copy the engine
     keeps included (live state plus snapshots); () when the model has none."""
-    draft_kv_bytes_per_token: int = 0
-    """K+V per cached position of the last stage's draft (MTP) context, which is as deep
+    mtp_kv_bytes_per_token: int = 0
+    """K+V per cached position of the last stage's MTP context, which is as deep
     as the trunk's KV pool."""
 
     def __post_init__(self) -> None:
@@ -57,8 +57,8 @@ class ModelSpec:
         if state and len(state) != self.n_layer:
             raise ValueError(f"state_bytes_per_session_per_layer has {len(state)} entries")
         sizes = (*self.bytes_per_layer, *self.kv_bytes_per_token_per_layer, *state)
-        ends = (self.embedding_bytes, self.head_bytes, self.draft_bytes)
-        if min(sizes) < 0 or min(*ends, self.draft_kv_bytes_per_token) < 0:
+        ends = (self.embedding_bytes, self.head_bytes, self.mtp_bytes)
+        if min(sizes) < 0 or min(*ends, self.mtp_kv_bytes_per_token) < 0:
             raise ValueError("sizes must be >= 0")
         if not (math.isfinite(self.compute_ms_per_layer) and self.compute_ms_per_layer >= 0):
             raise ValueError("compute_ms_per_layer must be finite and >= 0")
@@ -80,7 +80,7 @@ class ModelSpec:
     def from_facts(
         cls,
         facts: ModelFacts,
-        draft_bytes: int = 0,
+        mtp_bytes: int = 0,
         compute_ms_per_layer: float = DEFAULT_COMPUTE_MS_PER_LAYER,
         recurrent_snapshots: int = RECURRENT_SNAPSHOTS,
     ) -> ModelSpec:
@@ -96,31 +96,31 @@ class ModelSpec:
             embedding_bytes=facts.embedding_bytes,
             head_bytes=facts.head_bytes,
             tied_output=facts.tied_output,
-            draft_bytes=draft_bytes,
+            mtp_bytes=mtp_bytes,
             compute_ms_per_layer=compute_ms_per_layer,
             allowed_cuts=facts.allowed_cuts,
             state_bytes_per_session_per_layer=tuple(
                 copies * b for b in facts.recurrent_state_bytes_per_session_per_layer
             ),
-            draft_kv_bytes_per_token=facts.mtp_kv_bytes_per_token,
+            mtp_kv_bytes_per_token=facts.mtp_kv_bytes_per_token,
         )
 
     def stage_weight_bytes(self, layers: LayerRange) -> int:
-        """Blocks, plus the embedding on the first stage, plus head, embedding and draft on
+        """Blocks, plus the embedding on the first stage, plus head, embedding and MTP layer on
         the last (embedding once if one stage is both). The last stage loads token_embd
-        too, as `Manifest.pieces_for` ships it: tied heads use it, the draft layer embeds
+        too, as `Manifest.pieces_for` ships it: tied heads use it, the MTP layer embeds
         its guesses, and llama.cpp sizes the vocabulary from it."""
         total = sum(self.bytes_per_layer[layers.start : layers.stop])
         if layers.start == 0:
             total += self.embedding_bytes
         if layers.stop == self.n_layer:
-            total += self.head_bytes + self.draft_bytes
+            total += self.head_bytes + self.mtp_bytes
             total += 0 if layers.start == 0 else self.embedding_bytes
         return total
 
     def stage_bytes(self, layers: LayerRange, sessions: int, context_tokens: int) -> int:
         """Memory a stage needs: weights + KV for `sessions` x `context_tokens` (and the
-        draft context's on the last stage) + recurrent state for `sessions` + overhead."""
+        MTP context's on the last stage) + recurrent state for `sessions` + overhead."""
         return (
             self.stage_weight_bytes(layers)
             + self.stage_session_bytes(layers, sessions, context_tokens)
@@ -129,12 +129,12 @@ class ModelSpec:
 
     def stage_session_bytes(self, layers: LayerRange, sessions: int, context_tokens: int) -> int:
         """What the planned sessions cost a stage beyond its weights: the KV pool of
-        `sessions` x `context_tokens` positions, the draft context's pool on the last
+        `sessions` x `context_tokens` positions, the MTP context's pool on the last
         stage, and every session's recurrent state."""
         positions = sessions * context_tokens
         kv = positions * sum(self.kv_bytes_per_token_per_layer[layers.start : layers.stop])
         if layers.stop == self.n_layer:
-            kv += positions * self.draft_kv_bytes_per_token
+            kv += positions * self.mtp_kv_bytes_per_token
         state = sessions * sum(self.state_bytes_per_session_per_layer[layers.start : layers.stop])
         return kv + state
 

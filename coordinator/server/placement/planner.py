@@ -10,7 +10,7 @@ from itertools import pairwise
 from types import MappingProxyType
 
 from coordinator.errors import MemoryShortfall, NotEnoughMemory, PlacementError
-from coordinator.server.placement.costs import Costs, Rtt
+from coordinator.server.placement.costs import Costs, RttLookup
 from coordinator.server.placement.cuts import split
 from coordinator.server.placement.model import (
     PROCESS_OVERHEAD_BYTES,
@@ -28,11 +28,11 @@ _NO_WARM: Mapping[tuple[int, int], str] = MappingProxyType({})
 
 def _least_total(costs: Costs, stages: int) -> int:
     """What any chain of `stages` stages needs in total: all blocks, KV and state, the
-    embedding, head, draft and draft cache once, the embedding again on the last stage,
+    embedding, head, MTP layer and MTP cache once, the embedding again on the last stage,
     one overhead per stage."""
     m = costs.model
-    total = costs.prefix[m.n_layer] + m.embedding_bytes + m.head_bytes + m.draft_bytes
-    total += costs.draft_kv
+    total = costs.prefix[m.n_layer] + m.embedding_bytes + m.head_bytes + m.mtp_bytes
+    total += costs.mtp_kv
     return total + (m.embedding_bytes if stages > 1 else 0) + stages * PROCESS_OVERHEAD_BYTES
 
 
@@ -57,7 +57,7 @@ def _assemble(
     costs: Costs,
     chain: Sequence[tuple[NodeInfo, LayerRange]],
     healthy: Sequence[NodeInfo],
-    rtt: Rtt,
+    rtt: RttLookup,
     previous: Plan | None,
 ) -> Plan:
     stages = tuple(
@@ -83,7 +83,7 @@ def _keep_or_repair(
     costs: Costs,
     previous: Plan,
     healthy: Sequence[NodeInfo],
-    rtt: Rtt,
+    rtt: RttLookup,
     min_stages: int,
     warm: Mapping[tuple[int, int], str] = _NO_WARM,
 ) -> Plan | None:
@@ -146,7 +146,7 @@ def _keep_or_repair(
 def _fresh(
     costs: Costs,
     healthy: Sequence[NodeInfo],
-    rtt: Rtt,
+    rtt: RttLookup,
     previous: Plan | None,
     spares: int,
     min_stages: int,
@@ -217,7 +217,7 @@ def plan(
         raise NotEnoughMemory(report)
     if min_stages > len(healthy):
         raise PlacementError(f"min_stages={min_stages} but only {len(healthy)} healthy nodes")
-    rtt = Rtt(rtt_ms)
+    rtt = RttLookup(rtt_ms)
     if previous is not None:
         kept = _keep_or_repair(costs, previous, healthy, rtt, min_stages, warm)
         if kept is not None:

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise, permutations
 
-from coordinator.server.placement.costs import EPS, Costs, Rtt, advance, bits, fits_in_order
+from coordinator.server.placement.costs import EPS, Costs, RttLookup, advance, bits, fits_in_order
 from coordinator.server.placement.model import NodeInfo
 
 EXACT_MAX_STAGES = 8
@@ -22,7 +22,7 @@ SEARCH_MAX_ROUNDS = 50
 
 
 def _canonical(nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
-    """Node_id order, but the biggest node last (head, embedding, draft) and the next
+    """Node_id order, but the biggest node last (head, embedding, MTP layer) and the next
     biggest first (embedding): what fits best when layers are alike."""
     rest = sorted(nodes, key=lambda n: n.node_id)
     if len(rest) < 2:
@@ -122,7 +122,7 @@ def _predecessor(
     return None
 
 
-def path_ms(seq: Sequence[str], rtt: Rtt, before: str | None, after: str | None) -> float:
+def path_ms(seq: Sequence[str], rtt: RttLookup, before: str | None, after: str | None) -> float:
     ids = [*([before] if before else []), *seq, *([after] if after else [])]
     return sum(rtt(a, b) for a, b in pairwise(ids))
 
@@ -133,7 +133,7 @@ def best_sequence(
     k: int,
     lo: int,
     hi: int,
-    rtt: Rtt,
+    rtt: RttLookup,
     before: str | None = None,
     after: str | None = None,
 ) -> tuple[NodeInfo, ...] | None:
@@ -174,7 +174,7 @@ def best_sequence(
 
 
 def _nearest_neighbour_orders(
-    nodes: Sequence[NodeInfo], rtt: Rtt, before: str | None
+    nodes: Sequence[NodeInfo], rtt: RttLookup, before: str | None
 ) -> list[tuple[NodeInfo, ...]]:
     by_id = sorted(nodes, key=lambda n: n.node_id)
     # With a fixed neighbour before the gap, start next to it; else try every start.

@@ -35,8 +35,6 @@ def _changed(cfg: WorkerConfig) -> WorkerConfig:
             changes[f.name] = value - 1
         elif f.name == "mtp_p_min":
             changes[f.name] = 0.5
-        elif f.name == "inline_step_ms":
-            continue  # needs threads = 1, moved here: its round trip is in test_engine_calls
         elif f.name == "cpus":
             changes[f.name] = "0-5,7"
         elif isinstance(value, int | float) and f.name != "listen":

@@ -7,7 +7,7 @@ import pytest
 from coordinator.server.answer_probe import (
     AnswerState,
     Failure,
-    FailureKind,
+    ProbeFailure,
     ProbePolicy,
     describe,
     next_state,
@@ -45,7 +45,7 @@ def test_no_chain_is_never_probed() -> None:
 
 
 def test_since_names_when_it_stopped_answering_not_the_last_probe() -> None:
-    failure = Failure(FailureKind.NO_TOKEN, "w-a", "within 20 s", ("w-b",))
+    failure = Failure(ProbeFailure.NO_TOKEN, "w-a", "within 20 s", ("w-b",))
     first = next_state(OK, CHAIN, failure, 200.0)
     again = next_state(first, CHAIN, failure, 260.0)
     assert (first.can_answer, first.since) == (False, 200.0)
@@ -55,15 +55,15 @@ def test_since_names_when_it_stopped_answering_not_the_last_probe() -> None:
 
 
 def test_the_reason_names_the_stage_or_link_that_failed() -> None:
-    silent = describe(Failure(FailureKind.NO_TOKEN, "w-a", "within 20 s", ("w-b",)), CHAIN)
+    silent = describe(Failure(ProbeFailure.NO_TOKEN, "w-a", "within 20 s", ("w-b",)), CHAIN)
     assert "w-b" in silent and "no token" in silent
-    links = describe(Failure(FailureKind.NO_TOKEN, "w-a", "within 20 s"), CHAIN)
+    links = describe(Failure(ProbeFailure.NO_TOKEN, "w-a", "within 20 s"), CHAIN)
     assert "w-a -> w-b -> w-c" in links
-    dial = describe(Failure(FailureKind.DIAL, "w-c", "timed out"), CHAIN)
+    dial = describe(Failure(ProbeFailure.DIAL, "w-c", "timed out"), CHAIN)
     assert dial.startswith("the last stage w-c does not accept links")
-    refused = describe(Failure(FailureKind.REFUSED, "w-a", "full"), CHAIN)
+    refused = describe(Failure(ProbeFailure.REFUSED, "w-a", "full"), CHAIN)
     assert refused == "the first stage w-a refused the probe: full"
-    ring = describe(Failure(FailureKind.NO_RING, "w-c"), CHAIN)
+    ring = describe(Failure(ProbeFailure.NO_RING, "w-c"), CHAIN)
     assert "w-c" in ring and "w-a" in ring
 
 

@@ -31,13 +31,13 @@ def test_answers_survive_the_trip_through_json() -> None:
     beat = c.HeartbeatAnswer(assignment, ("12", "34"))
     assert c.HeartbeatAnswer.from_json(_wire(beat)) == beat
     assert c.HeartbeatAnswer.from_json(_wire(c.HeartbeatAnswer(None, ()))).assignment is None
-    route = c.RouteAnswer("default", (c.RouteStage("worker-a", "10.0.0.1:7000", (0, 18)),))
+    route = c.RouteAnswer("default", (c.RouteAnswerStage("worker-a", "10.0.0.1:7000", (0, 18)),))
     assert c.RouteAnswer.from_json(_wire(route)) == route
     expires = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     joined = c.JoinAnswer("worker-a", "worker", "CERT", "CA", "tok", expires)
     assert c.JoinAnswer.from_json(_wire(joined)) == joined
-    turn = c.TurnCredentials("relay", 3478, "u", "p", 60, ("turn:relay:3478",))
-    assert c.TurnCredentials.from_json(_wire(turn)) == turn
+    turn = c.TurnAnswer("relay", 3478, "u", "p", 60, ("turn:relay:3478",))
+    assert c.TurnAnswer.from_json(_wire(turn)) == turn
     signal = c.Signal("worker-a", "offer", "x.1", {"ufrag": "u"})
     assert c.Signal.from_json(_wire(signal)) == signal
     ca = c.CaAnswer("PEM", "ab" * 32)

@@ -9,7 +9,7 @@ from coordinator.server.events import (
     KINDS,
     LIVE,
     STALE,
-    Draft,
+    PendingEvent,
     PlanView,
     Report,
     beat_events,
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.unit
 MIB = 1 << 20
 
 
-def kinds(drafts: tuple[Draft, ...]) -> list[str]:
-    return [d.kind for d in drafts]
+def kinds(pending: tuple[PendingEvent, ...]) -> list[str]:
+    return [d.kind for d in pending]
 
 
 def test_every_kind_has_words_and_a_known_tone() -> None:
@@ -43,7 +43,7 @@ def test_a_pause_is_told_once_with_its_reason_and_its_end_once() -> None:
     serving = Report("serving", layers=(0, 4))
     paused = Report(paused="on battery")
     first = beat_events("n", serving, paused, LIVE, 2.0)
-    assert first == (Draft("paused", "n", "on battery"),)
+    assert first == (PendingEvent("paused", "n", "on battery"),)
     assert beat_events("n", paused, paused, LIVE, 10.0) == ()
     # Another reason while still paused is news.
     assert kinds(beat_events("n", paused, Report(paused="quiet hours"), LIVE, 10.0)) == ["paused"]
@@ -56,7 +56,7 @@ def test_a_download_is_told_at_its_start_and_each_quarter_not_each_beat() -> Non
 
     waiting = Report("waiting")
     start = beat_events("n", waiting, at(0), LIVE, 2.0)
-    assert start == (Draft("downloading", "n", "layers 0-3: 0% of 100.0 MiB"),)
+    assert start == (PendingEvent("downloading", "n", "layers 0-3: 0% of 100.0 MiB"),)
     assert beat_events("n", at(0), at(10 * MIB), LIVE, 2.0) == ()
     assert [d.detail for d in beat_events("n", at(10 * MIB), at(30 * MIB), LIVE, 2.0)] == [
         "layers 0-3: 30% of 100.0 MiB"
@@ -71,9 +71,11 @@ def test_loading_and_serving_are_told_when_they_begin() -> None:
     loading = Report("loading", layers=(4, 8))
     serving = Report("serving", layers=(4, 8))
     assert beat_events("n", Report("downloading", layers=(4, 8)), loading, LIVE, 2.0) == (
-        Draft("loading", "n", "layers 4-7"),
+        PendingEvent("loading", "n", "layers 4-7"),
     )
-    assert beat_events("n", loading, serving, LIVE, 2.0) == (Draft("serving", "n", "layers 4-7"),)
+    assert beat_events("n", loading, serving, LIVE, 2.0) == (
+        PendingEvent("serving", "n", "layers 4-7"),
+    )
     assert beat_events("n", serving, serving, LIVE, 2.0) == ()
     moved = Report("serving", layers=(0, 8))
     assert kinds(beat_events("n", serving, moved, LIVE, 2.0)) == ["serving"]
@@ -90,14 +92,14 @@ def test_a_restarted_coordinator_does_not_retell_what_nodes_were_doing() -> None
 def test_a_spare_standing_by_is_told_with_its_layers() -> None:
     standby = Report("standby", layers=(2, 5))
     assert beat_events("n", Report("waiting"), standby, LIVE, 1.0) == (
-        Draft("standby", "n", "a spare getting layers 2-4 ready"),
+        PendingEvent("standby", "n", "a spare getting layers 2-4 ready"),
     )
 
 
 def test_silence_is_told_stale_then_gone_once_each_and_a_beat_brings_it_back() -> None:
     assert silence_events("n", LIVE, "healthy", 3.0) == ()
     stale = silence_events("n", LIVE, "stale", 16.0)
-    assert stale == (Draft("stale", "n", "silent for 16 s"),)
+    assert stale == (PendingEvent("stale", "n", "silent for 16 s"),)
     assert liveness_after(LIVE, stale) == STALE
     assert silence_events("n", STALE, "stale", 20.0) == ()
     gone = silence_events("n", STALE, "gone", 46.0)
@@ -106,7 +108,7 @@ def test_silence_is_told_stale_then_gone_once_each_and_a_beat_brings_it_back() -
     # Straight to gone (the coordinator looked late): told gone, not stale.
     assert kinds(silence_events("n", LIVE, "gone", 60.0)) == ["gone"]
     back = beat_events("n", Report("serving", layers=(0, 4)), Report("waiting"), GONE, 61.0)
-    assert back[0] == Draft("back", "n", "heartbeats again after 61 s of silence")
+    assert back[0] == PendingEvent("back", "n", "heartbeats again after 61 s of silence")
     assert liveness_after(GONE, back) == LIVE
 
 
@@ -134,10 +136,12 @@ def test_a_new_plan_tells_its_stages_who_left_and_which_spare_was_promoted() -> 
     names = {"a": "rack 3", "c": "Asha's PC"}
     before = PlanView((("a", (0, 4)), ("b", (4, 8))), spares=("c",))
     after = PlanView((("a", (0, 4)), ("c", (4, 8))), spares=())
-    drafts = plan_events(before, after, "", names)
-    assert drafts == (
-        Draft("replanned", "", "2 stages: rack 3 (a) 0-3, Asha's PC (c) 4-7; left the plan: b"),
-        Draft("promoted", "c", "takes layers 4-7 from b"),
+    pending = plan_events(before, after, "", names)
+    assert pending == (
+        PendingEvent(
+            "replanned", "", "2 stages: rack 3 (a) 0-3, Asha's PC (c) 4-7; left the plan: b"
+        ),
+        PendingEvent("promoted", "c", "takes layers 4-7 from b"),
     )
     # Spares coming and going change no stage: no event.
     assert plan_events(after, PlanView(after.stages, ("d",)), "", names) == ()
@@ -145,9 +149,9 @@ def test_a_new_plan_tells_its_stages_who_left_and_which_spare_was_promoted() -> 
 
 def test_the_first_plan_is_told_and_a_lost_plan_says_why() -> None:
     plan = PlanView((("a", (0, 8)),))
-    assert plan_events(None, plan, "", {}) == (Draft("replanned", "", "1 stage: a 0-7"),)
+    assert plan_events(None, plan, "", {}) == (PendingEvent("replanned", "", "1 stage: a 0-7"),)
     lost = plan_events(plan, None, "waiting for workers: 1 of 2 joined", {})
-    assert lost == (Draft("no_plan", "", "waiting for workers: 1 of 2 joined"),)
+    assert lost == (PendingEvent("no_plan", "", "waiting for workers: 1 of 2 joined"),)
     assert plan_events(None, None, "still none", {}) == ()
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.server.fleet_view import FleetForecast, StageLoad, StageReport, forecast
+from coordinator.server.fleet_view import FleetForecast, StageCapacity, StageReport, forecast
 from coordinator.server.placement import DEFAULT_RTT_MS, ModelSpec, Plan, StageAssignment
 from coordinator.server.prediction import Prediction
 from core.types import LayerRange
@@ -71,10 +71,10 @@ def test_an_unmeasured_link_counts_placements_default_and_says_so() -> None:
 
 def test_the_kv_budget_and_the_sequence_slots_cap_the_levels() -> None:
     # stage a: 2 layers x 10 B x 100 positions = 2000 B a session; 10 000 B hold 5
-    loads = {"a": StageLoad(256, 10_000), "b": StageLoad(3, 0)}
+    loads = {"a": StageCapacity(256, 10_000), "b": StageCapacity(3, 0)}
     p = predicted(loads=loads)
     assert p.admission_limit == 3
-    p = predicted(loads={"a": StageLoad(256, 10_000)})
+    p = predicted(loads={"a": StageCapacity(256, 10_000)})
     assert p.admission_limit == 5 and p.levels[-1].requests == 5
 
 

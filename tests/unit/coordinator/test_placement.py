@@ -33,7 +33,7 @@ UNIT = 100 * 2**20
 
 # Qwen3.5-397B-A17B Q4_K_M as the seeds ran it: 60 blocks of ~4.1 GB (3 per 16 GB worker,
 # "12.6 GB of model weights" there with the embedding); token embedding and output head
-# assumed ~1.0 GB each (a ~250k vocabulary at 4-6 bits); the MTP draft layer (5.7 GB,
+# assumed ~1.0 GB each (a ~250k vocabulary at 4-6 bits); the MTP layer (5.7 GB,
 # converted from the original release) rides on the last stage. One layer in four is full
 # attention, the rest Gated DeltaNet with no per-token cache. Full attention with 2 KV heads
 # of 256 dims in f16 costs 2 KiB per token; we take 16 KiB, 8x that, as a margin.
@@ -46,7 +46,7 @@ QWEN = ModelSpec(
     ),
     embedding_bytes=1 * GB,
     head_bytes=1 * GB,
-    draft_bytes=int(5.7 * GB),
+    mtp_bytes=int(5.7 * GB),
 )
 
 
@@ -57,7 +57,7 @@ def need(model: ModelSpec, a: int, b: int, sessions: int = 8, context: int = 409
     if a == 0:
         total += model.embedding_bytes
     if b == model.n_layer:
-        total += model.head_bytes + model.draft_bytes + (0 if a == 0 else model.embedding_bytes)
+        total += model.head_bytes + model.mtp_bytes + (0 if a == 0 else model.embedding_bytes)
     return total
 
 
@@ -111,7 +111,7 @@ def test_twenty_16gb_workers_give_three_layers_each_and_the_30gb_card_the_last_s
     p = plan(QWEN, nodes)
     assert_valid(p, QWEN, nodes)
     assert layer_counts(p) == [3] * 20
-    assert p.stages[-1].node_id == "w05"  # 3 blocks + head + embedding + draft > 16 GB
+    assert p.stages[-1].node_id == "w05"  # 3 blocks + head + embedding + MTP layer > 16 GB
     assert p.stages[-1].bytes_needed > 16 * GB
     assert p.spares == ()  # all 20 are needed: none can be kept back
     assert p.moves == 20
@@ -155,7 +155,7 @@ def test_a_layer_bigger_than_every_node_is_reported_as_such() -> None:
         plan(QWEN, nodes)
     r = caught.value.report
     assert r.piece_too_big and not r.total_short
-    assert r.largest_piece_layer == QWEN_LAYERS - 1  # the last, with head, embedding, draft
+    assert r.largest_piece_layer == QWEN_LAYERS - 1  # the last, with head, embedding, MTP layer
     assert r.largest_piece_bytes == need(QWEN, 59, 60)
     assert r.largest_node_bytes == 4 * GB
     assert "layer 59" in str(caught.value) and "4.0 GB" in str(caught.value)
@@ -396,8 +396,8 @@ def test_model_spec_from_facts_and_stage_bytes() -> None:
         head_bytes=60,
         tied_output=False,
     )
-    spec = ModelSpec.from_facts(facts, draft_bytes=70)
-    assert spec.bytes_per_layer == facts.bytes_per_layer and spec.draft_bytes == 70
+    spec = ModelSpec.from_facts(facts, mtp_bytes=70)
+    assert spec.bytes_per_layer == facts.bytes_per_layer and spec.mtp_bytes == 70
     for r in (LayerRange(0, 2), LayerRange(1, 3), LayerRange(2, 4), LayerRange(0, 4)):
         weights = facts.stage_weight_bytes(r) + (70 if r.stop == 4 else 0)
         assert spec.stage_weight_bytes(r) == weights
@@ -459,7 +459,7 @@ def fleets(draw: st.DrawFn) -> tuple[ModelSpec, list[NodeInfo], int, int]:
         ),
         embedding_bytes=draw(st.integers(0, 4)) * UNIT,
         head_bytes=draw(st.integers(0, 4)) * UNIT,
-        draft_bytes=draw(st.integers(0, 4)) * UNIT,
+        mtp_bytes=draw(st.integers(0, 4)) * UNIT,
     )
     nodes = [
         NodeInfo(
@@ -576,7 +576,7 @@ def test_long_chains_are_valid_and_deterministic(data: st.DataObject) -> None:
         kv_bytes_per_token_per_layer=(0,) * n,
         embedding_bytes=data.draw(st.integers(0, 3)) * UNIT,
         head_bytes=data.draw(st.integers(0, 3)) * UNIT,
-        draft_bytes=data.draw(st.integers(0, 6)) * UNIT,
+        mtp_bytes=data.draw(st.integers(0, 6)) * UNIT,
     )
     caps = data.draw(st.lists(st.integers(4, 20), min_size=9, max_size=16))
     nodes = [NodeInfo(f"n{i:02d}", c * UNIT + i) for i, c in enumerate(caps)]  # all distinct

@@ -1,6 +1,6 @@
 """Placement counts what sessions hold beyond weights: KV per position in attention
 layers, a fixed recurrent state per session in recurrent layers (every snapshot the
-engine keeps), and the draft head's KV cache on the last stage."""
+engine keeps), and the MTP head's KV cache on the last stage."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 UNIT = 100 * 2**20
 
 
-def hybrid(state: int = 10, draft_kv: int = 0) -> ModelSpec:
+def hybrid(state: int = 10, mtp_kv: int = 0) -> ModelSpec:
     """Four layers, the last full attention; the rest hold `state` bytes per session."""
     return ModelSpec(
         n_layer=4,
@@ -28,7 +28,7 @@ def hybrid(state: int = 10, draft_kv: int = 0) -> ModelSpec:
         embedding_bytes=0,
         head_bytes=0,
         state_bytes_per_session_per_layer=(state, state, state, 0),
-        draft_kv_bytes_per_token=draft_kv,
+        mtp_kv_bytes_per_token=mtp_kv,
     )
 
 
@@ -42,8 +42,8 @@ def test_state_grows_with_sessions_not_with_context() -> None:
     assert m.stage_bytes(last, 5, 100) - m.stage_bytes(last, 0, 0) == 5 * 100 * 8
 
 
-def test_the_draft_cache_is_the_last_stages_alone() -> None:
-    m = hybrid(state=0, draft_kv=16)
+def test_the_mtp_cache_is_the_last_stages_alone() -> None:
+    m = hybrid(state=0, mtp_kv=16)
     assert m.stage_bytes(LayerRange(0, 2), 3, 10) == 2 * UNIT + PROCESS_OVERHEAD_BYTES
     assert m.stage_bytes(LayerRange(2, 4), 3, 10) == (
         2 * UNIT + 3 * 10 * (8 + 16) + PROCESS_OVERHEAD_BYTES
@@ -51,7 +51,7 @@ def test_the_draft_cache_is_the_last_stages_alone() -> None:
 
 
 def test_plans_use_the_same_arithmetic() -> None:
-    m = hybrid(state=UNIT // 4, draft_kv=UNIT // 1000)
+    m = hybrid(state=UNIT // 4, mtp_kv=UNIT // 1000)
     nodes = [NodeInfo("a", 40 * UNIT), NodeInfo("b", 40 * UNIT)]
     p = plan(m, nodes, sessions_per_stage=8, context_tokens=100, min_stages=2, spares=0)
     for s in p.stages:
@@ -84,7 +84,7 @@ def test_from_facts_counts_every_snapshot() -> None:
     assert ModelSpec.from_facts(facts).state_bytes_per_session_per_layer == (63, 0)  # 1 + 8
     spec = ModelSpec.from_facts(facts, recurrent_snapshots=0)
     assert spec.state_bytes_per_session_per_layer == (7, 0)
-    assert spec.draft_kv_bytes_per_token == 32
+    assert spec.mtp_kv_bytes_per_token == 32
     old = ModelFacts(**{**facts.__dict__, "recurrent_state_bytes_per_session_per_layer": ()})
     assert ModelSpec.from_facts(old).state_bytes_per_session_per_layer == ()
     with pytest.raises(ValueError):
@@ -97,7 +97,7 @@ def test_bad_state_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         ModelSpec(2, (1, 1), (0, 0), 0, 0, state_bytes_per_session_per_layer=(1, -1))
     with pytest.raises(ValueError, match=">= 0"):
-        ModelSpec(2, (1, 1), (0, 0), 0, 0, draft_kv_bytes_per_token=-1)
+        ModelSpec(2, (1, 1), (0, 0), 0, 0, mtp_kv_bytes_per_token=-1)
 
 
 @st.composite
@@ -112,7 +112,7 @@ def hybrid_fleets(draw: st.DrawFn) -> tuple[ModelSpec, list[NodeInfo], int, int]
         state_bytes_per_session_per_layer=tuple(
             draw(st.sampled_from([0, UNIT // 4, UNIT])) for _ in range(n)
         ),
-        draft_kv_bytes_per_token=draw(st.sampled_from([0, 4096])),
+        mtp_kv_bytes_per_token=draw(st.sampled_from([0, 4096])),
     )
     nodes = [
         NodeInfo(f"n{i}", draw(st.integers(0, 30)) * UNIT) for i in range(draw(st.integers(1, 4)))
@@ -128,7 +128,7 @@ def need(model: ModelSpec, a: int, b: int, sessions: int, context: int) -> int:
     if a == 0:
         total += model.embedding_bytes
     if b == model.n_layer:
-        total += model.head_bytes + sessions * context * model.draft_kv_bytes_per_token
+        total += model.head_bytes + sessions * context * model.mtp_kv_bytes_per_token
         total += 0 if a == 0 else model.embedding_bytes
     return total
 

@@ -1,6 +1,6 @@
 """The model Sangama exists for, placed on the seeds' fleets at true sizes: Qwen3.5-397B-A17B
 Q4_K_M read from a header-only GGUF (true shapes and quant types, no data), with KV
-cache, recurrent state and the MTP block's draft cache counted for 96 sessions of 2,048
+cache, recurrent state and the MTP block's cache counted for 96 sessions of 2,048
 positions, as the seeds ran them.
 
 Every boundary of qwen35moe is taken as exact (allowed_cuts=None): the engine runs a
@@ -49,13 +49,15 @@ def three_big() -> list[NodeInfo]:
 
 
 def expected_need(facts: ModelFacts, r: LayerRange, snapshots: int = 0) -> int:
-    """Weights, KV pool, recurrent state, draft cache and overhead, written out from the
+    """Weights, KV pool, recurrent state, MTP cache and overhead, written out from the
     facts again so the test does not trust placement's own arithmetic."""
     weights = facts.stage_weight_bytes(r)
     kv = facts.stage_kv_bytes(r, SESSIONS * POSITIONS)
     state = facts.stage_state_bytes(r, SESSIONS, copies=1 + snapshots)
-    draft = SESSIONS * POSITIONS * facts.mtp_kv_bytes_per_token if r.stop == facts.n_layer else 0
-    return weights + kv + state + draft + PROCESS_OVERHEAD_BYTES
+    mtp_cache = (
+        SESSIONS * POSITIONS * facts.mtp_kv_bytes_per_token if r.stop == facts.n_layer else 0
+    )
+    return weights + kv + state + mtp_cache + PROCESS_OVERHEAD_BYTES
 
 
 def place(spec: ModelSpec, nodes: list[NodeInfo]) -> Plan:
@@ -80,7 +82,7 @@ def test_the_mtp_block_and_head_go_to_the_30gb_card(
 ) -> None:
     last = place(seeds_spec, twenty_workers()).stages[-1]
     assert last.node_id == "w05" and last.layers == LayerRange(57, 60)
-    # 3 blocks + output + token_embd + the 4.3 GB MTP block + its draft cache > 16 GB.
+    # 3 blocks + output + token_embd + the 4.3 GB MTP block + its MTP cache > 16 GB.
     assert 16 * GB < last.bytes_needed < 22 * GB
     assert facts.head_bytes > 5 * GB  # output (0.83 GB) and the MTP block ride on it
 

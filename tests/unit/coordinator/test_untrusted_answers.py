@@ -140,9 +140,9 @@ def test_counts_and_sizes_are_bounded() -> None:
         c.HeartbeatAnswer.from_json({"revoked_serials": [12]})
     turn = {"host": "r", "port": 3478, "username": "u", "password": "p", "ttl_s": 60}
     with pytest.raises(MalformedAnswer):
-        c.TurnCredentials.from_json({**turn, "uris": ["turn:r"] * (c.MAX_URIS + 1)})
+        c.TurnAnswer.from_json({**turn, "uris": ["turn:r"] * (c.MAX_URIS + 1)})
     with pytest.raises(MalformedAnswer):
-        c.TurnCredentials.from_json({**turn, "port": 70000, "uris": []})
+        c.TurnAnswer.from_json({**turn, "port": 70000, "uris": []})
     with pytest.raises(MalformedAnswer):
         c.JoinAnswer.from_json(
             {

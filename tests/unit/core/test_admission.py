@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 def test_a_stage_of_256_slots_admits_256_sessions_and_refuses_the_257th() -> None:
     # The coordinator's sizing: 256 sessions x 256 positions each, 6 KiB per position.
     policy = AdmissionPolicy(
-        n_ctx=256 * 256, max_sessions=LLAMA_MAX_SEQ, kv_bytes_per_token=6144, draft_slack=0
+        n_ctx=256 * 256, max_sessions=LLAMA_MAX_SEQ, kv_bytes_per_token=6144, guess_slack=0
     )
     ledger = AdmissionLedger(policy)
     for k in range(256):

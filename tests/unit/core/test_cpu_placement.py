@@ -46,7 +46,7 @@ def test_formatting_is_parsing_undone(cpus: tuple[int, ...]) -> None:
 
 
 def test_leaders_share_the_first_cpu_and_each_team_spreads_over_the_rest() -> None:
-    # Engine thread 10 built a team (21, 22, 23); the loop thread 5, stepping inline,
+    # Engine thread 10 built a team (21, 22, 23); another thread 5 that ran a graph,
     # a second one (31, 32, 33): each team's helpers on 1, 2, 3, never two on one CPU.
     placed = place_compute_threads((0, 1, 2, 3), [10, 5], [21, 22, 23, 31, 32, 33])
     assert placed[10] == placed[5] == 0

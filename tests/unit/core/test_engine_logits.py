@@ -17,7 +17,7 @@ def test_rows_read_in_place_equal_the_copied_logits_row_for_row(tiny_llama: Path
     try:
         tokens = np.array([1, 5, 17, 42, 99, 7, 300, 2], dtype=np.int32)
         outputs = np.zeros(8, dtype=np.bool_)
-        outputs[[2, 5, 7]] = True  # e.g. a prompt's last row and two drafted positions
+        outputs[[2, 5, 7]] = True  # e.g. a prompt's last row and two guessed positions
         copied = engine.decode(
             np.arange(8, dtype=np.int32), np.zeros(8, dtype=np.int32), outputs, tokens=tokens
         )

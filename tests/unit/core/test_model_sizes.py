@@ -1,4 +1,4 @@
-"""Recurrent state and draft-cache sizes from metadata, as llama.cpp allocates them."""
+"""Recurrent state and MTP cache sizes from metadata, as llama.cpp allocates them."""
 
 from __future__ import annotations
 

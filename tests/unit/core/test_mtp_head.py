@@ -13,9 +13,9 @@ import pytest
 
 from app.errors import ClientError
 from app.serving.steps.mtp_guesses import chosen_position
-from app.session.guess_tracker import DraftTracker
-from core.drafting import GuessPolicy, choose_drafts
-from core.mtp_head import MtpDrafter, MtpError, top_probability
+from app.session.guess_tracker import GuessTracker
+from core.guessing import GuessPolicy, choose_guesses
+from core.mtp_head import MtpError, MtpGuesser, top_probability
 from net import wire
 from net.wire.tensors import WireDtype
 
@@ -66,7 +66,7 @@ def _h(start: int, n: int) -> np.ndarray:
 
 def test_observe_pairs_each_token_with_the_previous_positions_state() -> None:
     head = FakeHead()
-    mtp = MtpDrafter(head, n_seq_max=2, n_batch=3)
+    mtp = MtpGuesser(head, n_seq_max=2, n_batch=3)
     mtp.open("a")
     mtp.observe("a", 0, [5, 6, 7, 1], _h(0, 4))  # more rows than n_batch: two decodes
     mtp.observe("a", 4, [2], _h(4, 1))
@@ -76,27 +76,27 @@ def test_observe_pairs_each_token_with_the_previous_positions_state() -> None:
     assert [c[1] for c in head.calls] == [0, 3, 4]
 
 
-def test_draft_chains_guesses_then_drops_its_own_rows() -> None:
+def test_guess_chains_guesses_then_drops_its_own_rows() -> None:
     head = FakeHead()
-    mtp = MtpDrafter(head, n_seq_max=2, n_batch=8)
+    mtp = MtpGuesser(head, n_seq_max=2, n_batch=8)
     mtp.open("a")
     mtp.observe("a", 0, [1, 2, 3], _h(0, 3))
     # The stage chose 4 at position 3: guesses 5, 6, 7 chain from the head itself.
-    assert mtp.draft("a", 3, 4, k=3, p_min=0.0) == (5, 6, 7)
+    assert mtp.guess("a", 3, 4, k=3, p_min=0.0) == (5, 6, 7)
     assert head.calls[-3:] == [(0, 3, [4]), (0, 4, [5]), (0, 5, [6])]
-    assert sorted(head.cache[0]) == [0, 1, 2]  # draft rows gone; the next trip feeds them
+    assert sorted(head.cache[0]) == [0, 1, 2]  # guess rows gone; the next trip feeds them
     assert mtp.head_decodes == 3
 
 
 def test_verify_trip_drops_rejected_rows_and_guesses_from_the_accepted_end() -> None:
     head = FakeHead()
-    mtp = MtpDrafter(head, n_seq_max=2, n_batch=8)
+    mtp = MtpGuesser(head, n_seq_max=2, n_batch=8)
     mtp.open("a")
     mtp.observe("a", 0, [1, 2, 3], _h(0, 3))
     # Verify trip: newest token 4 at 3, guesses 5, 6, 7 at 4..6; the stage kept 5 and
     # said 0 at position 5, so the rows at 5 and 6 were rejected.
     mtp.observe("a", 3, [4, 5, 6, 7], _h(3, 4))
-    assert mtp.draft("a", 5, 0, k=1, p_min=0.0) == (1,)
+    assert mtp.guess("a", 5, 0, k=1, p_min=0.0) == (1,)
     assert head.calls[-1] == (0, 5, [0])
     assert sorted(head.cache[0]) == [0, 1, 2, 3, 4]
     # The next trip starts at 5 (keep_until): its rows are fed without a clash.
@@ -106,21 +106,21 @@ def test_verify_trip_drops_rejected_rows_and_guesses_from_the_accepted_end() -> 
 
 def test_guessing_stops_below_the_probability_threshold() -> None:
     head = FakeHead(confident={4, 5})
-    mtp = MtpDrafter(head, n_seq_max=1, n_batch=8)
+    mtp = MtpGuesser(head, n_seq_max=1, n_batch=8)
     mtp.open("a")
     mtp.observe("a", 0, [1, 2, 3], _h(0, 3))
     # After 6 the head is unsure (p ~ 0.2): it stops instead of sending a weak guess.
-    assert mtp.draft("a", 3, 4, k=5, p_min=0.5) == (5, 6)
-    assert mtp.draft("a", 3, 4, k=5, p_min=0.0) == (5, 6, 7, 0, 1)
-    assert mtp.draft("a", 3, 4, k=0, p_min=0.0) == ()
+    assert mtp.guess("a", 3, 4, k=5, p_min=0.5) == (5, 6)
+    assert mtp.guess("a", 3, 4, k=5, p_min=0.0) == (5, 6, 7, 0, 1)
+    assert mtp.guess("a", 3, 4, k=0, p_min=0.0) == ()
 
 
 def test_no_guess_without_the_previous_state_and_slots_are_recycled() -> None:
     head = FakeHead()
-    mtp = MtpDrafter(head, n_seq_max=1, n_batch=8)
+    mtp = MtpGuesser(head, n_seq_max=1, n_batch=8)
     mtp.open("a")
-    assert mtp.draft("a", 3, 4, k=2, p_min=0.0) == ()  # nothing observed yet
-    assert mtp.draft("nobody", 0, 1, k=2, p_min=0.0) == ()
+    assert mtp.guess("a", 3, 4, k=2, p_min=0.0) == ()  # nothing observed yet
+    assert mtp.guess("nobody", 0, 1, k=2, p_min=0.0) == ()
     with pytest.raises(MtpError):
         mtp.open("b")
     mtp.close("a")
@@ -134,8 +134,8 @@ def test_top_probability_is_the_softmax_of_the_argmax() -> None:
 
 
 def test_chosen_position_follows_the_real_rows_and_accepted_guesses() -> None:
-    def step(start: int, rows: int, drafts: tuple[int, ...]) -> wire.Step:
-        return wire.Step("s", 0, start, tuple(range(rows)), None, rows, 0, WireDtype.F32, drafts)
+    def step(start: int, rows: int, guesses: tuple[int, ...]) -> wire.Step:
+        return wire.Step("s", 0, start, tuple(range(rows)), None, rows, 0, WireDtype.F32, guesses)
 
     assert chosen_position(step(0, 10, ()), 0) == 10  # the prompt's answer
     assert chosen_position(step(10, 4, (1, 2, 3)), 0) == 11
@@ -150,20 +150,20 @@ def test_sources_choose_mtp_guesses_ngram_ones_or_both() -> None:
     with pytest.raises(ValueError):
         GuessPolicy(source="eagle")
     mtp, both, ngram = (GuessPolicy.parse(s) for s in ("mtp:4", "mtp+ngram:4", "4"))
-    assert choose_drafts(mtp, history, (7, 8, 9, 9, 9), 4) == (7, 8, 9, 9)
-    assert choose_drafts(mtp, history, (), 4) == ()
-    assert choose_drafts(both, history, (), 4) == (3, 1, 2)  # no MTP guesses: n-gram
-    assert choose_drafts(both, history, (7,), 4) == (7,)
-    assert choose_drafts(ngram, history, (7,), 4) == (3, 1, 2)  # offered guesses ignored
+    assert choose_guesses(mtp, history, (7, 8, 9, 9, 9), 4) == (7, 8, 9, 9)
+    assert choose_guesses(mtp, history, (), 4) == ()
+    assert choose_guesses(both, history, (), 4) == (3, 1, 2)  # no MTP guesses: n-gram
+    assert choose_guesses(both, history, (7,), 4) == (7,)
+    assert choose_guesses(ngram, history, (7,), 4) == (3, 1, 2)  # offered guesses ignored
 
 
 def test_tracker_sends_the_last_stages_guesses_and_refuses_bad_counts() -> None:
-    t = DraftTracker([1, 2, 3], max_tokens=10, policy=GuessPolicy.parse("mtp:3"))
+    t = GuessTracker([1, 2, 3], max_tokens=10, policy=GuessPolicy.parse("mtp:3"))
     t.reply([4], 0, 1.0, offered=(5, 6, 7, 8))
     step = t.next_step()
-    assert step.tokens == (4, 5, 6, 7) and step.drafts == (5, 6, 7)
+    assert step.tokens == (4, 5, 6, 7) and step.guesses == (5, 6, 7)
     t.reply([5, 9], 1, 1.0, offered=())
-    assert t.next_step().drafts == ()
+    assert t.next_step().guesses == ()
     with pytest.raises(ClientError, match="malformed TOKENS"):
         t.reply([1, 2, 3], 2, 1.0)  # accepting 2 of no guesses
 
@@ -192,16 +192,16 @@ def test_a_client_that_ignores_the_guesses_stops_costing_them_but_is_probed() ->
         gate_step,
     )
 
-    gate = gate_step(GuessGate(), step_had_drafts=False)  # the prompt: guess
+    gate = gate_step(GuessGate(), step_had_guesses=False)  # the prompt: guess
     assert gate_open(gate)
     opened = []
     for _ in range(2 * PROBE_EVERY):
         gate = gate_offered(gate, (1, 2))
-        gate = gate_step(gate, step_had_drafts=False)  # a client with guesses off
+        gate = gate_step(gate, step_had_guesses=False)  # a client with guesses off
         opened.append(gate_open(gate))
     assert opened[:2] == [True, False] and sum(opened) == 1 + 2  # then one probe per 16
-    gate = gate_step(gate_offered(gate, (1,)), step_had_drafts=True)
+    gate = gate_step(gate_offered(gate, (1,)), step_had_guesses=True)
     assert gate.ignored == 0 and gate_open(gate)
     # Offering nothing (the head was unsure) is not the client ignoring guesses.
-    quiet = gate_step(gate_offered(GuessGate(), ()), step_had_drafts=False)
+    quiet = gate_step(gate_offered(GuessGate(), ()), step_had_guesses=False)
     assert quiet.ignored == 0 and gate_open(quiet)

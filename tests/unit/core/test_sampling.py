@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from core.sampling import (
     Logits,
     apply_repetition_penalty,
-    draft_acceptance,
     greedy,
+    guess_acceptance,
     make_rng,
     min_p_filter,
     sample,
@@ -243,11 +243,11 @@ def test_sampling_params_are_frozen() -> None:
         SamplingParams().temperature = 1.0  # type: ignore[misc]
 
 
-# --- draft acceptance -----------------------------------------------------------------
+# --- guess acceptance -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("target", "drafted", "accepted"),
+    ("target", "guessed", "accepted"),
     [
         ([5, 6, 7], [5, 6, 7], 3),
         ([5, 6, 7], [5, 9, 7], 1),  # stops at the first mismatch even if later ones agree
@@ -256,8 +256,8 @@ def test_sampling_params_are_frozen() -> None:
         ([5, 6, 7], [], 0),
     ],
 )
-def test_draft_acceptance(target: list[int], drafted: list[int], accepted: int) -> None:
-    assert draft_acceptance(target, drafted) == accepted
+def test_guess_acceptance(target: list[int], guessed: list[int], accepted: int) -> None:
+    assert guess_acceptance(target, guessed) == accepted
 
 
 # --- the whole chain, as a property ---------------------------------------------------

@@ -80,7 +80,7 @@ def test_the_row_budget_stays_in_range(samples: list[tuple[int, float]], n_batch
 def test_a_sessions_items_run_in_arrival_order() -> None:
     # Session a's prompt: 64 rows then a 10-row last chunk; b decodes. With room for 40
     # rows the short chunk would fit before the long one: it must wait its turn (seen
-    # with 16 drafting sessions: "rows start at 64, the cache ends at 0").
+    # with 16 guessing sessions: "rows start at 64, the cache ends at 0").
     queue = [
         Queued(1, False, session="b"),
         Queued(64, True, session="a"),

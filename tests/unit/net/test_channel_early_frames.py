@@ -11,7 +11,7 @@ import pytest
 
 from net import wire
 from net.channel import EARLY_FRAMES, Channel
-from net.protocol import PeerConnection, PeerIdentity, Role
+from net.protocol import PeerConnection, PeerIdentity, Side
 
 pytestmark = pytest.mark.unit
 
@@ -44,12 +44,12 @@ class MemoryLink:
 
 def _pair() -> tuple[Channel, MemoryLink, Channel, MemoryLink]:
     dialler = PeerConnection(
-        Role.INITIATOR,
+        Side.INITIATOR,
         make_proof=lambda nonce: b"proof:" + nonce,
         expected_peer=PeerIdentity("stage2", "worker"),
     )
     acceptor = PeerConnection(
-        Role.ACCEPTOR,
+        Side.ACCEPTOR,
         check_proof=lambda _data, _nonce: PeerIdentity("client", "client"),
         new_nonce=lambda: bytes(range(wire.MIN_NONCE)),
     )

@@ -18,10 +18,10 @@ from net.peer_limits import (
 from net.protocol import (
     Authenticated,
     ConnectionFailed,
-    FrameReceived,
     PeerConnection,
+    PeerFrame,
     PeerIdentity,
-    Role,
+    Side,
     State,
 )
 from net.wire.tensors import WireDtype, encode_rows
@@ -50,11 +50,11 @@ def pair(ca: auth.CertifiedKey) -> tuple[PeerConnection, PeerConnection]:
         return PeerIdentity(ident.node_id, ident.role)
 
     initiator = PeerConnection(
-        Role.INITIATOR,
+        Side.INITIATOR,
         make_proof=lambda n: auth.make_client_proof(client, n, server_hash).encode(),
         expected_peer=PeerIdentity("stage1", "worker"),
     )
-    acceptor = PeerConnection(Role.ACCEPTOR, check_proof=check, new_nonce=auth.new_nonce)
+    acceptor = PeerConnection(Side.ACCEPTOR, check_proof=check, new_nonce=auth.new_nonce)
     return initiator, acceptor
 
 
@@ -108,13 +108,13 @@ def test_frames_right_behind_welcome_are_read_under_the_general_caps(
     assert isinstance(authed, Authenticated)
     acceptor.send(big_step())  # the acceptor sends at once: one chunk, WELCOME first
     events = initiator.receive_data(acceptor.data_to_send())
-    assert [type(e) for e in events] == [Authenticated, FrameReceived]
+    assert [type(e) for e in events] == [Authenticated, PeerFrame]
     assert initiator.state is State.READY
     # And the acceptor takes large frames once the peer has proved itself.
     initiator.send(wire.Open("s1", "m", WireDtype.F32, wire.SamplingSpec(), "client1", 4, 64))
     initiator.send(big_step())
     events = acceptor.receive_data(initiator.data_to_send())
-    assert [type(e) for e in events] == [FrameReceived, FrameReceived]
+    assert [type(e) for e in events] == [PeerFrame, PeerFrame]
 
 
 def test_a_large_frame_before_welcome_is_refused(ca: auth.CertifiedKey) -> None:

@@ -17,11 +17,11 @@ from net.protocol import (
     Authenticated,
     ConnectionFailed,
     Event,
-    FrameReceived,
     PeerConnection,
+    PeerFrame,
     PeerIdentity,
-    Role,
     SessionRejected,
+    Side,
     State,
 )
 from net.wire.tensors import WireDtype
@@ -88,7 +88,7 @@ def fixed_nonces(*nonces: bytes) -> Callable[[], bytes]:
 
 def initiator(swarm: Swarm, client: auth.CertifiedKey | None = None) -> PeerConnection:
     return PeerConnection(
-        Role.INITIATOR,
+        Side.INITIATOR,
         make_proof=proof_maker(client or swarm.client, swarm.server_hash),
         expected_peer=PeerIdentity(SERVER_ID, "worker"),
     )
@@ -100,7 +100,7 @@ def acceptor(
     new_nonce: Callable[[], bytes] = auth.new_nonce,
 ) -> PeerConnection:
     return PeerConnection(
-        Role.ACCEPTOR,
+        Side.ACCEPTOR,
         check_proof=proof_checker(swarm.ca, swarm.server_hash, revoked),
         new_nonce=new_nonce,
     )
@@ -173,7 +173,7 @@ def refused_by_peer(events: list[Event]) -> ConnectionFailed:
     last = events[-1]
     assert isinstance(last, ConnectionFailed)
     assert last.by_peer
-    assert not any(isinstance(e, Authenticated | FrameReceived) for e in events)
+    assert not any(isinstance(e, Authenticated | PeerFrame) for e in events)
     return last
 
 
@@ -263,13 +263,13 @@ def test_each_connection_gets_a_fresh_challenge(swarm: Swarm) -> None:
 
 def test_constructor_requires_the_callables_of_its_role(swarm: Swarm) -> None:
     with pytest.raises(ValueError):
-        PeerConnection(Role.INITIATOR, expected_peer=PeerIdentity(SERVER_ID, "worker"))
+        PeerConnection(Side.INITIATOR, expected_peer=PeerIdentity(SERVER_ID, "worker"))
     with pytest.raises(ValueError):
-        PeerConnection(Role.INITIATOR, make_proof=proof_maker(swarm.client, swarm.server_hash))
+        PeerConnection(Side.INITIATOR, make_proof=proof_maker(swarm.client, swarm.server_hash))
     with pytest.raises(ValueError):
-        PeerConnection(Role.ACCEPTOR, new_nonce=auth.new_nonce)
+        PeerConnection(Side.ACCEPTOR, new_nonce=auth.new_nonce)
     with pytest.raises(ValueError):
-        PeerConnection(Role.ACCEPTOR, check_proof=proof_checker(swarm.ca, swarm.server_hash))
+        PeerConnection(Side.ACCEPTOR, check_proof=proof_checker(swarm.ca, swarm.server_hash))
 
 
 def test_initiate_only_once_and_only_by_the_initiator(swarm: Swarm) -> None:
@@ -376,7 +376,7 @@ def test_proof_replayed_against_another_nonce_is_refused(swarm: Swarm) -> None:
 def test_proof_made_for_another_server_is_refused(swarm: Swarm) -> None:
     other_server = node(swarm.ca, "stage9", "worker")
     a = PeerConnection(
-        Role.INITIATOR,
+        Side.INITIATOR,
         make_proof=proof_maker(swarm.client, auth.certificate_digest(other_server.certificate)),
         expected_peer=PeerIdentity(SERVER_ID, "worker"),
     )
@@ -391,7 +391,7 @@ def test_proof_made_for_another_server_is_refused(swarm: Swarm) -> None:
 )
 def test_proof_without_a_certificate_is_refused(swarm: Swarm, garbage: bytes) -> None:
     a = PeerConnection(
-        Role.INITIATOR,
+        Side.INITIATOR,
         make_proof=lambda _nonce: garbage,
         expected_peer=PeerIdentity(SERVER_ID, "worker"),
     )
@@ -405,7 +405,7 @@ def test_checker_crash_refuses_instead_of_raising(swarm: Swarm) -> None:
         raise KeyError("boom")
 
     a = initiator(swarm)
-    b = PeerConnection(Role.ACCEPTOR, check_proof=broken, new_nonce=auth.new_nonce)
+    b = PeerConnection(Side.ACCEPTOR, check_proof=broken, new_nonce=auth.new_nonce)
     failure, _ = refuse_handshake(a, b)
     assert "boom" in failure.message
 
@@ -437,7 +437,7 @@ def test_malformed_bytes_close_the_connection(swarm: Swarm) -> None:
 def test_malformed_bytes_after_authentication_drop_the_frames_around_them(swarm: Swarm) -> None:
     a, b = connected(swarm)
     a.send(open_frame("s1"))
-    assert pump(a, b)[1] == [FrameReceived(open_frame("s1"))]
+    assert pump(a, b)[1] == [PeerFrame(open_frame("s1"))]
     # A good frame in the same chunk as garbage is not trusted either.
     events = b.receive_data(wire.encode(step_frame("s1")) + UNKNOWN_FRAME_TYPE)
     assert [type(e) for e in events] == [ConnectionFailed]
@@ -445,13 +445,13 @@ def test_malformed_bytes_after_authentication_drop_the_frames_around_them(swarm:
     assert b.receive_data(wire.encode(step_frame("s1", 1))) == []
     # After READY an Error is an ordinary frame for the initiator: it is passed up.
     [told] = a.receive_data(b.data_to_send())
-    assert isinstance(told, FrameReceived) and isinstance(told.frame, wire.Error)
+    assert isinstance(told, PeerFrame) and isinstance(told.frame, wire.Error)
     assert told.frame.session == "" and told.frame.code is ErrorCode.MALFORMED
 
 
 def test_oversize_frame_is_refused_from_its_length_prefix(swarm: Swarm) -> None:
     b = PeerConnection(
-        Role.ACCEPTOR,
+        Side.ACCEPTOR,
         check_proof=proof_checker(swarm.ca, swarm.server_hash),
         new_nonce=auth.new_nonce,
         limits=wire.Limits(max_frame_bytes=1024),
@@ -470,11 +470,11 @@ def test_ping_is_answered_with_pong_both_ways(swarm: Swarm) -> None:
     b_events = b.receive_data(a.data_to_send())
     assert b_events == []  # answered by the protocol, not passed up
     assert frames_in(pong := b.data_to_send()) == [wire.Pong(7)]
-    assert a.receive_data(pong) == [FrameReceived(wire.Pong(7))]
+    assert a.receive_data(pong) == [PeerFrame(wire.Pong(7))]
 
     b.send(wire.Ping(2**64 - 1))
     assert a.receive_data(b.data_to_send()) == []
-    assert b.receive_data(a.data_to_send()) == [FrameReceived(wire.Pong(2**64 - 1))]
+    assert b.receive_data(a.data_to_send()) == [PeerFrame(wire.Pong(2**64 - 1))]
 
 
 def test_frames_flow_both_ways_once_ready(swarm: Swarm) -> None:
@@ -484,8 +484,8 @@ def test_frames_flow_both_ways_once_ready(swarm: Swarm) -> None:
     a.send(step_frame("s1"))
     b.send(tokens)
     a_events, b_events = pump(a, b)
-    assert b_events == [FrameReceived(open_frame("s1")), FrameReceived(step_frame("s1"))]
-    assert a_events == [FrameReceived(tokens)]
+    assert b_events == [PeerFrame(open_frame("s1")), PeerFrame(step_frame("s1"))]
+    assert a_events == [PeerFrame(tokens)]
 
 
 def test_step_and_close_need_a_session_opened_on_this_connection(swarm: Swarm) -> None:
@@ -496,19 +496,19 @@ def test_step_and_close_need_a_session_opened_on_this_connection(swarm: Swarm) -
     a.send(step_frame("mine", 1))
     a_events, b_events = pump(a, b)
 
-    assert b_events[0] == FrameReceived(open_frame("mine"))
+    assert b_events[0] == PeerFrame(open_frame("mine"))
     rejections = b_events[1:3]
     for rejected in rejections:
         assert isinstance(rejected, SessionRejected)
         assert rejected.session == "theirs" and rejected.code is ErrorCode.NOT_OWNER
     # The owned session carries on after its neighbour's violations.
-    assert b_events[3] == FrameReceived(step_frame("mine", 1))
+    assert b_events[3] == PeerFrame(step_frame("mine", 1))
     assert len(b_events) == 4
     assert b.owned_sessions == {"mine"}
     assert b.state is State.READY
 
     # The initiator is told, per session, with an Error frame.
-    errors = [e.frame for e in a_events if isinstance(e, FrameReceived)]
+    errors = [e.frame for e in a_events if isinstance(e, PeerFrame)]
     assert len(errors) == 2 == len(a_events)
     for error in errors:
         assert isinstance(error, wire.Error)
@@ -527,7 +527,7 @@ def test_sessions_are_owned_per_connection(swarm: Swarm) -> None:
     [rejected] = b2_events
     assert isinstance(rejected, SessionRejected) and rejected.code is ErrorCode.NOT_OWNER
     a1.send(step_frame("s1"))
-    assert pump(a1, b1)[1] == [FrameReceived(step_frame("s1"))]
+    assert pump(a1, b1)[1] == [PeerFrame(step_frame("s1"))]
 
 
 def test_duplicate_open_is_rejected(swarm: Swarm) -> None:
@@ -535,14 +535,14 @@ def test_duplicate_open_is_rejected(swarm: Swarm) -> None:
     a.send(open_frame("s1"))
     a.send(open_frame("s1"))
     a_events, b_events = pump(a, b)
-    assert b_events[0] == FrameReceived(open_frame("s1"))
+    assert b_events[0] == PeerFrame(open_frame("s1"))
     rejected = b_events[1]
     assert isinstance(rejected, SessionRejected)
     assert rejected.session == "s1" and rejected.code is ErrorCode.NOT_OWNER
     assert "already open" in rejected.message
     assert len(b_events) == 2
     [told] = a_events
-    assert isinstance(told, FrameReceived) and isinstance(told.frame, wire.Error)
+    assert isinstance(told, PeerFrame) and isinstance(told.frame, wire.Error)
     assert told.frame.session == "s1" and told.frame.code is ErrorCode.NOT_OWNER
     assert b.owned_sessions == {"s1"}
 
@@ -554,8 +554,8 @@ def test_close_releases_ownership(swarm: Swarm) -> None:
     a.send(step_frame("s1"))
     _, b_events = pump(a, b)
     assert b_events[:2] == [
-        FrameReceived(open_frame("s1")),
-        FrameReceived(wire.Close("s1", "done")),
+        PeerFrame(open_frame("s1")),
+        PeerFrame(wire.Close("s1", "done")),
     ]
     rejected = b_events[2]
     assert isinstance(rejected, SessionRejected) and rejected.code is ErrorCode.NOT_OWNER
@@ -564,7 +564,7 @@ def test_close_releases_ownership(swarm: Swarm) -> None:
     # Closed sessions can be opened again on the same connection.
     a.send(open_frame("s1"))
     a.send(step_frame("s1", 1))
-    assert pump(a, b)[1] == [FrameReceived(open_frame("s1")), FrameReceived(step_frame("s1", 1))]
+    assert pump(a, b)[1] == [PeerFrame(open_frame("s1")), PeerFrame(step_frame("s1", 1))]
 
 
 def test_release_forgets_a_session(swarm: Swarm) -> None:
@@ -585,8 +585,8 @@ def test_initiator_does_not_police_sessions(swarm: Swarm) -> None:
     b.send(wire.Close("elsewhere", "x"))
     a_events, _ = pump(a, b)
     assert a_events == [
-        FrameReceived(step_frame("elsewhere")),
-        FrameReceived(wire.Close("elsewhere", "x")),
+        PeerFrame(step_frame("elsewhere")),
+        PeerFrame(wire.Close("elsewhere", "x")),
     ]
 
 

@@ -7,8 +7,8 @@ import pytest
 from app.client.recovery import (
     FailureKind,
     Probe,
+    RecoveryAction,
     RecoveryPolicy,
-    Verdict,
     classify,
     dead_stages,
     decide,
@@ -40,23 +40,23 @@ def test_classify(code: ErrorCode | None, unreachable: bool, kind: FailureKind) 
 
 def test_a_dead_stage_is_avoided_and_everything_so_far_replayed() -> None:
     d = decide(FailureKind.UNREACHABLE, 0, ("b", "b"), 11, POLICY)
-    assert d.verdict is Verdict.REROUTE and d.avoid == ("b",) and d.replay_tokens == 11
+    assert d.verdict is RecoveryAction.REROUTE and d.avoid == ("b",) and d.replay_tokens == 11
 
 
 def test_a_restarted_stage_gets_a_replay_on_the_same_route() -> None:
     d = decide(FailureKind.MISSING_STATE, 1, (), 30, POLICY)
-    assert d.verdict is Verdict.REPLAY and d.avoid == () and d.replay_tokens == 30
+    assert d.verdict is RecoveryAction.REPLAY and d.avoid == () and d.replay_tokens == 30
 
 
 def test_a_stage_failure_without_a_dead_stage_reroutes_without_avoiding_anyone() -> None:
     d = decide(FailureKind.STAGE, 0, (), 7, POLICY)
-    assert d.verdict is Verdict.REROUTE and d.avoid == ()
+    assert d.verdict is RecoveryAction.REROUTE and d.avoid == ()
 
 
 def test_gives_up_on_its_own_fault_and_after_the_last_recovery() -> None:
-    assert decide(FailureKind.CLIENT_FAULT, 0, (), 5, POLICY).verdict is Verdict.GIVE_UP
-    assert decide(FailureKind.UNREACHABLE, 3, ("b",), 5, POLICY).verdict is Verdict.GIVE_UP
-    assert decide(FailureKind.UNREACHABLE, 2, ("b",), 5, POLICY).verdict is Verdict.REROUTE
+    assert decide(FailureKind.CLIENT_FAULT, 0, (), 5, POLICY).verdict is RecoveryAction.GIVE_UP
+    assert decide(FailureKind.UNREACHABLE, 3, ("b",), 5, POLICY).verdict is RecoveryAction.GIVE_UP
+    assert decide(FailureKind.UNREACHABLE, 2, ("b",), 5, POLICY).verdict is RecoveryAction.REROUTE
 
 
 def test_only_greedy_answers_are_exact_after_a_replay() -> None:

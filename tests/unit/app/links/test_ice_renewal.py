@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.links.paths import IceConfigSource
-from coordinator.contract import TurnCredentials
+from coordinator.contract import TurnAnswer
 from coordinator.errors import CoordinatorError
 
 pytestmark = pytest.mark.unit
@@ -17,11 +17,11 @@ class _Coordinator:
         self.calls = 0
         self.down = False
 
-    def turn(self) -> TurnCredentials:
+    def turn(self) -> TurnAnswer:
         if self.down:
             raise CoordinatorError("unreachable")
         self.calls += 1
-        return TurnCredentials("relay", 3478, f"{1000 + self.calls}:node-a", "pw", 1000, ())
+        return TurnAnswer("relay", 3478, f"{1000 + self.calls}:node-a", "pw", 1000, ())
 
 
 def test_credentials_are_renewed_once_half_their_life_has_passed() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from app.links.paths import node_router, start_links
-from coordinator.contract import Signal, TurnCredentials
+from coordinator.contract import Signal, TurnAnswer
 from net.ice.paths import IceOffer
 from net.quic.links import QuicTuning
 
@@ -74,7 +74,7 @@ class Client:
     def post_signal(self, peer: str, kind: str, link: str, payload: dict[str, Any]) -> None:
         pass
 
-    def turn(self) -> TurnCredentials | None:
+    def turn(self) -> TurnAnswer | None:
         return None
 
 

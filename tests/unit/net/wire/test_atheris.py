@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 pytest.importorskip("atheris", reason="atheris (a dev dependency, Linux wheels) is not installed")
 
-HARNESS = Path(__file__).resolve().parents[4] / "tests" / "fuzz" / "frames_atheris.py"
+HARNESS = Path(__file__).resolve().parents[3] / "fuzz" / "frames_atheris.py"
 RUNS = 40_000
 SECONDS = 15
 

@@ -21,11 +21,11 @@ from net.errors import ErrorCode, FrameError
 from net.protocol import (
     Authenticated,
     ConnectionFailed,
-    FrameReceived,
     PeerConnection,
+    PeerFrame,
     PeerIdentity,
-    Role,
     SessionRejected,
+    Side,
 )
 from net.wire import HEADER, Frame, FrameDecoder, Hello, Limits, Open, Proof, Step, encode
 from net.wire.tensors import decode_rows
@@ -181,7 +181,7 @@ class HostilePeer(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.conn = PeerConnection(
-            Role.ACCEPTOR, check_proof=check_proof, new_nonce=lambda: b"n" * 16, limits=LIMITS
+            Side.ACCEPTOR, check_proof=check_proof, new_nonce=lambda: b"n" * 16, limits=LIMITS
         )
         self.answers = FrameDecoder(LIMITS)
         self.opened: set[str] = set()
@@ -194,13 +194,11 @@ class HostilePeer(RuleBasedStateMachine):
         if was_closed:
             assert events == []
         for i, event in enumerate(events):
-            assert isinstance(
-                event, Authenticated | FrameReceived | SessionRejected | ConnectionFailed
-            )
+            assert isinstance(event, Authenticated | PeerFrame | SessionRejected | ConnectionFailed)
             if isinstance(event, ConnectionFailed):
                 assert isinstance(event.code, ErrorCode) and i == len(events) - 1
                 assert self.conn.closed
-            if isinstance(event, FrameReceived):
+            if isinstance(event, PeerFrame):
                 check_decoded(event.frame)
                 if isinstance(event.frame, Open):
                     self.opened.add(event.frame.session)

@@ -90,9 +90,9 @@ def test_addresses_round_trip_through_their_text(address: tuple[str, int], text:
     assert Loop("a", text, "b").address == address
 
 
-def test_the_guesses_a_ring_may_draft_travel_with_the_loop() -> None:
-    drafting = dataclasses.replace(PLAIN, loop=Loop("a", "h:1", "b", guesses=6, adaptive=False))
-    assert decode(encode(drafting)) == drafting
+def test_the_guesses_a_ring_may_guess_travel_with_the_loop() -> None:
+    guessing = dataclasses.replace(PLAIN, loop=Loop("a", "h:1", "b", guesses=6, adaptive=False))
+    assert decode(encode(guessing)) == guessing
     with pytest.raises(FrameError) as refused:
         encode(dataclasses.replace(PLAIN, loop=Loop("a", "h:1", "b", guesses=33)))
     assert refused.value.code is ErrorCode.BAD_VALUE

@@ -54,8 +54,8 @@ def test_a_bad_tail_is_refused_typed(tail: bytes, code: ErrorCode) -> None:
     assert decode(_with_tail(b"\x01")) == ALONE  # the same frame with the right tail
 
 
-def test_one_by_one_with_drafts_is_refused_both_ways() -> None:
-    bad = dataclasses.replace(ALONE, drafts=(6, 7))
+def test_one_by_one_with_guesses_is_refused_both_ways() -> None:
+    bad = dataclasses.replace(ALONE, guesses=(6, 7))
     with pytest.raises(FrameError) as refused:
         encode(bad)
     assert refused.value.code is ErrorCode.BAD_SHAPE

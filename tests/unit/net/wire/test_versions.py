@@ -16,10 +16,10 @@ from net.protocol import (
     Authenticated,
     ConnectionFailed,
     Event,
-    FrameReceived,
     PeerConnection,
+    PeerFrame,
     PeerIdentity,
-    Role,
+    Side,
     State,
 )
 from net.wire import versions
@@ -172,14 +172,14 @@ def pair(keys: tuple[auth.CertifiedKey, auth.CertifiedKey, auth.CertifiedKey]) -
             return PeerIdentity(ident.node_id, ident.role)
 
         a = PeerConnection(
-            Role.INITIATOR,
+            Side.INITIATOR,
             make_proof=prove,
             expected_peer=PeerIdentity(SERVER_ID, "worker"),
             protocol=a_protocol,
             release="0.2.0" if a_protocol > 1 else "",
         )
         b = PeerConnection(
-            Role.ACCEPTOR,
+            Side.ACCEPTOR,
             check_proof=check,
             new_nonce=auth.new_nonce,
             protocol=b_protocol,
@@ -212,7 +212,7 @@ def test_same_release_negotiates_this_protocol_and_keeps_tails(pair: Pair) -> No
     assert a_events == [Authenticated(PeerIdentity(SERVER_ID, "worker"), 2, "0.2.0")]
     assert b_events == [Authenticated(PeerIdentity(CLIENT_ID, "client"), 2, "0.2.0")]
     b.send(tokens(looped=True, guessed=2))
-    assert pump(a, b)[0] == [FrameReceived(tokens(looped=True, guessed=2))]
+    assert pump(a, b)[0] == [PeerFrame(tokens(looped=True, guessed=2))]
 
 
 def test_an_older_initiator_works_with_this_acceptor_without_tails(pair: Pair) -> None:
@@ -226,8 +226,8 @@ def test_an_older_initiator_works_with_this_acceptor_without_tails(pair: Pair) -
     old.send(open_frame())
     new.send(tokens(looped=True, guessed=2))  # the ring's tail is left out for it
     old_events, new_events = pump(old, new)
-    assert new_events == [FrameReceived(open_frame())]
-    assert old_events == [FrameReceived(tokens())]
+    assert new_events == [PeerFrame(open_frame())]
+    assert old_events == [PeerFrame(tokens())]
     assert not old.closed and not new.closed
 
 

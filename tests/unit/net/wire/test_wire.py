@@ -86,11 +86,11 @@ def steps(draw: st.DrawFn) -> Step:
         tokens = draw(st.just(()) | token_tuples(n_rows))
     else:
         tokens = draw(token_tuples(n_rows))
-    drafts = draw(st.lists(token_ids, max_size=n_rows - 1).map(tuple))
+    guesses = draw(st.lists(token_ids, max_size=n_rows - 1).map(tuple))
     start = draw(st.integers(0, POS_MAX - n_rows))
     keep_until = draw(st.none() | st.integers(0, start))
-    one_by_one = not drafts and draw(st.booleans())  # a replay's rows: no drafts with it
-    return Step(draw(names), draw(u64s), start, tokens, hidden, n_rows, width, dtype, drafts,
+    one_by_one = not guesses and draw(st.booleans())  # a replay's rows: no guesses with it
+    return Step(draw(names), draw(u64s), start, tokens, hidden, n_rows, width, dtype, guesses,
                 keep_until, draw(timings), draw(u64s), one_by_one)  # fmt: skip
 
 
@@ -240,7 +240,7 @@ def test_layout_of_a_step() -> None:
 # --- header and framing rules -----------------------------------------------------------
 
 SMALL = Limits(max_frame_bytes=4096, max_rows=16, max_width=16, max_tokens_per_frame=8,
-               max_drafts=3, max_string=10, max_timings=2, max_proof_bytes=100)  # fmt: skip
+               max_guesses=3, max_string=10, max_timings=2, max_proof_bytes=100)  # fmt: skip
 
 
 def test_a_huge_length_prefix_is_refused_before_any_body_arrives() -> None:
@@ -414,18 +414,18 @@ RULES: dict[str, tuple[Frame, ErrorCode, bool]] = {
     "negative step_id": (step(step_id=-1), V, False),
     "huge step_id": (step(step_id=U64_MAX + 1), V, False),
     "unknown dtype": (step(wire_dtype=BAD_DTYPE), D, True),
-    "too many tokens": (step(tokens=(1,) * 9, n_rows=9, drafts=()), T, True),
+    "too many tokens": (step(tokens=(1,) * 9, n_rows=9, guesses=()), T, True),
     "negative token": (step(tokens=(1, -2, 3)), V, True),
     "token past int32": (step(tokens=(1, TOKEN_MAX + 1, 3)), V, False),
-    "too many drafts": (step(tokens=(1,) * 5, n_rows=5, drafts=(1,) * 4), T, True),
-    "negative draft": (step(drafts=(-1,)), V, True),
-    "drafts fill every row": (step(drafts=(1, 2, 3)), S, True),
-    "no rows": (hidden(n_rows=0, hidden=b"", drafts=()), S, True),
-    "too many rows": (hidden(n_rows=17, width=1, hidden=bytes(34), drafts=()), T, True),
-    "too wide": (hidden(n_rows=1, width=17, hidden=bytes(34), drafts=()), T, True),
-    "hidden with width 0": (hidden(n_rows=1, width=0, hidden=b"", drafts=()), S, True),
+    "too many guesses": (step(tokens=(1,) * 5, n_rows=5, guesses=(1,) * 4), T, True),
+    "negative guess": (step(guesses=(-1,)), V, True),
+    "guesses fill every row": (step(guesses=(1, 2, 3)), S, True),
+    "no rows": (hidden(n_rows=0, hidden=b"", guesses=()), S, True),
+    "too many rows": (hidden(n_rows=17, width=1, hidden=bytes(34), guesses=()), T, True),
+    "too wide": (hidden(n_rows=1, width=17, hidden=bytes(34), guesses=()), T, True),
+    "hidden with width 0": (hidden(n_rows=1, width=0, hidden=b"", guesses=()), S, True),
     "token rows with a width": (step(width=4), S, True),
-    "token count != token rows": (step(tokens=(1, 2), drafts=()), S, True),
+    "token count != token rows": (step(tokens=(1, 2), guesses=()), S, True),
     "hidden bytes short": (hidden(hidden=bytes(15)), S, True),
     "hidden bytes of another dtype": (hidden(wire_dtype=WireDtype.F32), S, True),
     "tokens beside hidden miscounted": (hidden(tokens=(1,)), S, True),
@@ -463,9 +463,9 @@ RULES: dict[str, tuple[Frame, ErrorCode, bool]] = {
     "tokens: empty session": (dataclasses.replace(TOKENS, session=""), V, True),
     "tokens: too many": (dataclasses.replace(TOKENS, tokens=(1,) * 9), T, True),
     "tokens: negative": (dataclasses.replace(TOKENS, tokens=(-5,)), V, True),
-    "tokens: too many drafts": (dataclasses.replace(TOKENS, drafts=(1,) * 4), T, True),
-    "tokens: negative draft": (dataclasses.replace(TOKENS, drafts=(-1,)), V, True),
-    "tokens: n_accepted over max_drafts": (dataclasses.replace(TOKENS, n_accepted=4), V, True),
+    "tokens: too many guesses": (dataclasses.replace(TOKENS, guesses=(1,) * 4), T, True),
+    "tokens: negative guess": (dataclasses.replace(TOKENS, guesses=(-1,)), V, True),
+    "tokens: n_accepted over max_guesses": (dataclasses.replace(TOKENS, n_accepted=4), V, True),
     "tokens: negative step_id": (dataclasses.replace(TOKENS, step_id=-1), V, False),
     "tokens: NaN timing": (
         dataclasses.replace(TOKENS, timings=(StageTiming(0, NAN, 0.0, 0.0),)), V, True),
@@ -504,10 +504,10 @@ ACCEPTED: dict[str, Frame] = {
     "samples": STEP,
     "hidden sample": HIDDEN,
     "string of exactly max_string bytes": Close("s" * 10, "é" * 5),
-    "token rows with the token cap": step(tokens=(TOKEN_MAX,) * 8, n_rows=8, drafts=()),
-    "drafts in all rows but one": step(drafts=(2, 3)),
-    "max drafts": step(tokens=(1,) * 4, n_rows=4, drafts=(1,) * 3),
-    "max rows, width": hidden(n_rows=16, width=16, hidden=bytes(512), drafts=()),
+    "token rows with the token cap": step(tokens=(TOKEN_MAX,) * 8, n_rows=8, guesses=()),
+    "guesses in all rows but one": step(guesses=(2, 3)),
+    "max guesses": step(tokens=(1,) * 4, n_rows=4, guesses=(1,) * 3),
+    "max rows, width": hidden(n_rows=16, width=16, hidden=bytes(512), guesses=()),
     "hidden rows with their tokens": hidden(tokens=(1, 2)),
     "keep_until at start": step(keep_until=10),
     "keep_until zero": step(keep_until=0),
@@ -515,7 +515,7 @@ ACCEPTED: dict[str, Frame] = {
     "max timings": step(timings=STEP.timings * 2),
     "greedy edge sampling": sampling(temperature=0.0, top_p=1.0, min_p=0.0, top_k=0),
     "u64 extremes": dataclasses.replace(STEP, step_id=U64_MAX, sent_at_ns=U64_MAX),
-    "n_accepted = max_drafts": dataclasses.replace(TOKENS, n_accepted=3),
+    "n_accepted = max_guesses": dataclasses.replace(TOKENS, n_accepted=3),
     "finished with no tokens": Tokens("s", 0, (), (), 0, True, ()),
     "connection-level error": Error("", ErrorCode.UNAUTHENTICATED, ""),
     "ping extremes": Ping(U64_MAX),

@@ -20,7 +20,7 @@ from app.serving.rules.sessions import (
     LinkState,
     Refused,
     Release,
-    Replayed,
+    Resent,
     Resumed,
     Send,
     SessionRules,
@@ -123,9 +123,9 @@ def test_steps_already_taken_are_dropped_after_a_resume() -> None:
     rules = opened()
     assert rules.handle(FrameReceived("up-a", "a", step(0))) == [Take(step(0), OPEN)]
     assert rules.handle(FrameReceived("up-a", "a", step(1))) == [Take(step(1), OPEN)]
-    rules.handle(FrameReceived("up-a2", "a", OPEN))  # resumed; the replay log follows
-    assert rules.handle(FrameReceived("up-a2", "a", step(0))) == [Replayed(step(0))]
-    assert rules.handle(FrameReceived("up-a2", "a", step(1))) == [Replayed(step(1))]
+    rules.handle(FrameReceived("up-a2", "a", OPEN))  # resumed; the resend log follows
+    assert rules.handle(FrameReceived("up-a2", "a", step(0))) == [Resent(step(0))]
+    assert rules.handle(FrameReceived("up-a2", "a", step(1))) == [Resent(step(1))]
     assert rules.handle(FrameReceived("up-a2", "a", step(2))) == [Take(step(2), OPEN)]
 
 
@@ -294,7 +294,7 @@ def _open(name: str, prompt: int = 2, max_tokens: int = 8) -> wire.Open:
 
 
 def test_admission_refuses_the_first_session_past_the_kv_budget_and_frees_on_end() -> None:
-    # 3 sessions of 2 + 8 + 16 (draft slack) = 26 positions fit in 80; the fourth does not.
+    # 3 sessions of 2 + 8 + 16 (guess slack) = 26 positions fit in 80; the fourth does not.
     ledger = AdmissionLedger(AdmissionPolicy(n_ctx=80, max_sessions=256, kv_bytes_per_token=10))
     rules: SessionRules[str] = SessionRules(False, ledger)
     rules.handle(LinkReady("up-a", "a"))

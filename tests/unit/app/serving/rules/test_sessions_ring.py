@@ -54,7 +54,7 @@ def test_the_named_last_stage_joins_and_its_steps_are_taken() -> None:
     assert rules.handle(FrameReceived("cl", "client", step(0))) == [Take(step(0), OPEN)]
     assert rules.handle(FrameReceived("ring", "last", step(1))) == [Take(step(1), OPEN)]
     assert rules.handle(FrameReceived("cl", "client", step(1)))[0].__class__.__name__ == (
-        "Replayed"  # one step id, taken once, whichever link brings it
+        "Resent"  # one step id, taken once, whichever link brings it
     )
 
 

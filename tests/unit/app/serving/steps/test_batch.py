@@ -39,12 +39,12 @@ def _hidden_step(rows: np.ndarray, **kw: object) -> wire.Step:
 
 
 def test_first_stage_gets_the_tokens_and_the_cut() -> None:
-    req = step_request(_step(tokens=(5, 6, 7), n_rows=3, drafts=(7,), keep_until=3), True, 8)
+    req = step_request(_step(tokens=(5, 6, 7), n_rows=3, guesses=(7,), keep_until=3), True, 8)
     assert req.session == "s" and req.start == 4
     assert req.tokens is not None and req.tokens.dtype == np.int32
     assert req.tokens.tolist() == [5, 6, 7]
     assert req.hidden is None
-    assert req.all_logits  # drafts: every row's logits are wanted
+    assert req.all_logits  # guesses: every row's logits are wanted
     assert req.keep_until == 3
 
 
@@ -83,18 +83,18 @@ def test_only_steps_with_guesses_of_known_sessions_get_verifiers() -> None:
     session.rng = make_rng(session.params)
     batch = [
         _pending(_step(tokens=(8,), n_rows=1)),  # no guesses
-        _pending(_step(tokens=(8, 10, 11), n_rows=3, drafts=(10, 11), keep_until=4)),
-        _pending(_step(session="gone", tokens=(8, 10), n_rows=2, drafts=(10,))),
+        _pending(_step(tokens=(8, 10, 11), n_rows=3, guesses=(10, 11), keep_until=4)),
+        _pending(_step(session="gone", tokens=(8, 10), n_rows=2, guesses=(10,))),
     ]
     checks = guess_checks(batch, {"s": session})
     assert list(checks) == [1]
     n, verifier = checks[1]
-    assert n == 2 and verifier.drafts == (10, 11)
+    assert n == 2 and verifier.guesses == (10, 11)
     # The penalty's history: kept positions, then the step's tokens without its guesses.
     assert verifier._seen == [1, 2, 3, 4, 8]
 
 
 def test_a_session_without_sampling_settings_gets_no_verifier() -> None:
     session = ServedSession(OPEN)  # not the last stage: no params, no rng
-    batch = [_pending(_step(tokens=(8, 10), n_rows=2, drafts=(10,)))]
+    batch = [_pending(_step(tokens=(8, 10), n_rows=2, guesses=(10,)))]
     assert guess_checks(batch, {"s": session}) == {}

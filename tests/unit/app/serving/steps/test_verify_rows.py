@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.serving.steps.verify_rows import step_guesses_alone, step_verifying
-from core.draft_acceptance import RowByRow
+from core.guess_acceptance import RowByRow
 from core.sampling import make_rng
 from core.stage import Stage, StepRequest, StepResult
 from core.types import SamplingParams

@@ -1,4 +1,4 @@
-"""Drafting on real 3-process chains: guesses verified in one trip, cut by keep_until.
+"""Guessing on real 3-process chains: guesses verified in one trip, cut by keep_until.
 
 Greedy output with n-gram guesses must equal plain greedy output token for token (a
 solo run), on the tiny model and on Gemma; a seeded sampled run replays identically.
@@ -17,7 +17,7 @@ import pytest
 
 from app.client.swarm_client import SwarmClient, TokenEvent
 from app.lab.local_swarm import LocalSwarm
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
 
@@ -53,24 +53,24 @@ def _tokens(events: list[TokenEvent]) -> list[int]:
 
 def _check(runs: list[list[TokenEvent]], n: int) -> None:
     plain, fixed, adaptive, sampled, sampled_again = runs
-    assert len(_tokens(plain)) == n and all(ev.n_drafts == 0 for ev in plain)
+    assert len(_tokens(plain)) == n and all(ev.n_guesses == 0 for ev in plain)
     for events in (fixed, adaptive):
         assert _tokens(events) == _tokens(plain)
-        assert sum(ev.n_drafts for ev in events) > 0
-        assert all(ev.n_accepted <= ev.n_drafts for ev in events)
+        assert sum(ev.n_guesses for ev in events) > 0
+        assert all(ev.n_accepted <= ev.n_guesses for ev in events)
     # Some guesses stood, so some trips confirmed several tokens: fewer trips than tokens.
     assert sum(ev.n_accepted for ev in fixed) > 0 and len(fixed) < n
     # Seeded sampling with guesses replays identically and stops at max_tokens.
     assert _tokens(sampled) == _tokens(sampled_again) and len(_tokens(sampled)) == n
-    assert sum(ev.n_drafts for ev in sampled) > 0
+    assert sum(ev.n_guesses for ev in sampled) > 0
 
 
-def test_tiny_chain_drafted_greedy_equals_plain(tiny_llama: Path) -> None:
+def test_tiny_chain_guessed_greedy_equals_plain(tiny_llama: Path) -> None:
     prompt = [1, 5, 17, 42, 99, 7, 300, 2, 5, 17, 42]
     _check(asyncio.run(_runs(tiny_llama, [0, 3, 6, 8], prompt, 40)), 40)
 
 
-def test_gemma_chain_drafted_greedy_equals_plain(gemma_path: Path) -> None:
+def test_gemma_chain_guessed_greedy_equals_plain(gemma_path: Path) -> None:
     tok = Tokenizer.from_gguf(gemma_path)
     prompt = tok.encode(
         "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
@@ -82,4 +82,4 @@ def test_gemma_chain_drafted_greedy_equals_plain(gemma_path: Path) -> None:
     _check(runs, 40)
     # Some guesses were rejected, so keep_until cut every stage's cache, and the output
     # still equals plain decoding.
-    assert any(ev.n_accepted < ev.n_drafts for ev in runs[1] + runs[2])
+    assert any(ev.n_accepted < ev.n_guesses for ev in runs[1] + runs[2])

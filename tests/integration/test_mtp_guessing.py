@@ -20,7 +20,7 @@ import pytest
 
 from app.client.swarm_client import SwarmClient, TokenEvent
 from app.lab.local_swarm import LocalSwarm
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.pipeline import LocalPipeline
 from core.stage import Stage
 from core.types import LayerRange, SamplingParams, StageSpec
@@ -71,7 +71,7 @@ def _tokens(events: list[TokenEvent]) -> list[int]:
     return [t for ev in events for t in ev.tokens]
 
 
-def test_mtp_chain_drafting_equals_whole_model_greedy(qwen35_mtp: Path) -> None:
+def test_mtp_chain_guessing_equals_whole_model_greedy(qwen35_mtp: Path) -> None:
     whole = LocalPipeline(
         [Stage.from_file(qwen35_mtp, StageSpec(LayerRange(0, 6), 6, n_ctx=512, n_batch=64))]
     )
@@ -80,19 +80,19 @@ def test_mtp_chain_drafting_equals_whole_model_greedy(qwen35_mtp: Path) -> None:
     finally:
         whole.shutdown()
     plain, fixed, adaptive, combined, sampled, sampled_again = asyncio.run(_runs(qwen35_mtp))
-    assert _tokens(plain) == reference and all(ev.n_drafts == 0 for ev in plain)
+    assert _tokens(plain) == reference and all(ev.n_guesses == 0 for ev in plain)
     for events in (fixed, adaptive, combined):
         assert _tokens(events) == reference
         # Counting: every trip gives its accepted guesses plus one token of its own.
-        assert all(0 <= ev.n_accepted <= ev.n_drafts for ev in events)
+        assert all(0 <= ev.n_accepted <= ev.n_guesses for ev in events)
         assert all(len(ev.tokens) == ev.n_accepted + 1 for ev in events[:-1])
-        assert sum(ev.n_drafts for ev in events) > 0  # the last stage did send guesses
+        assert sum(ev.n_guesses for ev in events) > 0  # the last stage did send guesses
         # Some guesses stood: fewer trips than tokens, i.e. more than one token per trip.
         assert sum(ev.n_accepted for ev in events) > 0 and len(events) < N
     # Some were rejected too, so keep_until cut every stage (recurrent layers included)
     # and the output still equals the whole model's.
-    assert any(ev.n_accepted < ev.n_drafts for ev in fixed + adaptive)
-    assert max(ev.n_drafts for ev in fixed) <= 4
+    assert any(ev.n_accepted < ev.n_guesses for ev in fixed + adaptive)
+    assert max(ev.n_guesses for ev in fixed) <= 4
     # Seeded sampling with MTP guesses replays identically and stops at max_tokens.
     assert _tokens(sampled) == _tokens(sampled_again) and len(_tokens(sampled)) == N
-    assert sum(ev.n_drafts for ev in sampled) > 0
+    assert sum(ev.n_guesses for ev in sampled) > 0

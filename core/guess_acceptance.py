@@ -1,14 +1,14 @@
 """Verifying guessed tokens on the last stage: which guesses stand, and the next token.
 
 A verified step evaluates the last real token followed by k guesses, so its k+1 logit
-rows predict positions start+1 .. start+k+1. `accept_drafts` walks them in order:
+rows predict positions start+1 .. start+k+1. `accept_guesses` walks them in order:
 
 - **greedy** (temperature 0): a guess stands while it equals the row's argmax; the
   first row that disagrees gives its own argmax instead, and after k agreeing guesses
   the last row gives one more. So the output is the longest agreeing prefix plus one,
   exactly the tokens plain greedy decoding would have produced.
 - **sampled**: speculative sampling's rule, which keeps the target distribution. For a
-  guess d drawn from a draft distribution q, accept with probability
+  guess d drawn from a guess distribution q, accept with probability
   min(1, p(d) / q(d)); on a reject draw from the residual max(0, p - q), renormalised.
   An n-gram guess (or an argmax MTP guess) is a point mass, q(d) = 1, so this is
   "accept with probability p(d), otherwise draw from p without d". `p` is the filtered
@@ -62,7 +62,7 @@ def _draw(p: Probs, rng: np.random.Generator) -> int:
 
 
 class RowByRow:
-    """`accept_drafts` one logit row at a time, so a last stage computes the head only for
+    """`accept_guesses` one logit row at a time, so a last stage computes the head only for
     rows that can still matter: `feed(row j)` gives the verdict, or None when guess j
     stood and row j+1 decides next. The head over a large vocabulary is most of a
     verified trip's cost (Gemma 3: ~30 ms of CPU per row), and every row after the first
@@ -71,16 +71,16 @@ class RowByRow:
 
     def __init__(
         self,
-        drafts: Sequence[int],
+        guesses: Sequence[int],
         params: SamplingParams,
         rng: np.random.Generator,
         history: Sequence[int] = (),
-        draft_probs: Sequence[Probs | None] | None = None,
+        guess_probs: Sequence[Probs | None] | None = None,
     ) -> None:
-        self.drafts = tuple(int(d) for d in drafts)
+        self.guesses = tuple(int(d) for d in guesses)
         self.params = params
         self.rng = rng
-        self.draft_probs = draft_probs
+        self.guess_probs = guess_probs
         self._seen = list(history)
         self._chosen: list[int] = []
 
@@ -93,7 +93,7 @@ class RowByRow:
         return Verdict(tuple(self._chosen), len(self._chosen) - 1)
 
     def feed(self, row: npt.ArrayLike) -> Verdict | None:
-        j, k, params = len(self._chosen), len(self.drafts), self.params
+        j, k, params = len(self._chosen), len(self.guesses), self.params
         if j > k:
             raise ValueError(f"{k} guesses are decided by {k + 1} rows; row {j + 1} was fed")
         if params.greedy:
@@ -104,7 +104,7 @@ class RowByRow:
                 params.repetition_window,
             )
             tok = greedy(x)
-            if j < k and tok == self.drafts[j]:
+            if j < k and tok == self.guesses[j]:
                 self._chosen.append(tok)
                 self._seen.append(tok)
                 return None
@@ -112,8 +112,8 @@ class RowByRow:
         p = target_probs(row, params, self._seen)
         if j == k:
             return self._done(_draw(p, self.rng))
-        d = self.drafts[j]
-        q = None if self.draft_probs is None else self.draft_probs[j]
+        d = self.guesses[j]
+        q = None if self.guess_probs is None else self.guess_probs[j]
         q_d = 1.0 if q is None else float(q[d])
         if q_d > 0 and self.rng.random() < min(1.0, float(p[d]) / q_d):
             self._chosen.append(d)
@@ -129,22 +129,22 @@ class RowByRow:
         return self._done(_draw(residual / residual.sum(), self.rng))
 
 
-def accept_drafts(
+def accept_guesses(
     rows: npt.NDArray[np.float32],
-    drafts: Sequence[int],
+    guesses: Sequence[int],
     params: SamplingParams,
     rng: np.random.Generator,
     history: Sequence[int] = (),
-    draft_probs: Sequence[Probs | None] | None = None,
+    guess_probs: Sequence[Probs | None] | None = None,
 ) -> Verdict:
-    """Check `drafts` against the k+1 logit `rows` (row j predicts what follows the
+    """Check `guesses` against the k+1 logit `rows` (row j predicts what follows the
     j-th evaluated token); `history` is every token up to and including the first
-    evaluated one. `draft_probs[j]`, when given, is the draft distribution q of guess j;
+    evaluated one. `guess_probs[j]`, when given, is the guess distribution q of guess j;
     None (or omitted) means a point mass on the guess."""
-    k = len(drafts)
+    k = len(guesses)
     if rows.ndim != 2 or rows.shape[0] != k + 1:
         raise ValueError(f"{k} guesses need {k + 1} logit rows, got shape {rows.shape}")
-    check = RowByRow(drafts, params, rng, history, draft_probs)
+    check = RowByRow(guesses, params, rng, history, guess_probs)
     for j in range(k + 1):
         verdict = check.feed(rows[j])
         if verdict is not None:

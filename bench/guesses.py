@@ -1,4 +1,4 @@
-"""Drafting benchmark, side by side in one run (prints the seeds' table; --json one object):
+"""Guessing benchmark, side by side in one run (prints the seeds' table; --json one object):
 
 For each chain, prompts code / explanation / factual x guesses none / 2 / 4 / 6 /
 adaptive (n-gram guesses from the client, verified in one trip): tokens per trip,
@@ -15,10 +15,10 @@ output equals plain greedy. Chains:
 - gemma3: Gemma 3 270M in three stages on loopback (real text, compute matters).
 
 Also: the undo cost per trip on every stage (keep_until -> seq_rm, timed inside
-core.stage on the same stage files), drafting with 16 sessions at once (gemma3), and
+core.stage on the same stage files), guessing with 16 sessions at once (gemma3), and
 time to first token of a 460-token prompt, chunked (64) vs one piece, on the WAN chains.
 
-    .venv/bin/python bench/drafts.py [--json] [--quick] [--tokens 48] [--repeat 3]
+    .venv/bin/python bench/guesses.py [--json] [--quick] [--tokens 48] [--repeat 3]
                                      [--chains wan20,wan18_gemma,gemma3] [--exact]
 
 Each setting runs --repeat times (interleaved with the others); tokens/s is the median.
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.client.swarm_client import SwarmClient, TokenEvent
 from app.lab.local_swarm import LocalSwarm
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.models import GEMMA3, resolve_model, stage_files
 from core.stage import Stage, StepRequest
 from core.tokenizer import Tokenizer
@@ -97,7 +97,7 @@ def _summary(events: list[TokenEvent], plain: list[int] | None) -> dict[str, Any
     return {
         "tokens_per_trip": n_tok / max(1, len(decode)),
         "accepted": sum(e.n_accepted for e in decode),
-        "proposed": sum(e.n_drafts for e in decode),
+        "proposed": sum(e.n_guesses for e in decode),
         "tokens_per_s": n_tok / (ms / 1e3) if ms else 0.0,
         "trip_ms": statistics.median(e.trip_ms for e in decode) if decode else 0.0,
         "trips": len(decode),
@@ -274,7 +274,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(7)
     delays = [float(rng.randint(1, 56)) for _ in range(21)]
     if "wan20" in chains:
-        with tempfile.TemporaryDirectory(prefix="sangama-drafts-wan20-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="sangama-guesses-wan20-") as tmp:
             model = write_tiny_model(
                 Path(tmp) / "tiny20.gguf", n_layer=20, n_embd=256, n_head=4, n_ff=512
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.drafting import (
+from core.guessing import (
     DEFAULT_GUESSES,
     GUESS_CHOICES,
     GuessPolicy,
@@ -12,7 +12,7 @@ from core.drafting import (
     guesses_now,
     initial_state,
     next_guess_state,
-    ngram_drafts,
+    ngram_guesses,
 )
 
 pytestmark = pytest.mark.unit
@@ -21,23 +21,23 @@ pytestmark = pytest.mark.unit
 def test_ngram_guesses_what_followed_the_suffix_last_time() -> None:
     #          0  1  2  3  4  5  6  7  8
     history = [9, 1, 2, 3, 4, 5, 7, 1, 2]
-    assert ngram_drafts(history, 3) == (3, 4, 5)
-    assert ngram_drafts(history, 1) == (3,)
-    assert ngram_drafts(history, 0) == ()
+    assert ngram_guesses(history, 3) == (3, 4, 5)
+    assert ngram_guesses(history, 1) == (3,)
+    assert ngram_guesses(history, 0) == ()
 
 
 def test_ngram_prefers_the_longest_suffix_then_the_most_recent_occurrence() -> None:
     # The 2-gram (1, 2) last appeared before 8; the 3-gram (0, 1, 2) only before 4.
     history = [0, 1, 2, 4, 6, 1, 2, 8, 0, 1, 2]
-    assert ngram_drafts(history, 1) == (4,)
-    assert ngram_drafts(history, 1, max_n=2) == (8,)
+    assert ngram_guesses(history, 1) == (4,)
+    assert ngram_guesses(history, 1, max_n=2) == (8,)
 
 
 def test_ngram_needs_a_match_of_at_least_min_n_with_a_token_after_it() -> None:
-    assert ngram_drafts([1, 2, 3, 4], 4) == ()
-    assert ngram_drafts([5, 5], 2) == ()  # the only earlier "5" has the suffix itself after it
-    assert ngram_drafts([5, 5, 5], 2) == (5,)
-    assert ngram_drafts([1, 2, 3, 1, 2], 9) == (3, 1, 2)  # stops at the end of the text
+    assert ngram_guesses([1, 2, 3, 4], 4) == ()
+    assert ngram_guesses([5, 5], 2) == ()  # the only earlier "5" has the suffix itself after it
+    assert ngram_guesses([5, 5, 5], 2) == (5,)
+    assert ngram_guesses([1, 2, 3, 1, 2], 9) == (3, 1, 2)  # stops at the end of the text
 
 
 def test_fixed_policy_always_offers_its_count() -> None:
@@ -86,7 +86,7 @@ def test_adaptive_turns_off_when_verified_trips_do_not_pay_and_probes_later() ->
     assert guesses_now(policy, state) > 0  # cooled down: probe again
 
 
-def test_adaptive_keeps_drafting_where_trips_cost_the_same() -> None:
+def test_adaptive_keeps_guessing_where_trips_cost_the_same() -> None:
     policy = GuessPolicy(max_guesses=4, adaptive=True, judge_after=1)
     state = next_guess_state(policy, initial_state(policy), 0, 0, 600.0)
     for _ in range(10):  # a WAN chain: a trip with guesses costs what a plain one does

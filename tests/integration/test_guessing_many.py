@@ -16,7 +16,7 @@ import pytest
 from app.client.swarm_client import SwarmClient, TokenEvent
 from app.lab.local_run import build_pipeline
 from app.lab.local_swarm import LocalSwarm
-from core.drafting import GuessPolicy
+from core.guessing import GuessPolicy
 from core.types import LayerRange
 from tests.support.tiny_models import write_tiny_model
 
@@ -37,7 +37,7 @@ def _tokens(events: list[TokenEvent]) -> list[int]:
     return [t for ev in events for t in ev.tokens]
 
 
-def test_16_drafting_sessions_in_one_batch_give_their_solo_tokens(tmp_path: Path) -> None:
+def test_16_guessing_sessions_in_one_batch_give_their_solo_tokens(tmp_path: Path) -> None:
     tiny = write_tiny_model(tmp_path / "tiny8.gguf", n_layer=8)
     policies = [GuessPolicy.fixed(4), GuessPolicy()]  # fixed 4 and adaptive, alternating
 
@@ -62,9 +62,9 @@ def test_16_drafting_sessions_in_one_batch_give_their_solo_tokens(tmp_path: Path
     finally:
         alone.shutdown()
     same = sum(_tokens(r) == s for r, s in zip(runs, solo, strict=True))
-    assert same == SESSIONS, f"{same} of {SESSIONS} drafting sessions gave their solo tokens"
-    proposed = sum(ev.n_drafts for r in runs for ev in r)
+    assert same == SESSIONS, f"{same} of {SESSIONS} guessing sessions gave their solo tokens"
+    proposed = sum(ev.n_guesses for r in runs for ev in r)
     accepted = sum(ev.n_accepted for r in runs for ev in r)
-    assert proposed > 0 and all(ev.n_accepted <= ev.n_drafts for r in runs for ev in r)
+    assert proposed > 0 and all(ev.n_accepted <= ev.n_guesses for r in runs for ev in r)
     # Guesses that stood confirmed several tokens in one trip: fewer trips than tokens.
     assert accepted > 0 and sum(len(r) for r in runs) < SESSIONS * NEW

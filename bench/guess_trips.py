@@ -11,9 +11,9 @@ next step: the worst case a wrong guess costs). For each kind of trip, medians o
 - the client: time to propose the guesses (n-gram lookup over the whole history).
 
 The undo (keep_until -> seq_rm) is timed inside every worker's stage (`Stage.stats`);
-bench/drafts.py prints it per stage.
+bench/guesses.py prints it per stage.
 
-    .venv/bin/python bench/draft_trips.py [--chain wan20|wan18_gemma|gemma3] [--guesses 4]
+    .venv/bin/python bench/guess_trips.py [--chain wan20|wan18_gemma|gemma3] [--guesses 4]
                                           [--trips 24] [--json]
 """
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import app.session.guess_tracker as ngram_module
 from app.client.swarm_client import SwarmClient, TokenEvent
 from app.lab.local_swarm import LocalSwarm
-from core.drafting import GuessPolicy, ngram_drafts
+from core.guessing import GuessPolicy, ngram_guesses
 from core.models import GEMMA3, resolve_model
 from core.tokenizer import Tokenizer
 from core.types import SamplingParams
@@ -49,7 +49,7 @@ PROMPT = (
 
 
 def wan_delays(n_links: int, seed: int = 7) -> list[float]:
-    """The WAN chains' one-way link delays, 1-56 ms (as bench/drafts.py draws them)."""
+    """The WAN chains' one-way link delays, 1-56 ms (as bench/guesses.py draws them)."""
     import random
 
     rng = random.Random(seed)
@@ -73,7 +73,7 @@ def _frame_bytes(rows: int, width: int, stages: int) -> int:
     step = wire.Step(
         "0" * 32, 1, 100, tuple(range(rows)),
         encode_rows(__import__("numpy").zeros((rows, width), "float32"), WireDtype.F32),
-        rows, width, WireDtype.F32, drafts=tuple(range(rows - 1)), keep_until=99,
+        rows, width, WireDtype.F32, guesses=tuple(range(rows - 1)), keep_until=99,
         timings=tuple(wire.StageTiming(i, 1.0, 1.0, 1.0) for i in range(stages // 2)),
     )  # fmt: skip
     return len(wire.encode(step))
@@ -111,8 +111,8 @@ def summarize(events: list[TokenEvent]) -> dict[str, Any]:
 async def profile(swarm: LocalSwarm, prompt: list[int], k: int, trips: int) -> dict[str, Any]:
     assert swarm.route is not None and swarm.client_credentials is not None
     before = [p.stats for p in swarm.proxies]
-    original = ngram_module.__dict__["ngram_drafts"]
-    ngram_module.__dict__["ngram_drafts"] = _every_other(k)  # the tracker's proposer
+    original = ngram_module.__dict__["ngram_guesses"]
+    ngram_module.__dict__["ngram_guesses"] = _every_other(k)  # the tracker's proposer
     try:
         async with SwarmClient(
             swarm.client_credentials, swarm.route, swarm.tuning, step_timeout=120
@@ -124,15 +124,15 @@ async def profile(swarm: LocalSwarm, prompt: list[int], k: int, trips: int) -> d
                 )
             ]
     finally:
-        ngram_module.__dict__["ngram_drafts"] = original
+        ngram_module.__dict__["ngram_guesses"] = original
     after = [p.stats for p in swarm.proxies]
     decode = events[1:]
-    plain = [e for e in decode if e.n_drafts == 0]
-    guessed = [e for e in decode if e.n_drafts > 0]
+    plain = [e for e in decode if e.n_guesses == 0]
+    guessed = [e for e in decode if e.n_guesses > 0]
     history = prompt + [t for e in events for t in e.tokens]
     started = time.perf_counter()
     for _ in range(200):
-        ngram_drafts(history, k)
+        ngram_guesses(history, k)
     propose_ms = (time.perf_counter() - started) * 1e3 / 200
     moved = sum(a.up_bytes + a.down_bytes - b.up_bytes - b.down_bytes
                 for a, b in zip(after, before, strict=True))  # fmt: skip

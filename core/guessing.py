@@ -1,13 +1,13 @@
-"""Guessing ahead: n-gram drafts from the text so far, and how many guesses to send.
+"""Guessing ahead: n-gram guesses from the text so far, and how many guesses to send.
 
 Two pure pieces, both used by the client (`app.client.swarm_client`):
 
-- `ngram_drafts(history, k)`: if the last 2-4 tokens appeared earlier in the prompt or
+- `ngram_guesses(history, k)`: if the last 2-4 tokens appeared earlier in the prompt or
   the answer, guess the up-to-k tokens that followed them then (the most recent earlier
   occurrence of the longest matching suffix wins). No model needed.
 - `GuessPolicy` / `next_guess_state`: how many guesses the next step carries. A fixed
   count, or adaptive: shrink after a reject, grow after full acceptance, and switch
-  drafting off for a while when verified trips do not pay on this chain (tokens per
+  guessing off for a while when verified trips do not pay on this chain (tokens per
   trip against what the longer trips cost, both measured), then probe again.
 
 A chain of home PCs spends almost all of a token's time on the network, so one trip that
@@ -24,7 +24,7 @@ MIN_NGRAM = 2
 MAX_NGRAM = 4
 
 
-def choose_drafts(
+def choose_guesses(
     policy: GuessPolicy, history: Sequence[int], offered: Sequence[int], k: int
 ) -> tuple[int, ...]:
     """The next step's guesses: up to k from the policy's source. `offered` are the MTP
@@ -34,11 +34,11 @@ def choose_drafts(
     if policy.source in (MTP, MTP_NGRAM) and offered:
         return tuple(int(t) for t in offered[:k])
     if policy.source in (NGRAM, MTP_NGRAM):
-        return ngram_drafts(history, k)
+        return ngram_guesses(history, k)
     return ()
 
 
-def ngram_drafts(
+def ngram_guesses(
     history: Sequence[int], k: int, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM
 ) -> tuple[int, ...]:
     """Up to `k` guessed continuations of `history` found by n-gram lookup, or ().
@@ -79,13 +79,13 @@ class GuessPolicy:
     min_guesses: int = 1
     start_guesses: int = 2
     pay_margin: float = 1.0
-    """Drafting stays on while (tokens per verified trip / its time) beats
+    """Guessing stays on while (tokens per verified trip / its time) beats
     (1 / a plain trip's time) times this margin."""
     cooldown_steps: int = 16
-    """Plain steps to run after drafting was found not to pay, before probing again."""
+    """Plain steps to run after guessing was found not to pay, before probing again."""
     judge_after: int = 4
     """Trips with guesses to average before deciding they do not pay (one unlucky
-    trip must not switch drafting off)."""
+    trip must not switch guessing off)."""
     ema: float = 0.3
     """Weight of the newest measurement in the running averages."""
     probe_every: int = 24
@@ -108,7 +108,7 @@ class GuessPolicy:
     def parse(cls, text: str) -> GuessPolicy:
         """`none`, `ngram` (always up to 4), a count (`4`) or `adaptive` (up to 6): the
         bench's and the CLI's `--guesses`; `mtp` / `mtp+ngram` (up to 6, adaptive), or
-        `mtp:4`, `mtp+ngram:adaptive`, take the MTP head's guesses (core.drafting.SOURCES)."""
+        `mtp:4`, `mtp+ngram:adaptive`, take the MTP head's guesses (core.guessing.SOURCES)."""
         source, _, rest = text.partition(":")
         if source in (MTP, MTP_NGRAM):
             base = cls.parse(rest or "adaptive")
@@ -144,16 +144,16 @@ class GuessState:
 
     guesses: int
     off_for: int = 0
-    """Plain steps left before drafting is tried again."""
+    """Plain steps left before guessing is tried again."""
     plain_ms: float | None = None
     """Running average of a plain (one-row) trip."""
-    drafted_ms: float | None = None
-    drafted_tokens: float | None = None
+    guessed_ms: float | None = None
+    guessed_tokens: float | None = None
     """Running averages over trips that carried guesses: their time, tokens they yielded."""
-    drafted_in_row: int = 0
+    guessed_in_row: int = 0
     """Trips with guesses since the last plain one."""
-    drafted_trips: int = 0
-    """Trips with guesses behind the drafted averages (reset when drafting turns off)."""
+    guessed_trips: int = 0
+    """Trips with guesses behind the guessed averages (reset when guessing turns off)."""
 
 
 def initial_state(policy: GuessPolicy) -> GuessState:
@@ -165,7 +165,7 @@ def guesses_now(policy: GuessPolicy, state: GuessState) -> int:
     """How many guesses the next step may carry."""
     if policy.max_guesses == 0 or state.off_for > 0:
         return 0
-    if policy.adaptive and state.drafted_in_row >= policy.probe_every:
+    if policy.adaptive and state.guessed_in_row >= policy.probe_every:
         return 0  # one plain trip to measure what a trip without guesses costs now
     return state.guesses
 
@@ -187,24 +187,24 @@ def next_guess_state(
             state,
             off_for=max(0, state.off_for - 1),
             plain_ms=_avg(state.plain_ms, trip_ms, w),
-            drafted_in_row=0,
+            guessed_in_row=0,
         )
     if accepted >= proposed:
         guesses = min(policy.max_guesses, state.guesses + 1)
     else:
         guesses = max(policy.min_guesses, accepted + 1 if accepted else state.guesses // 2)
-    drafted_ms = _avg(state.drafted_ms, trip_ms, w)
-    drafted_tokens = _avg(state.drafted_tokens, accepted + 1.0, w)
-    trips = state.drafted_trips + 1
+    guessed_ms = _avg(state.guessed_ms, trip_ms, w)
+    guessed_tokens = _avg(state.guessed_tokens, accepted + 1.0, w)
+    trips = state.guessed_trips + 1
     # Tokens per ms with guesses against without: on a chain where the extra rows cost
-    # more than the accepted guesses save, drafting goes off and is probed again later.
+    # more than the accepted guesses save, guessing goes off and is probed again later.
     pays = (
         state.plain_ms is None
         or trips < policy.judge_after
-        or drafted_tokens / drafted_ms >= policy.pay_margin / state.plain_ms
+        or guessed_tokens / guessed_ms >= policy.pay_margin / state.plain_ms
     )
     if not pays:
         return GuessState(guesses, policy.cooldown_steps, state.plain_ms)
     return GuessState(
-        guesses, 0, state.plain_ms, drafted_ms, drafted_tokens, state.drafted_in_row + 1, trips
+        guesses, 0, state.plain_ms, guessed_ms, guessed_tokens, state.guessed_in_row + 1, trips
     )
