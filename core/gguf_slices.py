@@ -79,6 +79,18 @@ def _arch(reader: GGUFReader) -> str:
     return arch
 
 
+MAX_BLOCKS = 4096
+"""The most blocks a model may declare: the largest published models have a few hundred;
+a header claiming more is refused before any per-layer list is built from it."""
+
+
+def _block_count(reader: GGUFReader, arch: str) -> int:
+    n = int(_value(reader, f"{arch}.block_count"))
+    if not 0 < n <= MAX_BLOCKS:
+        raise SliceError(f"{arch}.block_count is {n}: a model has 1 to {MAX_BLOCKS} blocks")
+    return n
+
+
 def _per_layer(reader: GGUFReader, key: str, n_layer: int, default: int) -> list[int]:
     v = _value(reader, key, default)
     return [int(x) for x in v] if isinstance(v, list) else [int(v)] * n_layer
@@ -87,7 +99,7 @@ def _per_layer(reader: GGUFReader, key: str, n_layer: int, default: int) -> list
 def layer_kinds(reader: GGUFReader) -> list[str]:
     """Per-layer attention kind as llama.cpp will see it: "full", "sliding" or "recurrent"."""
     arch = _arch(reader)
-    n_layer = int(_value(reader, f"{arch}.block_count"))
+    n_layer = _block_count(reader, arch)
     kinds = ["full"] * n_layer
     recurrent = _value(reader, f"{arch}.attention.recurrent_layers")
     if isinstance(recurrent, list):
@@ -111,7 +123,7 @@ def read_facts(reader: GGUFReader, name: str = "") -> ModelFacts:
     metadata = {name: f.contents() for name, f in _fields(reader).items()}
     # block_count counts the MTP block(s) too; the trunk is what a chain cuts.
     n_mtp = layout.mtp_layers(arch, metadata)
-    n_layer = int(_value(reader, f"{arch}.block_count")) - n_mtp
+    n_layer = _block_count(reader, arch) - n_mtp
     n_embd = int(_value(reader, f"{arch}.embedding_length"))
     n_head = _per_layer(reader, f"{arch}.attention.head_count", n_layer, 1)
     n_head_kv = _per_layer(reader, f"{arch}.attention.head_count_kv", n_layer, n_head[0])
