@@ -97,7 +97,14 @@ async def _wait_for_assignment(
     while True:
         answer = None
         if not stop.is_set():
-            answer, waiting = await _ask(client, report_beat, standby, report, waiting)
+            try:
+                answer = await _ask(client, report_beat, standby)
+            except CoordinatorError as exc:
+                log.warning("coordinator: %s", exc)
+                report(replace(waiting, error=plain_reason(exc)))
+            else:
+                if answer.assignment is None:
+                    report(waiting)  # as it is now: a standby stage may have got ready
         action = plan(NodeState(stopping=stop.is_set(), standby=standby), answer, times)
         if isinstance(action, Download):
             # The standby stage promoted: served as pre-loaded. Another stage: the
@@ -126,24 +133,11 @@ async def _wait_for_assignment(
 
 
 async def _ask(
-    client: CoordinatorClient,
-    report_beat: Heartbeat,
-    standby: Assignment | None,
-    report: StatusReport,
-    waiting: NodeStatus,
-) -> tuple[HeartbeatAnswer | None, NodeStatus]:
-    """A heartbeat of a node with no stage: the answer (None when the coordinator could
-    not be asked) and the WAITING status, reported unless a stage was assigned."""
+    client: CoordinatorClient, report_beat: Heartbeat, standby: Assignment | None
+) -> HeartbeatAnswer:
+    """A heartbeat of a node with no stage (a spare's says it stands by)."""
     asking = replace(report_beat, activity="waiting" if standby is None else "standby")
-    try:
-        answer = await asyncio.get_running_loop().run_in_executor(None, send_beat, client, asking)
-    except CoordinatorError as exc:
-        log.warning("coordinator: %s", exc)
-        report(replace(waiting, error=plain_reason(exc)))
-        return None, waiting
-    if answer.assignment is None:
-        report(waiting)
-    return answer, waiting
+    return await asyncio.get_running_loop().run_in_executor(None, send_beat, client, asking)
 
 
 async def _standby(
