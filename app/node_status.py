@@ -67,6 +67,12 @@ class NodeStatus:
     paused_reason: str = ""
     """Why the node pauses by itself ("on battery", "quiet hours", ...), in PAUSED or
     PAUSING; "" when the volunteer paused it or it serves."""
+    preloaded: bool = False
+    """In LOADING: the stage was built ahead, as this spare's standby stage, so it starts
+    without a load."""
+    standby: tuple[int, int] | None = None
+    """While WAITING as a spare: the layers of the standby stage it got ready (pieces
+    downloaded), which it takes over without a download."""
     swarm: str = ""
     """Whether the swarm can answer, in words, as the coordinator's end-to-end probe
     found (`swarm_answer`); "" until the coordinator said."""
@@ -123,6 +129,30 @@ def shown_while_pausing(reported: NodeStatus, shown: NodeStatus) -> NodeStatus:
     if reported.state not in _STILL_RUNNING:
         return reported
     return replace(reported, state=ServeState.PAUSING, finishing=shown.finishing)
+
+
+def ready_line(node_id: str, address: str, layers: tuple[int, int]) -> str:
+    """The line a worker prints once it serves: the demo, the lab, tests and benches wait
+    for it before routing traffic there and read the node and address from it."""
+    return f"READY {node_id} {address} {format_layers(*layers)}"
+
+
+def announced_lines(before: NodeStatus | None, now: NodeStatus) -> tuple[str, ...]:
+    """The lines a headless worker prints on stdout for a change of status (`before` the
+    last status shown): READY when its stage starts serving, STANDBY when a spare's
+    standby stage has its pieces, LOADING when a stage loads that was not built ahead.
+    The demo, the lab, tests and benches parse them; they are only a view of the status,
+    which the tray and `sangama status` show in full."""
+    lines: list[str] = []
+    changed = before is None or before.state is not now.state
+    if changed and now.state is ServeState.LOADING and not now.preloaded and now.layers:
+        lines.append(f"LOADING {format_layers(*now.layers)}")
+    if changed and now.state is ServeState.SERVING and now.layers is not None:
+        lines.append(ready_line(now.node_id, now.address, now.layers))
+    was_standby = None if before is None else before.standby
+    if now.standby is not None and now.standby != was_standby:
+        lines.append(f"STANDBY {format_layers(*now.standby)}")
+    return tuple(lines)
 
 
 StatusReport = Callable[[NodeStatus], None]

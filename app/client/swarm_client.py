@@ -12,6 +12,9 @@ again (net.resend_log), the last stage sends the TOKENS since the client's last 
 ignored on both sides. A stage that fails or vanishes surfaces as a typed `ClientError`:
 an ERROR relayed up the chain, a stage that cannot be reached again, or at worst the
 step deadline.
+
+What to send and what an answer means is one answer's `Generation`
+(app.client.generation, no IO); this module moves its frames and keeps the links.
 """
 
 from __future__ import annotations
@@ -23,47 +26,41 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-import numpy as np
-import numpy.typing as npt
-
+from app.client.generation import (
+    DEFAULT_CHUNK,
+    NO_GUESSES,
+    Finished,
+    Generation,
+    Refused,
+    TokenEvent,
+    ring_loop,
+)
 from app.config import Route
-from app.errors import ClientError, RouteUnavailable, StageTimeout, stage_error
+from app.errors import RouteUnavailable, StageTimeout
 from app.links.redial import dial_until
-from app.session.guess_tracker import GuessTracker
 from app.session.replay_resume import ResumeRef
-from app.session.replay_shapes import Segment, plain_segments
-from app.session.wire_values import sampling_to_wire
-from core.guessing import NGRAM, GuessPolicy
+from app.session.replay_shapes import Segment
+from core.guessing import GuessPolicy
 from core.types import SamplingParams
 from net import wire
 from net.channel import Channel, NodeCredentials, connect_channel
 from net.errors import NetError
 from net.quic.links import QuicTuning
 from net.resend_log import ResendLog
-from net.wire.checks import MAX_RING_GUESSES
 from net.wire.tensors import WireDtype
 
-DEFAULT_CHUNK = 64
-NO_GUESSES = GuessPolicy.fixed(0)
+__all__ = [
+    "DEFAULT_CHUNK",
+    "NO_GUESSES",
+    "ChannelDialer",
+    "Dial",
+    "SwarmClient",
+    "TokenEvent",
+    "next_dial",
+]
 
 ChannelDialer = Callable[[str, tuple[str, int]], Awaitable[Channel]]
 """(node id, address) -> an authenticated channel to it."""
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    tokens: tuple[int, ...]
-    step_id: int
-    timings: tuple[wire.StageTiming, ...]
-    trip_ms: float
-    """Client send to TOKENS received, for this step."""
-    n_accepted: int = 0
-    logits: npt.NDArray[np.float32] | None = None
-    """Only from workers configured with return_logits (diagnostics, tests)."""
-    n_guesses: int = 0
-    """Guesses the step carried (n_accepted of them stood)."""
-    looped: bool = False
-    """The last stage sent the next step to the first stage itself (the ring)."""
 
 
 @dataclass(frozen=True)
@@ -91,16 +88,6 @@ def next_dial(have_first: bool, have_last: bool, one_stage: bool) -> Dial | None
         return Dial.LAST
     if not have_first:
         return Dial.FIRST_IS_LAST if one_stage else Dial.FIRST
-    return None
-
-
-def answer_to(item: wire.Frame, step_id: int) -> wire.Tokens | None:
-    """The TOKENS answering `step_id`, None for anything else (TOKENS of earlier steps,
-    sent again after a relink); an ERROR for the session raises `StageFailed`."""
-    if isinstance(item, wire.Error):
-        raise stage_error(item.code, item.message)
-    if isinstance(item, wire.Tokens) and item.step_id == step_id:
-        return item
     return None
 
 
@@ -275,8 +262,6 @@ class SwarmClient:
         Each step may also carry n-gram guesses that one trip verifies
         (app.session.guess_tracker; `guesses`, default the client's own `self.guesses`); an
         event then holds every token that trip confirmed."""
-        if guesses is None:
-            guesses = self.guesses
         if self._relinking is not None and not self._relinking.done():
             await asyncio.shield(self._relinking)
         if self._first is None or self._last is None:
@@ -284,149 +269,59 @@ class SwarmClient:
                 raise RouteUnavailable("the client is closed")
             # Not connected yet, or a link died while idle.
             await self._open_missing(self._dial_patiently)
-        if not prompt:
-            raise ValueError("empty prompt")
-        name = session or uuid.uuid4().hex
+        if guesses is None:
+            guesses = self.guesses
         route = self.route
-        loops = (
-            self.ring
-            # n-gram guesses the last stage can propose round the ring; MTP ones are its
-            # head's, offered to whoever builds the step: the client keeps that turn.
-            and (guesses.max_guesses == 0 or guesses.source == NGRAM)
-            and guesses.max_guesses <= MAX_RING_GUESSES
-            and len(route.stages) > 1
-            # A last stage on this node would be taken for the client resuming its link.
-            and route.last.node_id not in (self.creds.node_id, route.first.node_id)
-        )
-        first, last = route.first, route.last
-        loop = (
-            wire.Loop(
-                first.node_id,
-                wire.Loop.address_text(first.address),
-                last.node_id,
-                guesses.max_guesses,
-                guesses.adaptive,
-            )
-            if loops
-            else None
+        gen = Generation(
+            session or uuid.uuid4().hex,
+            route.model,
+            self.creds.node_id,
+            prompt,
+            max_tokens,
+            sampling=sampling,
+            wire_dtype=wire_dtype,
+            chunk=chunk,
+            is_end=is_end,
+            guesses=guesses,
+            loop=ring_loop(route, self.creds.node_id, guesses, self.ring),
+            resume=resume,
+            segments=segments,
         )
         queue: asyncio.Queue[wire.Frame | _Failure] = asyncio.Queue()
-        self._queues[name] = queue
+        self._queues[gen.session] = queue
         try:
-            self._send_first(
-                wire.Open(
-                    session=name,
-                    model=self.route.model,
-                    wire_dtype=wire_dtype,
-                    sampling=sampling_to_wire(sampling),
-                    reply_to=self.creds.node_id,
-                    max_tokens=max_tokens,
-                    prompt_len=len(prompt),
-                    resumes="" if resume is None else resume.session,
-                    resume_held=0 if resume is None else resume.held,
-                    resume_digest=b"" if resume is None else resume.digest,
-                    resume_from_layer=None if resume is None else resume.from_layer,
-                    loop=loop,
-                )
-            )
-            step_id = 0
-            sent = time.perf_counter()
-            cuts = plain_segments(len(prompt), chunk) if segments is None else segments
-            for seg in cuts:  # all chunks at once: stages overlap
-                rows = tuple(prompt[seg.start : seg.start + seg.rows])
-                self._send_first(self._step(name, step_id, seg.start, rows, alone=seg.one_by_one))
-                step_id += 1
-            guessing = GuessTracker(prompt, max_tokens, guesses)
-            n_guesses = 0
-            went_round = False  # the step now answered was the ring's, not ours
-            timeout = self.first_token_timeout
+            for frame in gen.opening(time.perf_counter(), time.time_ns()):
+                self._send_first(frame)
             while True:
-                frame = await self._next(queue, timeout, step_id - 1)
-                logits = (
-                    np.frombuffer(frame.logits_sample, dtype=np.float32)
-                    if frame.logits_sample
-                    else None
-                )
-                trip_ms = (time.perf_counter() - sent) * 1e3
-                tokens = frame.tokens
-                ended = next((i for i, t in enumerate(tokens) if is_end(t)), None)
-                if ended is not None:  # an accepted guess may be the end: stop right there
-                    tokens = tokens[: ended + 1]
-                event = TokenEvent(
-                    tokens,
-                    frame.step_id,
-                    frame.timings,
-                    trip_ms,
-                    frame.n_accepted,
-                    logits,
-                    frame.guessed if went_round else n_guesses,
-                    frame.looped,
-                )
-                yield event
-                if went_round:
-                    guessing.went_round(frame.tokens, frame.guessed - frame.n_accepted)
-                else:
-                    guessing.reply(frame.tokens, frame.n_accepted, trip_ms, frame.guesses)
-                if guessing.produced >= max_tokens or frame.finished or ended is not None:
-                    break
-                timeout = self.step_timeout
-                sent = time.perf_counter()
-                if frame.looped and loop is None:
-                    raise ClientError(f"TOKENS of step {frame.step_id} went round unasked")
-                went_round = frame.looped
-                if not went_round:
-                    nxt = guessing.next_step()
-                    n_guesses = len(nxt.guesses)
-                    self._send_first(
-                        self._step(
-                            name, step_id, nxt.start, nxt.tokens, nxt.guesses, nxt.keep_until
-                        )
-                    )
-                step_id += 1
+                timeout = self.step_timeout if gen.answered else self.first_token_timeout
+                frame = await self._next(queue, timeout)
+                for event in gen.receive(frame, time.perf_counter()):
+                    if isinstance(event, TokenEvent):
+                        yield event
+                    elif isinstance(event, Refused):
+                        raise event.error
+                    elif isinstance(event, Finished):
+                        return
+                if gen.has_turn:
+                    step = gen.next_step(time.perf_counter(), time.time_ns())
+                    if step is not None:
+                        self._send_first(step)
         finally:
-            del self._queues[name]
-            self._send_first(wire.Close(name, "done"))
-
-    @staticmethod
-    def _step(
-        session: str,
-        step_id: int,
-        start: int,
-        tokens: tuple[int, ...],
-        guesses: tuple[int, ...] = (),
-        keep_until: int | None = None,
-        alone: bool = False,
-    ) -> wire.Step:
-        return wire.Step(
-            session=session,
-            step_id=step_id,
-            start=start,
-            tokens=tokens,
-            hidden=None,
-            n_rows=len(tokens),
-            width=0,
-            wire_dtype=WireDtype.F32,
-            guesses=guesses,
-            keep_until=keep_until,
-            sent_at_ns=time.time_ns(),
-            one_by_one=alone,
-        )
+            del self._queues[gen.session]
+            self._send_first(gen.close())
 
     async def _next(
-        self, queue: asyncio.Queue[wire.Frame | _Failure], timeout: float, step_id: int
-    ) -> wire.Tokens:
-        """The TOKENS answering `step_id`; earlier ones sent again after a relink are
-        dropped."""
-        while True:
-            try:
-                # asyncio.timeout, not wait_for: wait_for wraps the get in a task of its
-                # own, a task and two loop turns more on every token's path.
-                async with asyncio.timeout(timeout):
-                    item = await queue.get()
-            except TimeoutError:
-                raise StageTimeout(f"no answer from the route within {timeout:.0f} s") from None
-            if isinstance(item, _Failure):
-                raise item.error
-            answer = answer_to(item, step_id)
-            if answer is not None:
-                return answer
+        self, queue: asyncio.Queue[wire.Frame | _Failure], timeout: float
+    ) -> wire.Frame:
+        """The session's next frame (the Generation tells what it means); a lost route
+        or the deadline raise."""
+        try:
+            # asyncio.timeout, not wait_for: wait_for wraps the get in a task of its
+            # own, a task and two loop turns more on every token's path.
+            async with asyncio.timeout(timeout):
+                item = await queue.get()
+        except TimeoutError:
+            raise StageTimeout(f"no answer from the route within {timeout:.0f} s") from None
+        if isinstance(item, _Failure):
+            raise item.error
+        return item

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app import node_status
 from app.config import WorkerConfig, format_address
 from app.credentials import load_credentials
 from app.serving.machine.cpus import compute_pinning
@@ -174,8 +175,10 @@ async def serve(config: WorkerConfig, ready_line: bool = True) -> None:
     stop = stop_event()
     if ready_line:
         # The demo and tests wait for this line before routing traffic here.
+        layers = (config.layers.start, config.layers.stop)
         print(
-            f"READY {config.node_id} {format_address(worker.address)} {config.layers}", flush=True
+            node_status.ready_line(config.node_id, format_address(worker.address), layers),
+            flush=True,
         )
     log.info("worker %s serving %s", config.node_id, config.layers)
     try:

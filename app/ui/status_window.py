@@ -142,6 +142,9 @@ class StatusWindow(QWidget):
             a, b = s.layers
             n = f"{b - a} layer{'s' * (b - a != 1)}"
             f["stage"].setText(f"{format_layers(a, b)} ({n}) of {s.model or 'the model'}")
+        elif s.standby is not None:
+            standing_by = format_layers(*s.standby)
+            f["stage"].setText(f"none assigned yet; a spare for {standing_by} (pieces ready)")
         else:
             f["stage"].setText("none assigned yet")
         f["address"].setText(s.address or "—")

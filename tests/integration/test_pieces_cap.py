@@ -1,4 +1,4 @@
-"""A stage's download (app.serving.coordinated.prepare_pieces) against a real HTTP server on
+"""A stage's download (app.serving.assigned_stage.prepare_pieces) against a real HTTP server on
 loopback, under a cap on the pieces cache: other models' and stages' pieces are evicted
 least recently used first, the assigned stage's never; a stage that cannot fit is refused
 before any request; a re-assignment fetches only the pieces it lacks.
@@ -21,7 +21,7 @@ import requests
 
 from app.errors import PiecesCacheFull
 from app.pieces_cache import pieces_dir, record_use
-from app.serving.coordinated import prepare_pieces
+from app.serving.assigned_stage import prepare_pieces
 from coordinator.contract import Assignment
 from core.gguf_slices import slice_model
 from core.manifest import Manifest, verify_piece

@@ -34,12 +34,12 @@ from app.errors import ClientError
 from app.serving.links.downstream import Dialer, Downstream
 from app.serving.worker_state import ServedSession
 from app.session.guess_tracker import GuessTracker
+from app.session.token_step import token_step
 from core.guessing import GuessPolicy
 from net import wire
 from net.channel import Channel, NodeCredentials
 from net.errors import ErrorCode
 from net.quic.links import QuicTuning
-from net.wire.tensors import WireDtype
 
 log = logging.getLogger(__name__)
 
@@ -49,28 +49,12 @@ def looped_step(open_: wire.Open, step: wire.Step, reply: wire.Tokens) -> wire.S
     the first stage instead (pure): None where the client keeps the turn."""
     if not may_go_round(open_, step, reply) or step.guesses or len(reply.tokens) != 1:
         return None
-    return _token_step(step, step.start + step.n_rows, reply.tokens)  # the chosen token's
-
-
-def _token_step(
-    answered: wire.Step,
-    start: int,
-    tokens: tuple[int, ...],
-    guesses: tuple[int, ...] = (),
-    keep_until: int | None = None,
-) -> wire.Step:
-    """The token step after `answered`, as the client would build it (ids, no rows)."""
-    return wire.Step(
-        session=answered.session,
-        step_id=answered.step_id + 1,
-        start=start,
-        tokens=tokens,
-        hidden=None,
-        n_rows=len(tokens),
-        width=0,
-        wire_dtype=WireDtype.F32,
-        guesses=guesses,
-        keep_until=keep_until,
+    # The chosen token's step, as the client would build it.
+    return token_step(
+        step.session,
+        step.step_id + 1,
+        step.start + step.n_rows,
+        reply.tokens,
         sent_at_ns=time.time_ns(),
     )
 
@@ -120,7 +104,15 @@ class RingGuesses:
             held = self._sessions[name] = _Guessed(tracker, -1, now)
         nxt = held.tracker.next_step()
         held.sent_step, held.sent_at = step.step_id + 1, now
-        return _token_step(step, nxt.start, nxt.tokens, nxt.guesses, nxt.keep_until)
+        return token_step(
+            step.session,
+            step.step_id + 1,
+            nxt.start,
+            nxt.tokens,
+            guesses=nxt.guesses,
+            keep_until=nxt.keep_until,
+            sent_at_ns=time.time_ns(),
+        )
 
     def sent(self, session: str, step_id: int) -> bool:
         """The ring sent this step (with the guesses it carries)."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.client.swarm_client import Dial, answer_to, next_dial
+from app.client.generation import answer_to
+from app.client.swarm_client import Dial, next_dial
 from app.errors import StageFailed
 from net import wire
 from net.errors import ErrorCode

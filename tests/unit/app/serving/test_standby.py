@@ -86,7 +86,7 @@ def test_a_spare_re_targeted_frees_the_stage_it_had_pre_loaded(monkeypatch: Any)
             SimpleNamespace(assignment=b, standby=None),
         ]
     )
-    monkeypatch.setattr(coordinated, "_beat", lambda _c, _r: next(beats))
+    monkeypatch.setattr(coordinated, "send_beat", lambda _c, _r: next(beats))
     monkeypatch.setattr(coordinated, "HEARTBEAT_S", 0.01)
     monkeypatch.setattr(coordinated, "STANDBY_BEAT_S", 0.01)
     built: dict[tuple[int, int], _Stage] = {}
