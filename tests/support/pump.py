@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -213,6 +213,11 @@ class StageHost:
         policy = AdmissionPolicy(n_ctx=spec.n_ctx, max_sessions=max_sessions)
         self.core: StageCore[str] = StageCore(setup, clock, AdmissionLedger(policy))
         self.released: list[tuple[str, str]] = []
+        self.mtp_head = False
+        """Last stage: answer `Guess` with the model's next tokens (an MTP head that is
+        always right); `with_mtp_head` turns it on."""
+        self.guessed = 0
+        """`Guess` actions carried out."""
         self._answers: list[CoreEvent[str]] = []
         """The engine's answers, fed after the actions that asked (as done-callbacks)."""
         self.sent: list[tuple[str, wire.Frame]] = []
@@ -249,14 +254,24 @@ class StageHost:
                     self._send(self.ring_links[frame.loop.first_node], frame)
                 case RingSend(node, step):
                     self._send(self.ring_links[node], step)
-                case Guess(reply):
-                    self._answers.append(Guessed(reply, ()))  # no MTP head here
+                case Guess(reply, position, token, k):
+                    self.guessed += 1
+                    guesses: tuple[int, ...] = ()
+                    if self.mtp_head:  # the model's true next tokens
+                        before = self.core.table[reply.session].history[position - 1]
+                        guesses = tuple(answer_of([before, token], k))
+                    self._answers.append(Guessed(reply, guesses))
                 case End(session, forward_close, reason):
                     self._engine(self.stage.close, session)
                     if forward_close and self.downstream is not None:
                         self._send(self.downstream, wire.Close(session, reason))
                 case _:
                     pass  # Wake, Flush and what the worker only logs
+
+    def with_mtp_head(self, guesses: int) -> None:
+        """This last stage has an MTP head offering up to `guesses` tokens a reply."""
+        self.mtp_head = True
+        self.core.setup = replace(self.core.setup, mtp=True, mtp_guesses=guesses)
 
     def _send(self, link: str, frame: wire.Frame) -> None:
         self.sent.append((link, frame))

@@ -17,15 +17,14 @@ client to send the next step.
 
 Whether a step goes round, and which, is the stage core's decision
 (app.serving.rules.ring_turns, app.serving.rules.stage_core); this module only carries
-it. The links to first stages are `app.serving.links.downstream.Downstream`s: dialled lazily (the
-OPEN goes first, as the first stage takes the session's STEPs only from the last stage
-its OPEN names), replayed after a lost path, and given up on with a typed error to the
-client, who then replays the generation on another route.
+it. The links to first stages are `app.serving.links.downstream.Downstream`s: dialled
+lazily (the OPEN goes first, as the first stage takes the session's STEPs only from the
+last stage its OPEN names), replayed after a lost path, and given up on with a typed
+error to the client, who then replays the generation on another route.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from functools import partial
 
@@ -34,8 +33,6 @@ from app.serving.links.downstream import Dialer, Downstream
 from net import wire
 from net.channel import Channel, NodeCredentials
 from net.quic.links import QuicTuning
-
-log = logging.getLogger(__name__)
 
 RefusalSink = Callable[[str, wire.Error], None]
 """(first stage node id, its ERROR): a step or OPEN the first stage refused."""

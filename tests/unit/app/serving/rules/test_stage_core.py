@@ -66,6 +66,27 @@ def test_rejected_guesses_are_cut_on_every_stage_and_the_answer_stays() -> None:
     _settled(chain)
 
 
+def test_the_mtp_heads_guesses_ride_back_while_the_client_uses_them() -> None:
+    using, ignoring = Chain(CUTS), Chain(CUTS)
+    for chain in (using, ignoring):
+        chain.last.with_mtp_head(2)
+    using.client.open("a", PROMPT, 20, guesses=2)
+    ignoring.client.open("a", PROMPT, 20)  # guesses off: it sends none of them back
+    using.pump()
+    ignoring.pump()
+    for chain in (using, ignoring):
+        assert chain.client.answers["a"].tokens == answer_of(PROMPT, 20)
+    used = using.client.answers["a"].replies
+    assert all(r.drafts for r in used[:-2])  # but where max_tokens leaves no room
+    assert sum(r.n_accepted for r in used) > 0
+    # Ignored twice, the stage stops guessing (a probe every 16 steps aside).
+    ignored = ignoring.client.answers["a"].replies
+    assert ignoring.last.guessed < len(ignored) // 2
+    assert [bool(r.drafts) for r in ignored[:3]] == [True, True, False]
+    # No step round the ring while guesses ride back: the client builds the step.
+    assert not any(r.looped for r in used)
+
+
 @pytest.mark.parametrize("guesses", [0, 3])
 def test_steps_go_round_the_ring_and_the_answer_is_the_same(guesses: int) -> None:
     chain = Chain(CUTS)
