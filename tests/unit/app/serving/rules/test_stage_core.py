@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.serving.rules.events import LinkClosed, LinkReady
-from app.serving.rules.stage_events import StepsComputed, TimerFired
+from app.serving.rules.stage_events import StepsComputed, SweepIdle, TimerFired
 from net import wire
 from net.errors import ErrorCode
 from net.wire.tensors import WireDtype, encode_rows
@@ -280,4 +280,23 @@ def test_rows_a_stage_cannot_take_fail_the_session_with_a_typed_error(
     assert sent_back and {e.code for e in sent_back} == {code}
     errors = chain.client.answers["a"].errors
     assert errors and errors[0].code is code
+    _settled(chain)
+
+
+def test_a_session_that_stops_stepping_is_closed_and_its_client_told() -> None:
+    chain = Chain(CUTS)
+    chain.client.pause_after["a"] = 2
+    chain.client.open("a", PROMPT, 8)
+    chain.pump()
+    first = chain.first
+    idle_s = first.core.setup.session_idle_s
+    chain.clock.now += idle_s - 1
+    first.feed(SweepIdle())
+    assert "a" in first.core
+    chain.clock.now += 1
+    first.feed(SweepIdle())
+    chain.pump()
+    assert first.core.stats.sessions_idle_closed == 1
+    (error,) = chain.client.answers["a"].errors
+    assert error.code is ErrorCode.STAGE_ERROR and "no step" in error.message
     _settled(chain)
