@@ -7,9 +7,11 @@ and forwards every session's output immediately: hidden states to the next stage
 on the last stage, sampled tokens straight to the client (push-forward; see
 docs/architecture.md, "One token's trip").
 
-Who owns a session, when a repeated OPEN resumes it, which steps were taken already and
-when the stage refuses are decided by app.serving.rules.sessions (no IO); this loop carries out
-the actions it returns. Imports no Qt: the CLI runs it headless and the tray app reuses it.
+Every decision about a session, and its one record, is in the sans-IO
+app.serving.rules.stage_core.StageCore; this shell feeds it frames, link events, its one
+timer and the engine's results, and carries out the actions it returns (engine calls on
+the engine thread, frames on links). Imports no Qt: the CLI runs it headless and the
+tray app reuses it.
 """
 
 from __future__ import annotations
@@ -18,67 +20,67 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
-
-import numpy as np
 
 from app.config import Hop, WorkerConfig, parse_address
 from app.serving.links.downstream import Dialer, Downstream
 from app.serving.links.ring import Ring
 from app.serving.machine.row_budget import calibrated_row_budget
 from app.serving.rules.node_limits import NodeLimits, NodeLimitsPolicy
-from app.serving.rules.peers import StagePlan, idle_sessions, per_node_sessions
-from app.serving.rules.resume import extend_history, rows_to_skip, trimmed
-from app.serving.rules.sessions import Action as RuleAction
+from app.serving.rules.peers import StagePlan, per_node_sessions
 from app.serving.rules.sessions import (
-    Begin,
     CancelGrace,
     Drain,
     End,
     Failed,
     FrameReceived,
-    GraceExpired,
     LinkClosed,
     LinkLost,
     LinkReady,
     Looped,
-    Refused,
     Release,
-    Resent,
     Resumed,
     Send,
-    SessionRules,
     Shutdown,
-    Take,
-    TokensReady,
 )
-from app.serving.rules.sessions import Event as RuleEvent
-from app.serving.steps.batch import StageSteps, guess_checks, step_request
+from app.serving.rules.stage_core import CoreAction, CoreEvent, StageCore, StageSetup
+from app.serving.rules.stage_events import (
+    AdoptOnStage,
+    CloseOnStage,
+    DownstreamLost,
+    DownstreamRefused,
+    Flush,
+    ForgetDownstream,
+    Forward,
+    Guess,
+    Guessed,
+    OpenOnStage,
+    RingLost,
+    RingOpen,
+    RingRefused,
+    RingSend,
+    StageAdopted,
+    StageOpened,
+    StepsComputed,
+    SweepIdle,
+    TimerFired,
+    Wake,
+)
+from app.serving.steps.batch import StageSteps
 from app.serving.steps.engine_calls import EngineCalls
-from app.serving.steps.mtp_guesses import (
-    chosen_position,
-    gate_offered,
-    gate_open,
-    gate_step,
-    guess,
-)
-from app.serving.steps.replies import choose_tokens, onward_step, tokens_reply
-from app.serving.worker_state import PendingStep, ServedSession, WorkerStats, guesses_of
-from app.session.wire_values import sampling_from_wire
+from app.serving.steps.mtp_guesses import guess
+from app.serving.worker_state import WorkerStats
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
-from core.errors import CoreError, PositionError
-from core.guess_acceptance import Verdict
-from core.sampling import make_rng
-from core.scheduling import Queued, select_batch
-from core.stage import Stage, StepFailure, StepResult
+from core.errors import CoreError
+from core.stage import Stage
 from core.step_profile import StepProfile
 from net import wire
 from net.channel import Channel, ChannelServer, NodeCredentials
-from net.errors import ErrorCode, FrameError
+from net.errors import ErrorCode
 from net.peer_limits import LinkLimits
 from net.quic.links import QuicTuning
 from net.rate import upload_throttle
-from net.wire.tensors import WireDtype
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,6 @@ class StageWorker:
         self._recurrent = bool(getattr(stage.engine, "recurrent", False))
         self._steps = StageSteps(stage, config.exact_guesses, self._recurrent)
         self.n_embd = stage.engine.n_embd
-        self.stats = WorkerStats()
         tuning = QuicTuning(
             max_datagram_size=config.max_datagram_size,
             library=config.quic_library,
@@ -143,7 +144,14 @@ class StageWorker:
             else None
         )
         self._ring = (
-            Ring(creds, tuning, self._fail, dialer, config.relink_timeout)
+            Ring(
+                creds,
+                tuning,
+                lambda node, error: self._feed(RingRefused(node, error)),
+                lambda node, reason: self._feed(RingLost(node, reason)),
+                dialer,
+                config.relink_timeout,
+            )
             if self.is_last and not self.is_first
             else None
         )
@@ -166,26 +174,40 @@ class StageWorker:
         limits = NodeLimitsPolicy.for_stage(
             slots, per_node_sessions(slots, config.max_sessions_per_node)
         )
-        self._rules: SessionRules[Channel] = SessionRules(
-            self.is_last,
-            self.admission,
-            NodeLimits(limits, time.monotonic) if self.is_first else None,
-            upstream_is_stage=not self.is_first,
+        setup = StageSetup(
+            is_first=self.is_first,
+            is_last=self.is_last,
+            n_embd=self.n_embd,
+            first_layer=spec.layers.start,
+            has_next=self._downstream is not None,
+            ring=self._ring is not None,
             # Hand a session's KV to its replay only where the cache can be cut back and
             # nothing else is keyed by the session (resume_rules).
-            history_of=(self._history_of if stage.mtp is None and not self._recurrent else None),
-            first_layer=stage.spec.layers.start,
-            plan=StagePlan(
+            adopts=stage.mtp is None and not self._recurrent,
+            mtp=stage.mtp is not None,
+            mtp_guesses=config.mtp_guesses,
+            mtp_p_min=config.mtp_p_min,
+            return_logits=config.return_logits,
+            resume_grace=config.resume_grace,
+            session_idle_s=config.session_idle_s,
+        )
+        self.core: StageCore[Channel] = StageCore(
+            setup,
+            time.perf_counter,
+            self.admission,
+            NodeLimits(limits, time.monotonic) if self.is_first else None,
+            StagePlan(
                 config.node_id,
                 self.is_first,
                 upstream=config.upstream_nodes,
                 addresses=_own_addresses(config),
             ),
         )
-        """Ownership, resume, de-duplication, admission: decided there, carried out here."""
+        """Every session of the stage and every decision about them; carried out here."""
         self._idle_sweep: asyncio.TimerHandle | None = None
-        self._sessions: dict[str, ServedSession] = {}
-        self._pending: list[PendingStep] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        """The core's next deadline, the one the timer is armed for."""
         self._wake = asyncio.Event()
         self._engine_task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -201,10 +223,10 @@ class StageWorker:
             )
             log.info("row budget %d from step times %s", self.row_budget, self.step_samples)
         self.address = await self._server.listen(*self.config.listen)
-        if self._rules.plan is not None and self.config.listen[1] == 0:
+        rules = self.core.rules
+        if rules.plan is not None and self.config.listen[1] == 0:
             # Port 0: the stage's own address is the one the socket got.
-            plan = self._rules.plan
-            self._rules.plan = replace(plan, addresses=plan.addresses | {self.address})
+            rules.plan = replace(rules.plan, addresses=rules.plan.addresses | {self.address})
         self._engine_task = asyncio.get_running_loop().create_task(self._engine_loop())
         self._arm_idle_sweep()
         return self.address
@@ -229,7 +251,7 @@ class StageWorker:
 
     @property
     def next_hop_relinks(self) -> int:
-        """How often the path to the next stage was replaced while sessions were running."""
+        """How often the path to the next stage was replaced with sessions running."""
         return 0 if self._downstream is None else self._downstream.relinks
 
     def step_times(self) -> tuple[tuple[int, float], ...]:
@@ -274,8 +296,12 @@ class StageWorker:
         self._server.revoked_serials = serials
 
     @property
+    def stats(self) -> WorkerStats:
+        return self.core.stats
+
+    @property
     def session_count(self) -> int:
-        return len(self._sessions)
+        return len(self.core)
 
     @property
     def capacity(self) -> Capacity:
@@ -290,11 +316,13 @@ class StageWorker:
         self._feed(Drain())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
-        return len(self._sessions)
+        return len(self.core)
 
     async def stop(self) -> None:
         if self._idle_sweep is not None:
             self._idle_sweep.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         if self._engine_task is not None:
             self._engine_task.cancel()
         self._feed(Shutdown("worker shutting down"))
@@ -323,157 +351,123 @@ class StageWorker:
         if isinstance(frame, wire.Error):
             log.info("peer %s reports: %s", channel.peer, frame.message)
             return
-        try:
-            self._feed(FrameReceived(channel, channel.peer.node_id, frame, channel.peer.role))
-        except FrameError as exc:  # a check of the worker's own (shape, dtype, ...)
-            session = getattr(frame, "session", "")
-            self._feed(Refused(channel, session, exc.code, exc.message))
+        self._feed(FrameReceived(channel, channel.peer.node_id, frame, channel.peer.role))
 
     def _downstream_frame(self, _channel: Channel, frame: wire.Frame) -> None:
-        if isinstance(frame, wire.Error) and frame.session in self._rules:
-            # An error further down the chain: pass it back towards the client.
-            self._fail(frame.session, frame.code, frame.message, forward_close=False)
+        if isinstance(frame, wire.Error):
+            self._feed(DownstreamRefused(frame))
 
     def _downstream_lost(self, reason: str) -> None:
-        for name in self._rules.sessions:
-            self._fail(name, ErrorCode.STAGE_ERROR, reason, forward_close=False)
+        self._feed(DownstreamLost(reason))
 
-    # ------------------------------------------------------------ carrying out the rules
+    # ------------------------------------------------------------ carrying out the core
 
-    def _apply(self, actions: list[RuleAction[Channel]]) -> None:
+    def _feed(self, event: CoreEvent[Channel]) -> None:
+        self._apply(self.core.handle(event))
+        if len(self.core):
+            self._idle.clear()
+        else:
+            self._idle.set()
+        self._arm_timer()
+
+    def _apply(self, actions: list[CoreAction[Channel]]) -> None:
         for action in actions:
             match action:
                 case Send(link, frame):
                     self._send(link, frame)
                 case Release(link, session):
                     link.release(session)
-                case Begin(frame, adopt, kept):
-                    self._begin(frame, adopt, kept)
-                case Take(step, opened):
-                    self._take(step, opened)
-                case Resent():
-                    self.stats.resent_steps += 1  # resent after a resume; handled already
+                case Forward(frame):
+                    assert self._downstream is not None
+                    self._downstream.send(frame)
+                case ForgetDownstream(session):
+                    if self._downstream is not None:
+                        self._downstream.forget(session)
+                case OpenOnStage(session):
+                    self._on_engine(self.stage.open, (session,), StageOpened(session))
+                case AdoptOnStage(old, session, kept):
+                    done = StageAdopted(old, session, kept)
+                    self._on_engine(self.stage.adopt, (old, session, kept), done)
+                case CloseOnStage(session):
+                    self._engine_calls.submit(self._close_on_stage, session)
+                case RingOpen(frame):
+                    assert self._ring is not None
+                    self._ring.open(frame)  # dialled now, while the prompt computes
+                case RingSend(node, step):
+                    assert self._ring is not None
+                    self._ring.send(node, step)
+                case Wake():
+                    self._wake.set()
+                case Guess(reply, position, token, k):
+                    self._guess(reply, position, token, k)
+                case Flush():
+                    self._flush_outputs()
                 case Looped(session, last):
                     log.debug("session %s goes round: its steps come from %s", session, last)
                 case Resumed(session, owner):
-                    self.stats.sessions_resumed += 1
                     log.info("session %s resumed by %s over a new link", session, owner)
-                case LinkLost(session, reason, arm_grace):
-                    if arm_grace:
-                        self._arm_grace(session)
+                case LinkLost(session, reason):
                     log.info(
                         "a link of session %s was lost (%s); waiting for a resume", session, reason
                     )
                 case CancelGrace(session):
-                    self._cancel_grace(session)
                     log.info("session %s has all its links again", session)
-                case End(session, forward_close, reason, failed):
-                    if failed:
-                        self.stats.errors += 1
+                case End(session, forward_close, reason):
                     self._end(session, forward_close=forward_close, reason=reason)
 
-    def _feed(self, event: RuleEvent[Channel]) -> None:
-        self._apply(self._rules.handle(event))
+    def _on_engine(
+        self, fn: Callable[..., None], args: tuple[object, ...], done: StageOpened | StageAdopted
+    ) -> None:
+        """Run an engine call on the engine thread; feed `done` back, with the error's
+        text if it raised."""
+        future = asyncio.wrap_future(self._engine_calls.submit(fn, *args))
 
-    # ------------------------------------------------------------ frames
+        def answer(f: asyncio.Future[None]) -> None:
+            exc = f.exception()
+            if isinstance(done, StageAdopted) and exc is None:
+                log.info("session %s continues %s here: %d positions kept",
+                         done.session, done.old, done.kept)  # fmt: skip
+            self._feed(done if exc is None else replace(done, error=str(exc) or repr(exc)))
 
-    def _history_of(self, name: str) -> list[int] | None:
-        session = self._sessions.get(name)
-        return None if session is None or not session.history_known else session.history
+        future.add_done_callback(answer)
 
-    def _begin(self, frame: wire.Open, adopt: str = "", kept: int = 0) -> None:
-        session = ServedSession(frame)
-        if self.is_last:
-            session.params = sampling_from_wire(frame.sampling)
-            session.rng = make_rng(session.params)
-        if self._ring is not None:
-            self._ring.open(frame)  # dialled now, while the prompt computes
-        if adopt:
-            self._adopt(session, adopt, kept)
-            return
-        self._sessions[frame.session] = session
-        self._idle.clear()
-        future = asyncio.wrap_future(self._engine_calls.submit(self.stage.open, frame.session))
-        future.add_done_callback(lambda f: self._opened(frame.session, f))
-        if self._downstream is not None:
-            self._downstream.send(frame)
-        self.stats.sessions_opened += 1
-
-    def _adopt(self, session: ServedSession, old_name: str, kept: int) -> None:
-        """Last stage: a replay continues `old_name`, whose first `kept` positions it
-        holds (the rules checked owner and history): the KV moves to the new session."""
-        name = session.open.session
-        old = self._sessions.pop(old_name, None)
-        if old is not None and old.expiry is not None:
-            old.expiry.cancel()
-        if self._ring is not None:
-            self._ring.forget(old_name)
-        self._pending = [p for p in self._pending if p.step.session != old_name]
-        session.history = [] if old is None else old.history[:kept]
-        session.kept = kept
-        self._sessions[name] = session
-        self._idle.clear()
-        self.stats.sessions_opened += 1
-        self.stats.sessions_adopted += 1
-        self.stats.rows_reused += kept
+    def _guess(self, reply: wire.Tokens, position: int, token: int, k: int) -> None:
+        """The MTP head's guesses after `token`, on the engine thread; the tokens go out
+        with them, or without when guessing failed."""
+        mtp = self.stage.mtp
+        assert mtp is not None
+        p_min = self.config.mtp_p_min
         future = asyncio.wrap_future(
-            self._engine_calls.submit(self.stage.adopt, old_name, name, kept)
+            self._engine_calls.submit(guess, mtp, reply.session, position, token, k, p_min)
         )
-        future.add_done_callback(lambda f: self._adopted(old_name, name, kept, f))
-        if self._downstream is not None:
-            # The next stage takes the old session over too (the client named the layer
-            # from which every stage may) or, as the OPEN comes over the link that owns
-            # it, ends it (session_rules): no CLOSE for it, which would find it gone.
-            self._downstream.send(session.open)
-            self._downstream.forget(old_name)
 
-    def _adopted(self, old_name: str, name: str, kept: int, future: asyncio.Future[None]) -> None:
-        exc = future.exception()
-        if exc is None:
-            log.info("session %s continues %s here: %d positions kept", name, old_name, kept)
+        def answer(f: asyncio.Future[tuple[int, ...]]) -> None:
+            failed = f.cancelled() or f.exception() is not None
+            self._feed(Guessed(reply, () if failed else f.result()))
+
+        future.add_done_callback(answer)
+
+    def _arm_timer(self) -> None:
+        """One timer for the whole stage, at the core's next deadline."""
+        deadline = self.core.next_deadline()
+        if deadline == self._timer_at:
             return
-        # The cache could not be handed over: the old session goes, and the replay's
-        # typed error makes the client replay everything (nothing held is used).
-        self._engine_calls.submit(self._close_on_stage, old_name)
-        self._fail(name, ErrorCode.MISSING_POSITIONS, f"cannot continue {old_name}: {exc}")
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None:
+            delay = max(0.0, deadline - time.perf_counter())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._timer_fired)
 
-    def _arm_grace(self, name: str) -> None:
-        """A link of the session died (its path, or the peer): keep the session for
-        `resume_grace` seconds, the peer may redial and resume it."""
-        session = self._sessions.get(name)
-        if session is not None:
-            session.expiry = asyncio.get_running_loop().call_later(
-                self.config.resume_grace, lambda: self._feed(GraceExpired(name))
-            )
+    def _timer_fired(self) -> None:
+        self._timer, self._timer_at = None, None
+        self._feed(TimerFired())
 
-    def _cancel_grace(self, name: str) -> None:
-        session = self._sessions.get(name)
-        if session is not None and session.expiry is not None:
-            session.expiry.cancel()
-            session.expiry = None
-
-    def _opened(self, name: str, future: asyncio.Future[None]) -> None:
-        exc = future.exception()
-        if exc is not None:
-            self._fail(name, ErrorCode.OVERLOADED, str(exc))
-
-    def _take(self, frame: wire.Step, opened: wire.Open) -> None:
-        """A step the rules let through: check its rows against this stage, queue it."""
-        if frame.wire_dtype != opened.wire_dtype and frame.hidden is not None:
-            raise FrameError(ErrorCode.BAD_DTYPE, "rows in a dtype the session did not open with")
-        held = self._sessions.get(frame.session)
-        if held is not None:
-            held.last_active = time.monotonic()
-        skip = 0 if held is None else rows_to_skip(held.kept, frame.start, frame.n_rows)
-        if skip:  # a replay's rows this stage kept from the session it continues
-            if skip == frame.n_rows:
-                return
-            frame = trimmed(frame, skip)
-        if frame.one_by_one:
-            self.stats.rows_one_by_one += frame.n_rows
-        request = step_request(frame, self.is_first, self.n_embd)
-        self._pending.append(PendingStep(frame, request, time.perf_counter()))
-        self._wake.set()
+    def _fail(
+        self, name: str, code: ErrorCode, message: str, *, forward_close: bool = True
+    ) -> None:
+        self._feed(Failed(name, code, message, forward_close))
 
     # ------------------------------------------------------------ the engine
 
@@ -481,38 +475,16 @@ class StageWorker:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending:
-                queue = [
-                    Queued(
-                        p.request.n_rows,
-                        is_prompt=p.request.n_rows > 1 and not p.step.guesses,
-                        waited=p.waited,
-                        session=p.request.session,
-                    )
-                    for p in self._pending
-                ]
-                chosen = select_batch(queue, self.row_budget)
-                batch = [self._pending[i] for i in chosen]
-                taken = set(chosen)
-                self._pending = [p for i, p in enumerate(self._pending) if i not in taken]
-                for p in self._pending:
-                    p.waited += 1
-                batch = [p for p in batch if p.request.session in self._sessions]
-                if not batch:
-                    continue
-                rows = sum(p.request.n_rows for p in batch)
+            while (batch := self.core.take_batch(self.row_budget)) is not None:
+                rows = batch.rows
                 started = time.perf_counter()
-                checks = guess_checks(batch, self._sessions) if self.is_last else {}
-                results, verdicts = await self._engine_calls.run(self._steps.run, batch, checks)
-                compute_ms = (time.perf_counter() - started) * 1e3
-                self.stats.batches += 1
-                self.stats.last_compute_ms = compute_ms
+                results, verdicts = await self._engine_calls.run(
+                    self._steps.run, batch.items, batch.checks
+                )
+                finished = time.perf_counter()
+                compute_ms = (finished - started) * 1e3
                 self._step_profile.observe(rows, compute_ms)
-                self.stats.last_queue_ms = max((started - p.arrived) * 1e3 for p in batch)
-                self.stats.rows += sum(p.request.n_rows for p in batch)
-                for i, (p, result) in enumerate(zip(batch, results, strict=True)):
-                    self._emit(p, result, compute_ms, (started - p.arrived) * 1e3, verdicts.get(i))
-                self._flush_outputs()
+                self._feed(StepsComputed(batch, results, verdicts, started, finished))
 
     def _flush_outputs(self) -> None:
         """A step's frames and replies leave now, ahead of the ACKs that this turn's
@@ -526,96 +498,9 @@ class StageWorker:
                 channel.flush()
         self._replied_on.clear()
 
-    def _emit(
-        self,
-        p: PendingStep,
-        result: StepResult | StepFailure,
-        compute_ms: float,
-        queue_ms: float,
-        verdict: Verdict | None = None,
-    ) -> None:
-        session = self._sessions.get(p.step.session)
-        if session is None:
-            return  # closed while computing
-        session.last_active = time.monotonic()
-        if isinstance(result, StepFailure):
-            # Rows that do not continue the cache (this stage restarted, its KV is gone):
-            # a typed code the client answers by replaying, never a guess.
-            missing = isinstance(result.error, PositionError)
-            code = ErrorCode.MISSING_POSITIONS if missing else ErrorCode.STAGE_ERROR
-            self._fail(p.step.session, code, str(result.error))
-            return
-        self.stats.steps += 1
-        timing = wire.StageTiming(
-            self.stage.spec.layers.start,
-            compute_ms,
-            queue_ms,
-            (time.perf_counter() - p.arrived) * 1e3,
-        )
-        timings = (*p.step.timings, timing)
-        if not self.is_last:
-            assert result.hidden is not None and self._downstream is not None
-            if session.history_known and self._rules.history_of is not None:
-                session.history_known = extend_history(session.history, p.step)
-            dtype = WireDtype(session.open.wire_dtype)
-            self._downstream.send(onward_step(p.step, result.hidden, dtype, timings))
-            return
-        assert result.logits is not None
-        self._sample_and_reply(session, p.step, result.logits, timings, verdict)
-
-    def _sample_and_reply(
-        self,
-        session: ServedSession,
-        step: wire.Step,
-        logits: np.ndarray,
-        timings: tuple[wire.StageTiming, ...],
-        verdict: Verdict | None = None,
-    ) -> None:
-        chosen = choose_tokens(session, step, logits, verdict)
-        if chosen is None:
-            return  # an intermediate prompt chunk: nothing to say yet
-        self.stats.tokens += len(chosen)
-        reply = tokens_reply(session, step, chosen, logits, timings, self.config.return_logits)
-        k = min(self.config.mtp_guesses, session.open.max_tokens - session.generated - 1)
-        session.guess_gate = gate_step(session.guess_gate, bool(step.guesses))
-        mtp = self.stage.mtp
-        if mtp is not None and not reply.finished and k > 0 and gate_open(session.guess_gate):
-            # The model's own guesses of the next tokens ride back with this reply.
-            future = asyncio.wrap_future(self._engine_calls.submit(
-                guess, mtp, step.session,
-                chosen_position(step, reply.n_accepted), chosen[-1], k, self.config.mtp_p_min,
-            ))  # fmt: skip
-            future.add_done_callback(lambda f: self._reply_guessed(session, reply, f))
-            return
-        if self._ring is not None and self._rules.reply_linked(step.session):
-            # The next step to the first stage, where it may; not while the client is
-            # away (it may be gone for good: the session waits for it, as without ring).
-            reply = self._ring.go_round(session, step, reply)
-        self._feed(TokensReady(reply))  # to the client now, or when its link is back
-
-    def _reply_guessed(
-        self, session: ServedSession, reply: wire.Tokens, future: asyncio.Future[tuple[int, ...]]
-    ) -> None:
-        guesses = guesses_of(future)
-        session.guess_gate = gate_offered(session.guess_gate, guesses)
-        self._feed(TokensReady(replace(reply, guesses=guesses)))
-
     # ------------------------------------------------------------ ending sessions
 
-    def _fail(
-        self, name: str, code: ErrorCode, message: str, *, forward_close: bool = True
-    ) -> None:
-        self._feed(Failed(name, code, message, forward_close))
-
     def _end(self, name: str, *, forward_close: bool, reason: str) -> None:
-        session = self._sessions.pop(name, None)
-        if session is None:
-            return
-        if not self._sessions:
-            self._idle.set()
-        if session.expiry is not None:
-            session.expiry.cancel()
-        self._pending = [p for p in self._pending if p.step.session != name]
         self._engine_calls.submit(self._close_on_stage, name)
         if self._ring is not None:
             self._ring.forget(name)
@@ -632,14 +517,7 @@ class StageWorker:
         self._idle_sweep = asyncio.get_running_loop().call_later(every, self._sweep_idle)
 
     def _sweep_idle(self) -> None:
-        """Close the sessions that stopped stepping (peer_rules.idle_sessions): a client
-        that went away, or one holding slots it never uses, frees them and their KV."""
-        idle_s = self.config.session_idle_s
-        busy = {p.step.session for p in self._pending}
-        last = {name: s.last_active for name, s in self._sessions.items()}
-        for name in idle_sessions(last, busy, time.monotonic(), idle_s):
-            self.stats.sessions_idle_closed += 1
-            self._fail(name, ErrorCode.STAGE_ERROR, f"no step for {idle_s:g} s: session closed")
+        self._feed(SweepIdle())
         self._arm_idle_sweep()
 
     def _close_on_stage(self, name: str) -> None:

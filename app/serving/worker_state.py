@@ -1,43 +1,97 @@
-"""What a stage worker keeps: each served session's engine-side state, the steps queued
-for the engine, and the counters its heartbeats and tests read. No IO."""
+"""What a stage keeps: one record per session, the steps queued for the engine, and the
+counters its heartbeats and tests read. No IO.
+
+A session's record is the stage's only table of it (the engine's KV slots in core.stage
+aside): its links and ownership, decided by app.serving.rules.sessions, and what its
+steps need (tokens held, sampling, guesses, replay skips, timers as deadlines), decided
+by app.serving.rules.stage_core. The asyncio shell keeps nothing per session.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Generic
 
 import numpy as np
 
+from app.serving.rules.events import L
 from app.serving.steps.mtp_guesses import GuessGate
+from app.session.guess_tracker import GuessTracker
 from core.stage import StepRequest
 from core.types import SamplingParams
 from net import wire
 
 
 @dataclass
-class ServedSession:
-    """What the engine side keeps of a session; its links and ownership are in the rules."""
+class RingGuess:
+    """A last stage's guesses for a session round the ring (app.serving.rules.ring_turns)."""
+
+    tracker: GuessTracker
+    sent_step: int
+    """The step id of the last step the ring sent."""
+    sent_at: float
+    """time.perf_counter() when it went: its answer's trip."""
+
+
+class LinkState(Enum):
+    LINKED = "linked"
+    """Every link the session needs is there."""
+    WAITING = "waiting"
+    """A link was lost; the session waits `resume_grace` for it to come back."""
+
+
+@dataclass
+class SessionRecord(Generic[L]):
+    """Everything a stage keeps of one session; `L` is the shell's link type."""
 
     open: wire.Open
+    # ---- links and ownership (app.serving.rules.sessions)
+    owner_id: str = ""
+    """The upstream node: only it may resume the session over a new link."""
+    owner: L | None = None
+    """The link the session's frames come from; None while the upstream redials."""
+    reply: L | None = None
+    """Last stage: the client's own link, for TOKENS (None while the client redials)."""
+    loop: L | None = None
+    """First stage: the last stage's link, its STEPs of the session's ring (`Open.loop`)."""
+    replies: list[wire.Tokens] = field(default_factory=list)
+    """Last stage: the TOKENS the client may not have, sent again when its link is
+    replaced: the latest, and those of the ring since the client's last turn (a
+    TOKENS not `looped`, which the client answered with the step that came next)."""
+    last_step_id: int = -1
+    """Highest step taken."""
+    state: LinkState = LinkState.LINKED
+    grace_reason: str = ""
+    """Why the session became WAITING, for the End that follows if no resume comes."""
+    grace_until: float | None = None
+    """While WAITING: the stage clock's time at which the session ends unless resumed."""
+    # ---- its steps (app.serving.rules.stage_core)
     history: list[int] = field(default_factory=list)
     generated: int = 0
     rng: np.random.Generator | None = None
     params: SamplingParams | None = None
     """Last stage: the session's sampling settings, decoded once at OPEN."""
-    expiry: asyncio.TimerHandle | None = None
-    """While a link of the session is lost: drops it unless the link comes back in time."""
     guess_gate: GuessGate = field(default_factory=GuessGate)
-    """Last stage with an MTP head: does the session's client use the guesses."""
+    """Last stage with an MTP head: does this session's client use the guesses."""
     kept: int = 0
     """A replay that took a session's KV over: positions below this are held already
     and the replay's rows there are not computed (resume_rules)."""
     history_known: bool = True
     """Not the last stage: `history` names the tokens of every position its KV holds
     (a replay may take them over only then)."""
-    last_active: float = field(default_factory=time.monotonic)
-    """time.monotonic() when a step of the session was last taken or answered here: an
-    idle session is closed (WorkerConfig.session_idle_s)."""
+    last_active: float = 0.0
+    """The stage clock's time when a step of the session was last taken or answered
+    here: an idle session is closed (WorkerConfig.session_idle_s)."""
+    ring_guess: RingGuess | None = None
+    """Last stage, a ring that guesses: the session's guess tracker (ring_turns)."""
+    ring_node: str | None = None
+    """Last stage: the first stage this session's steps go round to, while its ring
+    link carries them (`Open.loop`)."""
+
+
+ServedSession = SessionRecord[Any]
+"""A session's record where its links do not matter (the steps, the ring's guesses)."""
 
 
 @dataclass
@@ -74,10 +128,3 @@ class WorkerStats:
     last_compute_ms: float = 0.0
     last_queue_ms: float = 0.0
     """How long the rows of the last batch waited for the engine (the longest)."""
-
-
-def guesses_of(future: asyncio.Future[tuple[int, ...]]) -> tuple[int, ...]:
-    """The head's guesses, or none when guessing failed: the tokens still go out."""
-    if future.cancelled() or future.exception() is not None:
-        return ()
-    return future.result()

@@ -1,5 +1,5 @@
 """Guessing without IO: what the next STEP carries (the client's, or the ring's on the
-last stage: app.serving.links.ring).
+last stage: app.serving.rules.ring_turns).
 
 One `GuessTracker` per generation. After each TOKENS it is told what came back; it then
 says where the next step starts, which rows it carries (the newest token, then up to k

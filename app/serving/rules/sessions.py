@@ -3,10 +3,12 @@
 Who owns a session (the upstream node that opened it, over one link at a time), when a
 repeated OPEN resumes it over a new link and when it is refused, which steps were taken
 already, when the stage refuses new sessions, and how long a session whose link died is
-kept for a resume. `app.serving.worker.StageWorker` feeds every event here and carries out the
-actions; nothing here touches a socket, the engine or the clock. A link is any hashable
-handle (the worker passes its `Channel`s, the tests plain strings); the grace timer is an
-action the worker arms and an event (`GraceExpired`) it feeds back.
+kept for a resume. `app.serving.rules.stage_core.StageCore` holds these rules, feeds them
+every event and adds a stage's step decisions; their table (one `SessionRecord` per
+session) is the stage's only one. Nothing here touches a socket, the engine or the clock.
+A link is any hashable handle (the worker passes its `Channel`s, the tests plain
+strings); the grace timer is an action (`LinkLost`) the core turns into a deadline and
+an event (`GraceExpired`) it feeds back.
 
 A session is LINKED (its upstream link, and on the last stage the client's link, are
 there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
@@ -66,9 +68,7 @@ link owns the session: then the session fails (everyone involved hears the error
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic
 
 from app.serving.links.token_route import reply_link
@@ -99,6 +99,7 @@ from app.serving.rules.events import (
 from app.serving.rules.node_limits import NodeLimits
 from app.serving.rules.peers import StagePlan, loop_refusal, opener_refusal
 from app.serving.rules.resume import HeldSession, may_adopt, positions_kept
+from app.serving.worker_state import LinkState, SessionRecord
 from core.admission import AdmissionLedger
 from net import wire
 from net.errors import ErrorCode
@@ -136,36 +137,7 @@ ERROR_MESSAGE_BYTES = 900
 """An ERROR built from a failure is cut to this, leaving room in the frame's string cap."""
 
 
-class LinkState(Enum):
-    LINKED = "linked"
-    """Every link the session needs is there."""
-    WAITING = "waiting"
-    """A link was lost; the session waits `resume_grace` for it to come back."""
-
-
 # ---------------------------------------------------------------- the table
-
-
-@dataclass
-class _Session(Generic[L]):
-    open: wire.Open
-    owner_id: str
-    """The upstream node: only it may resume the session over a new link."""
-    owner: L | None
-    """The link the session's frames come from; None while the upstream redials."""
-    reply: L | None = None
-    """Last stage: the client's own link, for TOKENS (None while the client redials)."""
-    loop: L | None = None
-    """First stage: the last stage's link, its STEPs of the session's ring (`Open.loop`)."""
-    replies: list[wire.Tokens] = field(default_factory=list)
-    """Last stage: the TOKENS the client may not have, sent again when its link is
-    replaced: the latest, and those of the ring since the client's last turn (a
-    TOKENS not `looped`, which the client answered with the step that came next)."""
-    last_step_id: int = -1
-    """Highest step taken."""
-    state: LinkState = LinkState.LINKED
-    grace_reason: str = ""
-    """Why the session became WAITING, for the End that follows if no resume comes."""
 
 
 class SessionRules(Generic[L]):
@@ -200,7 +172,7 @@ class SessionRules(Generic[L]):
         self.admission = admission
         """What each session reserves of the stage's KV (core.admission); None: no limit
         here (the stage's own slot check still refuses)."""
-        self._sessions: dict[str, _Session[L]] = {}
+        self._sessions: dict[str, SessionRecord[L]] = {}
         self._peers: dict[str, list[L]] = {}
         """Node id -> its links, oldest first (the last stage finds a session's client by
         them)."""
@@ -214,6 +186,13 @@ class SessionRules(Generic[L]):
     @property
     def sessions(self) -> list[str]:
         return list(self._sessions)
+
+    @property
+    def table(self) -> Mapping[str, SessionRecord[L]]:
+        """The stage's one table of its sessions. Which sessions it holds, their links
+        and ownership change only here; app.serving.rules.stage_core writes the fields
+        of their steps."""
+        return self._sessions
 
     def owns(self, link: L, session: str) -> bool:
         s = self._sessions.get(session)
@@ -274,7 +253,7 @@ class SessionRules(Generic[L]):
                 hint = OverloadHint(limited.retry_after_ms, limited.try_another_route)
                 error = overloaded(frame.session, limited.reason, hint)
                 return self._refuse(link, frame.session, ErrorCode.OVERLOADED, error.message)
-        session = _Session(frame, owner_id=peer, owner=link)
+        session: SessionRecord[L] = SessionRecord(frame, owner_id=peer, owner=link)
         if self.is_last:
             session.reply = self._reply_link(frame.reply_to, link)
             if session.reply is None:
@@ -300,6 +279,7 @@ class SessionRules(Generic[L]):
         if old is None:
             return [Begin(frame), *self._superseded(link, frame)]
         del self._sessions[old.open.session]
+        session.history, session.kept = old.history[:kept], kept
         gone: list[Action[L]] = []
         if old.owner is not None:
             gone.append(Release(old.owner, old.open.session))
@@ -315,7 +295,7 @@ class SessionRules(Generic[L]):
             return []
         return self._end(frame.resumes, forward_close=True, reason=f"replayed as {frame.session}")
 
-    def _adoptable(self, frame: wire.Open) -> tuple[_Session[L] | None, int]:
+    def _adoptable(self, frame: wire.Open) -> tuple[SessionRecord[L] | None, int]:
         """The session a replay's OPEN resumes, if this stage may hand its KV over, and
         the positions kept (resume_rules.positions_kept)."""
         if self.history_of is None or not may_adopt(frame, self.first_layer, self.is_last):
@@ -328,7 +308,7 @@ class SessionRules(Generic[L]):
         return (old, kept) if kept else (None, 0)
 
     def _resume(
-        self, link: L, peer: str, session: _Session[L], frame: wire.Open
+        self, link: L, peer: str, session: SessionRecord[L], frame: wire.Open
     ) -> list[Action[L]]:
         ring = session.open.loop
         if (
@@ -427,7 +407,7 @@ class SessionRules(Generic[L]):
             actions.append(LinkLost(name, ev.reason, arm_grace=arm))
         return actions
 
-    def _relinked(self, name: str, session: _Session[L]) -> list[Action[L]]:
+    def _relinked(self, name: str, session: SessionRecord[L]) -> list[Action[L]]:
         linked = session.owner is not None and (not self.is_last or session.reply is not None)
         if linked and session.state is LinkState.WAITING:
             session.state, session.grace_reason = LinkState.LINKED, ""

@@ -10,6 +10,7 @@ the MTP head where the last stage has one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,7 +54,7 @@ def step_request(frame: wire.Step, is_first: bool, n_embd: int) -> StepRequest:
     )
 
 
-def guess_checks(batch: list[PendingStep], sessions: dict[str, ServedSession]) -> Checks:
+def guess_checks(batch: list[PendingStep], sessions: Mapping[str, ServedSession]) -> Checks:
     """Last stage: row-by-row verifiers for the batch's steps that carry guesses."""
     checks: Checks = {}
     for i, p in enumerate(batch):

@@ -1,6 +1,6 @@
-"""app.serving.links.ring: the last stage sends the next step itself exactly where the client
-would have sent that step, and nowhere else; with guesses, the ones the client would
-have guessed (no IO)."""
+"""app.serving.rules.ring_turns: the last stage sends the next step itself exactly where
+the client would have sent that step, and nowhere else; with guesses, the ones the client
+would have guessed (no IO)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from app.serving.links.ring import RingGuesses, looped_step
+from app.serving.rules.ring_turns import RingGuesses, looped_step
 from app.serving.worker_state import ServedSession
 from app.session.guess_tracker import GuessTracker
 from core.guessing import GuessPolicy
@@ -108,7 +108,7 @@ def test_guessed_steps_round_the_ring_are_the_clients_own(adaptive: bool) -> Non
         said += chosen
         finished = session.generated >= len(truth)
         answer = reply(step.step_id, chosen, n_accepted=len(chosen) - 1, finished=finished)
-        assert guesses.sent(step.session, step.step_id) == (trip > 0)
+        assert guesses.sent(session, step.step_id) == (trip > 0)
         onward = guesses.next_step(session, step, answer, now=float(trip))
         client.reply(chosen, len(chosen) - 1, 1.0)
         if finished:
