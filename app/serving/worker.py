@@ -67,10 +67,10 @@ from app.serving.rules.stage_events import (
     TimerFired,
     Wake,
 )
+from app.serving.session_records import WorkerStats
 from app.serving.steps.batch import StageSteps
 from app.serving.steps.engine_calls import EngineCalls
 from app.serving.steps.mtp_guesses import guess
-from app.serving.worker_state import WorkerStats
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
 from core.errors import CoreError
 from core.stage import Stage
@@ -251,7 +251,7 @@ class StageWorker:
 
     @property
     def next_hop_relinks(self) -> int:
-        """How often the path to the next stage was replaced with sessions running."""
+        """How often the path to the next stage was replaced while sessions ran."""
         return 0 if self._downstream is None else self._downstream.relinks
 
     def step_times(self) -> tuple[tuple[int, float], ...]:

@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 
 from app.errors import ClientError
-from app.serving.worker_state import RingGuess, ServedSession
+from app.serving.session_records import RingGuess, ServedSession
 from app.session.guess_tracker import GuessTracker
 from app.session.token_step import token_step
 from core.guessing import GuessPolicy

@@ -99,7 +99,7 @@ from app.serving.rules.events import (
 from app.serving.rules.node_limits import NodeLimits
 from app.serving.rules.peers import StagePlan, loop_refusal, opener_refusal
 from app.serving.rules.resume import HeldSession, may_adopt, positions_kept
-from app.serving.worker_state import LinkState, SessionRecord
+from app.serving.session_records import LinkState, SessionRecord
 from core.admission import AdmissionLedger
 from net import wire
 from net.errors import ErrorCode

@@ -1,6 +1,6 @@
 """A stage without IO: frames, link events and the engine's answers in, actions out.
 
-`StageCore` owns the one table of a stage's sessions (app.serving.worker_state's
+`StageCore` owns the one table of a stage's sessions (app.serving.session_records's
 `SessionRecord`, one record per session) and makes every decision about them:
 whom a frame belongs to and when an OPEN is refused (app.serving.rules.sessions, whose
 table this is), whether a STEP's rows fit the stage (dtype, width, kind), which rows of a
@@ -72,10 +72,10 @@ from app.serving.rules.stage_events import (
     TimerFired,
     Wake,
 )
+from app.serving.session_records import LinkState, PendingStep, SessionRecord, WorkerStats
 from app.serving.steps.batch import guess_checks, step_request
 from app.serving.steps.mtp_guesses import chosen_position, gate_offered, gate_open, gate_step
 from app.serving.steps.replies import choose_tokens, onward_step, tokens_reply
-from app.serving.worker_state import LinkState, PendingStep, SessionRecord, WorkerStats
 from app.session.wire_values import sampling_from_wire
 from core.admission import AdmissionLedger
 from core.errors import PositionError

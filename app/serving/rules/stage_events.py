@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from app.serving.session_records import PendingStep
 from app.serving.steps.batch import Checks
-from app.serving.worker_state import PendingStep
 from core.guess_acceptance import Verdict
 from core.stage import StepFailure, StepResult
 from net import wire

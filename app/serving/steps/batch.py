@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.serving.session_records import PendingStep, ServedSession
 from app.serving.steps.mtp_guesses import observe_results
 from app.serving.steps.replay_rows import rows_one_by_one, step_apart
 from app.serving.steps.verify_rows import step_guesses_alone, step_verifying
-from app.serving.worker_state import PendingStep, ServedSession
 from core.guess_acceptance import RowByRow, Verdict
 from core.stage import Stage, StepFailure, StepRequest, StepResult
 from net import wire

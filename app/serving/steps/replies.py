@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.serving.worker_state import ServedSession
+from app.serving.session_records import ServedSession
 from core.guess_acceptance import Verdict, accept_guesses
 from core.sampling import sample
 from net import wire

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from app.serving.rules.ring_turns import RingGuesses, looped_step
-from app.serving.worker_state import ServedSession
+from app.serving.session_records import ServedSession
 from app.session.guess_tracker import GuessTracker
 from core.guessing import GuessPolicy
 from net import wire

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.serving.session_records import PendingStep, ServedSession
 from app.serving.steps.batch import guess_checks, step_request
-from app.serving.worker_state import PendingStep, ServedSession
 from core.sampling import make_rng
 from core.stage import StepRequest
 from core.types import SamplingParams
