@@ -73,7 +73,7 @@ class SessionRecord(Generic[L]):
     params: SamplingParams | None = None
     """Last stage: the session's sampling settings, decoded once at OPEN."""
     guess_gate: GuessGate = field(default_factory=GuessGate)
-    """Last stage with an MTP head: does the client of this session use the guesses."""
+    """Last stage with an MTP head: does the session's client use the guesses."""
     kept: int = 0
     """A replay that took a session's KV over: positions below this are held already
     and the replay's rows there are not computed (resume_rules)."""
@@ -86,7 +86,7 @@ class SessionRecord(Generic[L]):
     ring_guess: RingGuess | None = None
     """Last stage, a ring that guesses: the session's guess tracker (ring_turns)."""
     ring_node: str | None = None
-    """Last stage: the first stage the steps of this session go round to, while its ring
+    """Last stage: the first stage the session's steps go round to, while its ring
     link carries them (`Open.loop`)."""
 
 
