@@ -261,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--identity-dir", type=Path, default=None, help="where --join keeps the identity"
     )
     p.add_argument(
-        "--listen", default="127.0.0.1:0", help="UDP HOST:PORT for QUIC (coordinated mode)"
+        "--listen",
+        default=None,
+        help="UDP HOST:PORT for QUIC (coordinated mode; default: this machine's address on "
+        "its route to the coordinator, a free port)",
     )
     p.add_argument("--advertise", default=None, help="address peers should dial, if not --listen")
     p.add_argument("--vram-cap", default="0", help="memory to offer, e.g. 12G (default: all free)")
@@ -556,7 +559,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         CoordinatedOptions(
             identity_dir=args.identity or args.identity_dir or default_identity_dir(),
             join_code=args.join,
-            listen=parse_address(args.listen),
+            listen=parse_address(args.listen) if args.listen else None,
             advertise=args.advertise,
             vram_cap_bytes=parse_bytes(args.vram_cap),
             threads=args.threads,

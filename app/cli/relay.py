@@ -29,6 +29,7 @@ import platformdirs
 from app.cli.secret_args import TURN_SECRET_ENV, read_secret
 from app.errors import AppError
 from app.parent_watch import child_preexec
+from app.ports import outward_host
 from net.ice import turn
 from net.ice.turn import RelayConfig
 
@@ -386,21 +387,11 @@ def add_relay_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-timeout", type=float, default=10.0, help="seconds to wait for coturn")
 
 
-def outward_ip() -> str:
-    """This machine's address on its default route (no packet is sent), else 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route lookup happens
-            return str(sock.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
-
-
 def config_from_args(args: argparse.Namespace, run_dir: Path, secret: str) -> RelayConfig:
     relay_ip = args.relay_ip
     if relay_ip is None:
         unspecified = _is_unspecified(args.listen)
-        relay_ip = outward_ip() if unspecified else args.listen
+        relay_ip = outward_host() if unspecified else args.listen
     return relay_config(
         run_dir,
         listening_ip=args.listen,

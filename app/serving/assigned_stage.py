@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from app import pieces_cache
 from app.compute import stage_compute
@@ -27,6 +28,7 @@ from app.links.paths import (
     serve_ice_offers,
 )
 from app.node_status import NodeStatus, ServeState, StatusReport
+from app.ports import LOOPBACK, free_udp_port, outward_host
 from app.progress import print_progress
 from app.serving.heartbeats import BeatsMeanwhile, send_beat
 from app.serving.machine.vram import check_within_cap
@@ -50,7 +52,10 @@ log = logging.getLogger(__name__)
 class CoordinatedOptions:
     identity_dir: Path = field(default_factory=default_identity_dir)
     join_code: str | None = None
-    listen: tuple[str, int] = ("127.0.0.1", 0)
+    listen: tuple[str, int] | None = None
+    """Where the stage listens (UDP); None: this machine's address on its route to the
+    coordinator (app.ports.outward_host: loopback for a coordinator on loopback, the LAN
+    address behind a home router), on a free port."""
     advertise: str | None = None
     """Address peers should use, if not the listen address (port forward, public IP)."""
     vram_cap_bytes: int = 0
@@ -111,6 +116,19 @@ def capacity(cap: int) -> tuple[int, dict[str, Any]]:
     return (min(cap, usable) if cap > 0 else usable), hardware
 
 
+async def listen_address(options: CoordinatedOptions, coordinator: str) -> tuple[str, int]:
+    """Where this node's stages listen, fixed once: kept across pauses and rebuilds, as
+    the coordinator knows it. The host: `options.listen`'s, or this machine's address on
+    its route to the coordinator; the port: `options.listen`'s, or a free one."""
+    loop = asyncio.get_running_loop()
+    if options.listen is None:
+        toward = urlsplit(coordinator).hostname or LOOPBACK
+        host, port = await loop.run_in_executor(None, outward_host, toward), 0
+    else:
+        host, port = options.listen
+    return host, port or free_udp_port(host)
+
+
 def stage_config(
     options: CoordinatedOptions,
     identity: Identity,
@@ -123,7 +141,7 @@ def stage_config(
     sessions, n_ctx = stage_sizing(assignment, options.max_sessions)
     return WorkerConfig(
         node_id=identity.node_id,
-        listen=(options.listen[0], port),
+        listen=(options.listen[0] if options.listen else LOOPBACK, port),
         model=str(pieces_dir),
         layers=LayerRange(*assignment.layers),
         credentials=identity.directory,

@@ -30,6 +30,7 @@ from app.serving.assigned_stage import (
     download_progress,
     finish_sessions,
     go_live,
+    listen_address,
     prepare_pieces,
     stage_config,
     start_stage,
@@ -174,11 +175,8 @@ async def serve_coordinated(
     base = NodeStatus(node_id=identity.node_id, coordinator=identity.coordinator)
     report(replace(base, state=ServeState.WAITING))
     client = identity.client()
-    host, port = options.listen
-    if port == 0:
-        from app.ports import free_udp_port
-
-        port = free_udp_port(host)  # kept across rebuilds: the coordinator knows this address
+    host, port = await listen_address(options, identity.coordinator)
+    options = replace(options, listen=(host, port))
     address = options.advertise or format_address((host, port))
     capacity, hardware = await loop.run_in_executor(None, offered_capacity, options.vram_cap_bytes)
     report_beat = Heartbeat(

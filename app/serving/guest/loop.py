@@ -23,6 +23,7 @@ from dataclasses import replace
 from app.config import format_address
 from app.identity import Identity, join_or_resume
 from app.node_status import NodeStatus, ServeState, StatusReport
+from app.serving.assigned_stage import listen_address
 from app.serving.coordinated import CliReport, CoordinatedOptions, serve_coordinated
 from app.serving.guest.policy import BY_REQUEST, GuestSettings, GuestState, next_state
 from app.serving.guest.probes import Probes
@@ -71,11 +72,7 @@ async def serve_as_guest(
     probes = probes or Probes.real()
     identity = await loop.run_in_executor(None, Identity.load, options.identity_dir)
     identity = identity.with_coordinator(options.coordinator)
-    host, port = options.listen
-    if port == 0:
-        from app.ports import free_udp_port
-
-        port = free_udp_port(host)  # one address across pauses: the coordinator knows it
+    host, port = await listen_address(options, identity.coordinator)
     guest = _Guest(
         replace(options, listen=(host, port)),
         settings,
