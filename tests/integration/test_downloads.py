@@ -21,27 +21,14 @@ from coordinator.client.downloads import (
     format_progress,
 )
 from core.errors import PieceCorruptError
-from core.gguf_slices import slice_model
 from core.manifest import Manifest, PieceInfo, verify_piece
 from core.types import LayerRange
-from tests.support.range_server import RangeServer, serve_dir
+from tests.support.range_server import RangeServer
 
 pytestmark = pytest.mark.integration
 
 CHUNK = 16 << 10
 """Small chunks, so that a ~150 KB piece gives several progress reports."""
-
-
-@pytest.fixture
-def sliced(tiny_llama: Path, tmp_path: Path) -> tuple[Path, Manifest]:
-    src = tmp_path / "served"
-    return src, slice_model(tiny_llama, src)
-
-
-@pytest.fixture
-def server(sliced: tuple[Path, Manifest]) -> Iterator[RangeServer]:
-    with serve_dir(sliced[0]) as s:
-        yield s
 
 
 @pytest.fixture

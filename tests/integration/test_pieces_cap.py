@@ -23,26 +23,13 @@ from app.errors import PiecesCacheFull
 from app.pieces_cache import pieces_dir, record_use
 from app.serving.assigned_stage import prepare_pieces
 from coordinator.contract import Assignment
-from core.gguf_slices import slice_model
 from core.manifest import Manifest, verify_piece
 from core.types import LayerRange
-from tests.support.range_server import RangeServer, serve_dir
+from tests.support.range_server import RangeServer
 
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
-
-
-@pytest.fixture
-def sliced(tiny_llama: Path, tmp_path: Path) -> tuple[Path, Manifest]:
-    src = tmp_path / "served"
-    return src, slice_model(tiny_llama, src)
-
-
-@pytest.fixture
-def server(sliced: tuple[Path, Manifest]) -> Iterator[RangeServer]:
-    with serve_dir(sliced[0]) as s:
-        yield s
 
 
 @dataclass

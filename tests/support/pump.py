@@ -57,6 +57,7 @@ from app.serving.steps.batch import StageSteps
 from app.session.guess_tracker import GuessTracker
 from app.session.replay_resume import resume_ref
 from app.session.replay_shapes import plain_segments, replay_segments
+from app.session.token_step import token_step
 from core.admission import AdmissionLedger, AdmissionPolicy
 from core.errors import CoreError
 from core.guessing import GuessPolicy
@@ -383,7 +384,7 @@ class ClientDriver:
         step_id = 0
         for seg in segments:
             rows = tuple(prompt[seg.start : seg.start + seg.rows])
-            self.send(_token_step(session, step_id, seg.start, rows, one_by_one=seg.one_by_one))
+            self.send(token_step(session, step_id, seg.start, rows, one_by_one=seg.one_by_one))
             step_id += 1
         self._step_ids[session] = step_id
         policy = GuessPolicy.fixed(guesses) if guesses else GuessPolicy.fixed(0)
@@ -423,7 +424,14 @@ class ClientDriver:
         step_id = self._step_ids[frame.session]
         self._step_ids[frame.session] = step_id + 1
         self.send(
-            _token_step(frame.session, step_id, nxt.start, nxt.tokens, nxt.guesses, nxt.keep_until)
+            token_step(
+                frame.session,
+                step_id,
+                nxt.start,
+                nxt.tokens,
+                guesses=nxt.guesses,
+                keep_until=nxt.keep_until,
+            )
         )
 
     def go_on(self, session: str) -> None:
@@ -432,7 +440,16 @@ class ClientDriver:
         nxt = self._trackers[session].next_step()
         step_id = self._step_ids[session]
         self._step_ids[session] = step_id + 1
-        self.send(_token_step(session, step_id, nxt.start, nxt.tokens, nxt.guesses, nxt.keep_until))
+        self.send(
+            token_step(
+                session,
+                step_id,
+                nxt.start,
+                nxt.tokens,
+                guesses=nxt.guesses,
+                keep_until=nxt.keep_until,
+            )
+        )
 
     def replay(self, old: str, new: str, from_layer: int | None) -> None:
         """Replay `old`'s tokens so far as `new` on the chain as it is now."""
@@ -441,30 +458,6 @@ class ClientDriver:
         opened = self._opens[old]
         left = opened.max_tokens - len(answer.tokens)
         self.open(new, prompt, left, resume=(old, len(answer.tokens), from_layer))
-
-
-def _token_step(
-    session: str,
-    step_id: int,
-    start: int,
-    tokens: tuple[int, ...],
-    guesses: tuple[int, ...] = (),
-    keep_until: int | None = None,
-    one_by_one: bool = False,
-) -> wire.Step:
-    return wire.Step(
-        session,
-        step_id,
-        start,
-        tokens,
-        None,
-        len(tokens),
-        0,
-        WireDtype.F32,
-        guesses=guesses,
-        keep_until=keep_until,
-        one_by_one=one_by_one,
-    )
 
 
 class Chain:

@@ -3,7 +3,7 @@ cache holds now and the default, saves the volunteer's cap, and hands it to the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,21 +19,12 @@ pytestmark = pytest.mark.ui
 
 
 @pytest.fixture
-def desk(qapp: QApplication, tmp_path: Path, isolated_dirs: Path) -> Iterator[DesktopApp]:
-    qapp.setQuitOnLastWindowClosed(False)
+def desk(new_desk: Callable[..., DesktopApp], tmp_path: Path) -> DesktopApp:
     model = pieces_dir(tmp_path / "identity", "some-model")
     model.mkdir(parents=True)
     (model / "blk.000.gguf").write_bytes(b"\0" * (3 << 20))
     (model / "blk.001.gguf").write_bytes(b"\0" * (1 << 19))
-    d = DesktopApp(
-        Settings(),
-        settings_dir=tmp_path / "settings",
-        identity_dir=tmp_path / "identity",
-        history=History(tmp_path / "chats"),
-        tray_available=True,
-    )
-    yield d
-    d.quit()
+    return new_desk()
 
 
 def test_the_dialog_shows_the_cache_and_saves_the_cap(

@@ -5,16 +5,12 @@ notification)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QApplication
 
 from app.node_status import NodeStatus, ServeState, swarm_answer
-from app.ui.history import History
-from app.ui.settings import Settings
 from app.ui.tray import DesktopApp
 from coordinator.releases import update_notice
 from net.wire.versions import this_release
@@ -23,17 +19,8 @@ pytestmark = pytest.mark.ui
 
 
 @pytest.fixture
-def desk(qapp: QApplication, tmp_path: Path, isolated_dirs: Path) -> Iterator[DesktopApp]:
-    qapp.setQuitOnLastWindowClosed(False)
-    d = DesktopApp(
-        Settings(),
-        settings_dir=tmp_path / "settings",
-        identity_dir=tmp_path / "identity",
-        history=History(tmp_path / "chats"),
-        tray_available=True,
-    )
-    yield d
-    d.quit()
+def desk(new_desk: Callable[..., DesktopApp]) -> DesktopApp:
+    return new_desk()
 
 
 def test_the_status_window_says_whether_the_swarm_can_answer(desk: DesktopApp) -> None:

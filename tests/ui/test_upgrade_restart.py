@@ -4,15 +4,12 @@ the new release in its place; settings stay as they were, so the new one serves 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QApplication
 
 from app.node_status import NodeStatus, ServeState
-from app.ui.history import History
-from app.ui.settings import Settings
 from app.ui.tray import DesktopApp
 from app.upgrades import UpgradeStep
 from net.wire.versions import this_release
@@ -28,20 +25,8 @@ def install(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def desk(
-    qapp: QApplication, tmp_path: Path, isolated_dirs: Path, install: Path
-) -> Iterator[DesktopApp]:
-    qapp.setQuitOnLastWindowClosed(False)
-    d = DesktopApp(
-        Settings(),
-        settings_dir=tmp_path / "settings",
-        identity_dir=tmp_path / "identity",
-        history=History(tmp_path / "chats"),
-        tray_available=True,
-        upgrade_folder=install,
-    )
-    yield d
-    d.quit()
+def desk(new_desk: Callable[..., DesktopApp], install: Path) -> DesktopApp:
+    return new_desk(upgrade_folder=install)
 
 
 def _upgrade(install: Path, to: str) -> None:

@@ -3,7 +3,7 @@ window, windows that hide instead of quitting, chat errors shown in the window."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,17 +22,8 @@ pytestmark = pytest.mark.ui
 
 
 @pytest.fixture
-def desk(qapp: QApplication, tmp_path: Path, isolated_dirs: Path) -> Iterator[DesktopApp]:
-    qapp.setQuitOnLastWindowClosed(False)
-    d = DesktopApp(
-        Settings(),
-        settings_dir=tmp_path / "settings",
-        identity_dir=tmp_path / "identity",
-        history=History(tmp_path / "chats"),
-        tray_available=True,
-    )
-    yield d
-    d.quit()
+def desk(new_desk: Callable[..., DesktopApp]) -> DesktopApp:
+    return new_desk()
 
 
 def menu_texts(d: DesktopApp) -> list[str]:
