@@ -4,7 +4,7 @@ counters its heartbeats and tests read. No IO.
 A session's record is the stage's only table of it (the engine's KV slots in core.stage
 aside): its links and ownership, decided by app.serving.rules.sessions, and what its
 steps need (tokens held, sampling, guesses, replay skips, timers as deadlines), decided
-by app.serving.rules.stage_core. The asyncio shell keeps nothing per session.
+by app.serving.rules.stage. The asyncio shell keeps nothing per session.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class SessionRecord(Generic[L]):
     """Why the session became WAITING, for the End that follows if no resume comes."""
     grace_until: float | None = None
     """While WAITING: the stage clock's time at which the session ends unless resumed."""
-    # ---- its steps (app.serving.rules.stage_core)
+    # ---- its steps (app.serving.rules.stage)
     history: list[int] = field(default_factory=list)
     generated: int = 0
     rng: np.random.Generator | None = None

@@ -8,7 +8,7 @@ on the last stage, sampled tokens straight to the client (push-forward; see
 docs/architecture.md, "One token's trip").
 
 Every decision about a session, and its one record, is in the sans-IO
-app.serving.rules.stage_core.StageCore; this shell feeds it frames, link events, its one
+app.serving.rules.stage.StageCore; this shell feeds it frames, link events, its one
 timer and the engine's results, and carries out the actions it returns (engine calls on
 the engine thread, frames on links). Imports no Qt: the CLI runs it headless and the
 tray app reuses it.
@@ -44,8 +44,8 @@ from app.serving.rules.sessions import (
     Send,
     Shutdown,
 )
-from app.serving.rules.stage_core import CoreAction, CoreEvent, StageCore, StageSetup
-from app.serving.rules.stage_events import (
+from app.serving.rules.stage import CoreAction, CoreEvent, StageCore, StageSetup
+from app.serving.rules.work import (
     AdoptOnStage,
     CloseOnStage,
     DownstreamLost,

@@ -36,8 +36,8 @@ from app.serving.rules.events import (
     Release,
     Send,
 )
-from app.serving.rules.stage_core import CoreAction, CoreEvent, StageCore, StageSetup
-from app.serving.rules.stage_events import (
+from app.serving.rules.stage import CoreAction, CoreEvent, StageCore, StageSetup
+from app.serving.rules.work import (
     AdoptOnStage,
     CloseOnStage,
     DownstreamRefused,

@@ -16,7 +16,7 @@ too. Everything else keeps the client's path, and a TOKENS without `looped` tell
 client to send the next step.
 
 Whether a step goes round, and which, is the stage core's decision
-(app.serving.rules.ring_turns, app.serving.rules.stage_core); this module only carries
+(app.serving.rules.ring_turns, app.serving.rules.stage); this module only carries
 it. The links to first stages are `app.serving.links.downstream.Downstream`s: dialled
 lazily (the OPEN goes first, as the first stage takes the session's STEPs only from the
 last stage its OPEN names), replayed after a lost path, and given up on with a typed

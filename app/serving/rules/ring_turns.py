@@ -1,7 +1,7 @@
 """Where the last stage sends the next step itself (the ring, `Open.loop`): pure
 decisions, no IO. `looped_step` is a plain ring's step; `RingGuesses` makes the guesses of
 a ring that guesses, with the client's own `GuessTracker` on the session's tokens.
-app.serving.rules.stage_core decides with them; app.serving.links.ring carries the steps.
+app.serving.rules.stage decides with them; app.serving.links.ring carries the steps.
 """
 
 from __future__ import annotations

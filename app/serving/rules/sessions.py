@@ -3,7 +3,7 @@
 Who owns a session (the upstream node that opened it, over one link at a time), when a
 repeated OPEN resumes it over a new link and when it is refused, which steps were taken
 already, when the stage refuses new sessions, and how long a session whose link died is
-kept for a resume. `app.serving.rules.stage_core.StageCore` holds these rules, feeds them
+kept for a resume. `app.serving.rules.stage.StageCore` holds these rules, feeds them
 every event and adds a stage's step decisions; their table (one `SessionRecord` per
 session) is the stage's only one. Nothing here touches a socket, the engine or the clock.
 A link is any hashable handle (the worker passes its `Channel`s, the tests plain
@@ -190,7 +190,7 @@ class SessionRules(Generic[L]):
     @property
     def table(self) -> Mapping[str, SessionRecord[L]]:
         """The stage's one table of its sessions. Which sessions it holds, their links
-        and ownership change only here; app.serving.rules.stage_core writes the fields
+        and ownership change only here; app.serving.rules.stage writes the fields
         of their steps."""
         return self._sessions
 

@@ -1,4 +1,4 @@
-"""What `app.serving.rules.stage_core` takes and gives beyond the session rules' own
+"""What `app.serving.rules.stage` takes and gives beyond the session rules' own
 events and actions (app.serving.rules.events): the engine's answers in, the engine's
 work, the links onward and the timers out. Frozen dataclasses, no IO."""
 

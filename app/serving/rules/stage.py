@@ -48,7 +48,7 @@ from app.serving.rules.peers import StagePlan, idle_sessions
 from app.serving.rules.resume import extend_history, rows_to_skip, trimmed
 from app.serving.rules.ring_turns import RingGuesses, go_round
 from app.serving.rules.sessions import SessionRules
-from app.serving.rules.stage_events import (
+from app.serving.rules.work import (
     AdoptOnStage,
     Batch,
     CloseOnStage,

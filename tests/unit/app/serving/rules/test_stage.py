@@ -1,4 +1,4 @@
-"""app.serving.rules.stage_core: a client and three stage cores pumped in memory
+"""app.serving.rules.stage: a client and three stage cores pumped in memory
 (tests/support/pump.py): answers with guesses, round the ring, after a stage is
 replaced mid-answer, and refusals that cost nothing else."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.serving.rules.events import LinkClosed, LinkReady
-from app.serving.rules.stage_events import StepsComputed, SweepIdle, TimerFired
+from app.serving.rules.work import StepsComputed, SweepIdle, TimerFired
 from net import wire
 from net.errors import ErrorCode
 from net.wire.tensors import WireDtype, encode_rows
