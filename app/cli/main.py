@@ -7,10 +7,23 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from app.cli.arguments import (
+    add_chat_sampling,
+    add_sampling,
+    chat_sampling,
+    parse_bytes,
+    parse_cpus,
+    parse_cuts,
+    parse_layers,
+    parse_row_budget,
+    parse_threads,
+    parse_token_ids,
+    parse_when,
+    sampling,
+)
 from app.cli.pieces_commands import add_commands as add_pieces_commands
 from app.cli.swarm_commands import add_commands as add_swarm_commands
 from app.errors import AppError, ConfigError
@@ -20,139 +33,11 @@ from coordinator.errors import CoordinatorError
 from coordinator.invites import InviteError
 from core.errors import CoreError
 from core.guessing import GUESS_CHOICES
-from core.sampling_defaults import SamplingChoice
-from core.types import BackendReport, LayerRange, SamplingParams
+from core.types import BackendReport
 from net.errors import NetError
 
 # core.models' names, written out: importing it here would load numpy for every command.
 MODEL_HELP = "'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), or a GGUF path"
-
-
-def _parse_cuts(text: str) -> list[int]:
-    """Cut points, checked for what holds for any model; the model's own layers and
-    allowed boundaries are checked once it is read (core.model_inputs.stage_ranges)."""
-    try:
-        cuts = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"cuts must be integers like 0,6,12,18, not {text!r}"
-        ) from None
-    if len(cuts) < 2 or cuts[0] != 0:
-        raise argparse.ArgumentTypeError(
-            f"cuts start at 0 and end at the model's layer count, e.g. 0,6,12,18; got {text!r}"
-        )
-    if any(b <= a for a, b in pairwise(cuts)):
-        raise argparse.ArgumentTypeError(
-            f"cuts must strictly increase, e.g. 0,6,12,18; got {text!r}"
-        )
-    return cuts
-
-
-def _parse_layers(text: str) -> LayerRange:
-    """START:STOP, a stage's layers [START, STOP); the model's bounds are checked later."""
-    start, sep, stop = text.partition(":")
-    try:
-        if not sep:
-            raise ValueError
-        return LayerRange(int(start), int(stop))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"layers are START:STOP with 0 <= START < STOP, e.g. 6:12; got {text!r}"
-        ) from None
-
-
-def _parse_token_ids(text: str) -> list[int]:
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"token ids are integers separated by commas: {text!r}"
-        ) from None
-    if not ids or min(ids) < 0 or len(ids) > 1 << 16:
-        raise argparse.ArgumentTypeError("give 1 to 65536 token ids, each 0 or more")
-    return ids
-
-
-def _parse_row_budget(text: str) -> int:
-    """Rows per engine step: 1..llama.cpp's batch (WorkerConfig.row_budget's default)."""
-    from app.config import WorkerConfig  # here: it loads the QUIC library
-
-    most = WorkerConfig.row_budget
-    value = int(text) if text.strip().isdigit() else 0
-    if not 1 <= value <= most:
-        raise argparse.ArgumentTypeError(f"row budget must be 1..{most}, not {text!r}")
-    return value
-
-
-def _parse_cpus(text: str) -> str:
-    from core.cpu_placement import CpuListError, parse_cpu_list
-
-    try:
-        parse_cpu_list(text)
-    except CpuListError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-    return text
-
-
-def _parse_threads(text: str) -> int:
-    """A thread count, or "auto" (0: the worker measures which count is fastest)."""
-    if text.strip().lower() == "auto":
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"threads must be auto or >= 1, not {text!r}")
-    return value
-
-
-def _add_sampling(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repeat-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-
-
-def _add_chat_sampling(p: argparse.ArgumentParser) -> None:
-    """Like _add_sampling, but unset values are the model's recommendation."""
-    g = p.add_argument_group("sampling (default: the model's recommended settings)")
-    g.add_argument("--greedy", action="store_true", help="always the most likely token")
-    g.add_argument("--temperature", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--min-p", type=float, default=None)
-    g.add_argument("--repeat-penalty", type=float, default=None)
-    g.add_argument("--seed", type=int, default=None)
-
-
-def _chat_sampling(args: argparse.Namespace) -> SamplingChoice:
-    given = {
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repeat_penalty,
-        "seed": args.seed,
-    }
-    return SamplingChoice(
-        greedy=args.greedy,
-        overrides=tuple((k, v) for k, v in given.items() if v is not None),
-    )
-
-
-def _sampling(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repeat_penalty,
-        seed=args.seed,
-    )
 
 
 def version_text() -> str:
@@ -190,18 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("assemble", help="build a stage GGUF for layers [start, stop) from pieces")
     p.add_argument("pieces", type=Path, help="directory holding manifest.json and the pieces")
-    p.add_argument("--layers", required=True, type=_parse_layers, help="START:STOP, e.g. 6:12")
+    p.add_argument("--layers", required=True, type=parse_layers, help="START:STOP, e.g. 6:12")
     p.add_argument("--out", required=True, type=Path, help="stage GGUF to write")
 
     p = sub.add_parser("generate", help="chain stages in one process and generate")
     p.add_argument("--model", default="default", help=MODEL_HELP)
     p.add_argument(
-        "--cuts", type=_parse_cuts, default=None, help="e.g. 0,10,20,30 (default: 3 even stages)"
+        "--cuts", type=parse_cuts, default=None, help="e.g. 0,10,20,30 (default: 3 even stages)"
     )
     p.add_argument("--prompt", default="The capital of France is")
     p.add_argument(
         "--prompt-tokens",
-        type=_parse_token_ids,
+        type=parse_token_ids,
         default=None,
         help="the prompt as token ids, e.g. 1,5,17 (models without a tokenizer)",
     )
@@ -219,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--python-callback", action="store_true", help="capture hidden states in Python, not C"
     )
-    _add_sampling(p)
+    add_sampling(p)
 
     p = sub.add_parser("demo", help="a whole swarm on loopback answers one question")
     p.add_argument(
@@ -236,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the coordinator: fixed cuts, certificates made locally",
     )
     p.add_argument(
-        "--cuts", type=_parse_cuts, default=None, help="with --static (default: even --stages)"
+        "--cuts", type=parse_cuts, default=None, help="with --static (default: even --stages)"
     )
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")
     p.add_argument(
@@ -270,13 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vram-cap", default="0", help="memory to offer, e.g. 12G (default: all free)")
     p.add_argument(
         "--threads",
-        type=_parse_threads,
+        type=parse_threads,
         default=1,
         help="compute threads, or auto: time the stage's step at 1..n threads at start",
     )
     p.add_argument(
         "--cpus",
-        type=_parse_cpus,
+        type=parse_cpus,
         default="",
         metavar="LIST",
         help="keep the compute threads on these CPUs, e.g. 0-3 (several stages on one PC)",
@@ -331,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--row-budget",
-        type=_parse_row_budget,
+        type=parse_row_budget,
         default=0,
         metavar="ROWS",
         help="rows per engine step, instead of timing a few batch sizes at start",
@@ -365,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="guess tokens ahead from the text (n-gram), verified in the same trip: "
         "adaptive (default) stops guessing where it does not pay",
     )
-    _add_chat_sampling(p)
+    add_chat_sampling(p)
 
     p = sub.add_parser(
         "api", help="serve an OpenAI-compatible API (/v1) on localhost, answered by the swarm"
@@ -475,7 +360,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         chat=args.chat,
         max_tokens=args.max_tokens,
-        sampling=_sampling(args),
+        sampling=sampling(args),
         compare=args.compare,
         threads=args.threads,
         chunk=args.chunk,
@@ -579,31 +464,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
 
 
-def parse_when(text: str | None) -> float:
-    """An ISO date-time (a zone, else local time) -> Unix seconds; None -> 0 (not said)."""
-    if text is None:
-        return 0.0
-    import datetime as dt
-
-    try:
-        when = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ConfigError(f"--available-until: {text!r} is not an ISO date-time") from None
-    return when.timestamp()
-
-
-def parse_bytes(text: str) -> int:
-    """'12G', '512M', '0' -> bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    text = text.strip().upper().removesuffix("B")
-    try:
-        if text and text[-1] in units:
-            return int(float(text[:-1]) * units[text[-1]])
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"memory size must look like 12G or 512M, not {text!r}") from None
-
-
 def cmd_chat(args: argparse.Namespace) -> int:
     from app.cli.chat import run_chat_cli
 
@@ -625,7 +485,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         prompt=args.prompt,
         max_tokens=args.max_tokens,
         chat_format=not args.raw,
-        sampling=_chat_sampling(args),
+        sampling=chat_sampling(args),
         wire_dtype=args.wire_dtype,
         guesses=args.guesses,
     )

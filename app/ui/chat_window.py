@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.ui.controllers import ChatController, ChatProgress, ChatStats, Finish
+from app.ui.chat_controller import ChatController, ChatProgress, ChatStats, Finish
 from app.ui.history import Conversation, History
 from app.ui.settings import Settings
 from core.sampling_defaults import GREEDY

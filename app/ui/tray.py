@@ -28,8 +28,9 @@ from app.client.connect import ChatConnector, identity_connector
 from app.identity import default_identity_dir
 from app.node_status import NodeStatus, ServeState
 from app.serving.coordinated import CoordinatedOptions
+from app.ui.chat_controller import ChatController
 from app.ui.chat_window import ChatWindow
-from app.ui.controllers import ApiController, AsyncThread, ChatController, NodeController
+from app.ui.controllers import ApiController, AsyncThread, NodeController
 from app.ui.first_run import FirstRunWizard
 from app.ui.first_run_flow import needs_first_run, quit_question
 from app.ui.history import History

@@ -20,8 +20,9 @@ from app.client.connect import identity_connector
 from app.client.route import fetch_route
 from app.identity import Identity
 from app.lab.processes import Child, spawn_sangama
+from app.ui.chat_controller import ChatController, ChatStats
 from app.ui.chat_window import ChatWindow
-from app.ui.controllers import AsyncThread, ChatController, ChatStats
+from app.ui.controllers import AsyncThread
 from app.ui.history import History
 from tests.support.coordinator_proc import CoordinatorProcess
 

@@ -22,7 +22,7 @@ from pytestqt.qtbot import QtBot
 
 from app.identity import IDENTITY_FILE, join_swarm
 from app.node_status import NodeStatus, ServeState
-from app.ui.controllers import ChatStats
+from app.ui.chat_controller import ChatStats
 from app.ui.history import History
 from app.ui.settings import Settings
 from app.ui.tray import DesktopApp

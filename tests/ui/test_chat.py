@@ -13,8 +13,9 @@ from pytestqt.qtbot import QtBot
 
 from app.client.connect import direct_connector
 from app.lab.local_swarm import LocalSwarm
+from app.ui.chat_controller import ChatController, ChatStats
 from app.ui.chat_window import ChatWindow
-from app.ui.controllers import AsyncThread, ChatController, ChatStats
+from app.ui.controllers import AsyncThread
 from app.ui.history import History
 
 pytestmark = [pytest.mark.ui, pytest.mark.integration]

@@ -14,8 +14,9 @@ from pytestqt.qtbot import QtBot
 
 from app.client.connect import direct_connector
 from app.lab.local_swarm import LocalSwarm
+from app.ui.chat_controller import ChatController, ChatStats, Finish
 from app.ui.chat_window import ChatWindow
-from app.ui.controllers import AsyncThread, ChatController, ChatStats, Finish
+from app.ui.controllers import AsyncThread
 from app.ui.history import History
 from app.ui.settings import Settings
 
