@@ -18,9 +18,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from coordinator.errors import ModelNotHostable
 from coordinator.server.answer_probe import AnswerState, ProbePolicy
 from coordinator.server.answer_prober import AnswerProber, probe_credentials
+from coordinator.server.models import HostedModel, check_names
 from coordinator.server.remote_model import is_url, register
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import ADMIN_PASSWORD, Coordinator, HostedModel, Settings
+from coordinator.server.service import ADMIN_PASSWORD, Coordinator, Settings
 from coordinator.server.store import Store, migrate
 from core.errors import CoreError, SplitShardError
 from core.model_inputs import model_file, pieces_manifest
@@ -48,6 +49,8 @@ class CoordinatorOptions:
     data_dir: Path = field(default_factory=default_data_dir)
     db_url: str | None = None
     model: str = "default"
+    more_models: tuple[str, ...] = ()
+    """Models hosted beside `model` (repeated `--model`); `model` is the default one."""
     public_url: str | None = None
     admin_password: str | None = None
     settings: Settings = field(default_factory=Settings)
@@ -180,8 +183,13 @@ def _private_sqlite_file(url: str) -> None:
 
 def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
     data_dir = options.data_dir
-    # The model first: a mistyped --model must not leave a database and a CA behind.
+    # The models first: a mistyped --model must not leave a database and a CA behind.
     model = hosted_model(options.model, data_dir, options.keep_pieces)
+    more = tuple(hosted_model(m, data_dir, options.keep_pieces) for m in options.more_models)
+    try:
+        check_names((model, *more))
+    except ValueError as exc:
+        raise ModelNotHostable(f"--model: {exc}") from exc
     _private_data_dir(data_dir)
     url = options.db_url or default_db_url(data_dir)
     _private_sqlite_file(url)
@@ -189,7 +197,7 @@ def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
     store = Store(url)
     ca = load_or_create_ca(data_dir)
     public = options.public_url or f"https://{options.host}:{options.port}"
-    coord = Coordinator(store, ca, public, model, options.settings)
+    coord = Coordinator(store, ca, public, model, options.settings, more_models=more)
     _ensure_operator_secrets(coord, data_dir, options.admin_password)
     cert_path, key_path = https_identity(ca, data_dir, options.host)
     return coord, cert_path, key_path
