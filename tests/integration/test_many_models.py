@@ -1,6 +1,6 @@
 """One coordinator, two models (`sangama coordinator --model A --model B`): real workers
 split between the two chains, and a client getting from each model the tokens that
-model gives run whole."""
+model gives run whole, directly and through the OpenAI-compatible API."""
 
 from __future__ import annotations
 
@@ -10,13 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from app.api.openai_api import create_openai_app
+from app.api.openai_serve import other_models
+from app.api.swarm_backend import SwarmBackend
 from app.client.route import fetch_route
 from app.client.swarm_client import SwarmClient
-from app.identity import join_swarm
+from app.identity import Identity, join_swarm
 from app.lab.local_run import build_pipeline
 from app.lab.processes import Child, spawn_sangama
+from core.tokenizer import Tokenizer
 from core.types import LayerRange
 from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.tiny_models import write_tiny_model
@@ -64,6 +69,39 @@ async def _start_worker(coord: CoordinatorProcess, wd: Path, name: str) -> Child
     return await spawn_sangama(name, args, wd / f"{name}.log", 180, wait_ready=True)
 
 
+async def _through_the_api(me: Identity) -> dict[str, str]:
+    """Each model's answer through the OpenAI-compatible API, as `sangama api` builds it
+    for a joined client: /v1/models lists both, and a request's model picks one."""
+    loop = asyncio.get_running_loop()
+    default, tokenizer = await loop.run_in_executor(None, fetch_route, me)
+    more = await loop.run_in_executor(None, other_models, me, default)
+    opened = [(default, tokenizer), *more]
+    backends = [
+        SwarmBackend(me.credentials(), route, Tokenizer.from_gguf(path)) for route, path in opened
+    ]
+    transport = httpx.ASGITransport(app=create_openai_app(backends))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            listed = (await http.get("/v1/models")).json()
+            assert [m["id"] for m in listed["data"]] == ["tiny8", "tiny4"]
+            texts = {}
+            for name in ("tiny8", "tiny4"):
+                # Greedy and no repetition penalty, as the whole model ran.
+                body: dict[str, Any] = {"model": name, "prompt": PROMPT, "max_tokens": 6}
+                body |= {"temperature": 0, "repetition_penalty": 1.0}
+                answer = (await http.post("/v1/completions", json=body, timeout=60)).json()
+                assert answer["model"] == name, answer
+                texts[name] = answer["choices"][0]["text"]
+            unknown = await http.post("/v1/completions", json={**body, "model": "nope"})
+            assert unknown.status_code == 404
+            assert unknown.json()["error"]["code"] == "model_not_found"
+            return texts
+    finally:
+        for b in backends:
+            await b.aclose()
+            b.tokenizer.close()
+
+
 def _settled(swarm: dict[str, Any]) -> bool:
     """Both models have a two-stage chain and every stage serves its layers."""
     serving = {n["node_id"]: n["n_layers"] for n in swarm["nodes"]}
@@ -104,6 +142,8 @@ def test_one_coordinator_serves_two_models_each_as_run_whole(
                     out = [t async for ev in client.generate(PROMPT, 6) for t in ev.tokens]
                 answers[route.model] = out
                 chains[route.model] = [s.node_id for s in route.stages]
+            api = await _through_the_api(me)
+            assert api == {k: "".join(f"<{t}>" for t in v) for k, v in answers.items()}
             return answers, chains, listed, coord.admin.swarm()
         finally:
             for w in workers:
