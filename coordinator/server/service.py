@@ -757,6 +757,9 @@ class Coordinator:
             self.sweep(due=True)
         view = None if plan is None else _plan_view(plan)
         self.timeline.plan_now(view, self._main.error or "", self._names)
+        for h in self._hosted[1:]:  # the other models' plans, their lines named by model
+            other = None if h.plan is None else _plan_view(h.plan)
+            self.timeline.plan_now(other, h.error or "", self._names, model=h.name)
         return plan
 
     def _replan(self, force: bool) -> Plan | None:

@@ -154,6 +154,10 @@ def test_two_models_share_one_fleet_and_keep_their_plans_across_a_restart(
         assert [m["name"] for m in swarm["models"]] == ["tiny", "small"]
         serves = {n["node_id"]: n["model"] for n in swarm["nodes"]}
         assert all(serves[n] == m for m, ids in by_model.items() for n in ids)
+        events = http.get("/api/v1/events", headers={"Authorization": f"Bearer {ADMIN}"})
+        replans = [e["detail"] for e in events.json() if e["kind"] == "replanned"]
+        assert any(d.startswith("2 stages: ") for d in replans), replans  # the default's
+        assert any(d.startswith("small: 2 stages: ") for d in replans), replans
         spare = next(w["node_id"] for w in workers if found[w["node_id"]] is None)
         assert serves[spare] == "" and swarm["spares"] == [spare]  # the first model's
     coord.store.close()
