@@ -40,8 +40,8 @@ How OpenAI's parameters map onto Sangama:
   `echo`, `suffix`, `logit_bias`, tools and functions, non-text content or response
   formats. `model`: with one model, any name is accepted and answered by it (tools
   often hard-code one); where the swarm serves several (`sangama coordinator --model A
-  --model B`), `/v1/models` lists them all and the name picks one, an unknown name
-  answered 404 `model_not_found`. Responses name the real model.
+  --model B`), `/v1/models` lists them all and the name picks one ("default": the
+  swarm's first), an unknown name answered 404 `model_not_found`. Responses name the real model.
 
 Errors are OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}` with a 4xx
 status for bad requests, 503 when the swarm fails (`ClientError`: a stage unreachable,
@@ -109,8 +109,9 @@ def _sse(obj: object) -> bytes:
 
 def pick_backend(backends: Sequence[Backend], model: str) -> Backend:
     """The backend a request's `model` names: the only one whatever the name (tools
-    hard-code names), else the one of that name; 404 `model_not_found` for none."""
-    if len(backends) == 1:
+    hard-code names), else the one of that name, the first (the swarm's default) for
+    "default"; 404 `model_not_found` for none."""
+    if len(backends) == 1 or model == "default":
         return backends[0]
     for b in backends:
         if b.model_name == model:

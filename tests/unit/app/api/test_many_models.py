@@ -82,6 +82,7 @@ def test_each_model_is_listed_and_a_request_picks_one_by_name() -> None:
             "/v1/completions", json={"model": "tiny4", "prompt": "x", "max_tokens": 2}
         )
         assert text.json()["choices"][0]["text"] == "bb"
+        assert _ask(client, "default").json()["model"] == "tiny8"  # the swarm's first
         unknown = _ask(client, "gpt-4o")
         assert unknown.status_code == 404
         error = unknown.json()["error"]
