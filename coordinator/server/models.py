@@ -231,10 +231,7 @@ def place_models(
     shares = split_fleet([n.node_id for n in infos], len(hosted), chain_of, held)
     out: list[list[Plan] | str] = [place(hosted[0], [by_id[w] for w in shares[0]], rules, warm)]
     for m in range(1, len(hosted)):
+        # Its chain as the split found it; the spares seen beside it are the first's.
         found = tried.get(m, "no worker is left for this model")
-        if not shares[m] or isinstance(found, str):
-            out.append(found if isinstance(found, str) else "no worker is left for this model")
-            continue
-        # Placed on exactly these workers: the spares seen beside them are the first's.
-        out.append([replace(found[0], spares=())])
+        out.append(found if isinstance(found, str) else [replace(found[0], spares=())])
     return out
