@@ -131,11 +131,15 @@ def page_guidance(page_url: str, ca_path: Path, ca_fingerprint: str) -> str:
     )
 
 
-def hosted_model(model: str, data_dir: Path, keep_pieces: bool = False) -> HostedModel:
+def hosted_model(
+    model: str, data_dir: Path, keep_pieces: bool = False, *, first: bool = True
+) -> HostedModel:
     """The model to serve: a bundled model's name or a GGUF file (sliced once under
     data_dir/models), a folder of pieces `sangama slice` wrote, served as it is, or the
     https:// URL of a published GGUF (its first shard), whose pieces volunteers fetch
-    from there (remote_model). ModelNotHostable, saying what would work, for anything else."""
+    from there (remote_model). ModelNotHostable, saying what would work, for anything else.
+    The bundled default model is called "default" only where it is the `first` hosted
+    (that name means the first); beside another, by its file's name."""
     if is_url(model):
         _private_data_dir(data_dir)
         name, folder, manifest, remote = register(model, data_dir, keep_pieces=keep_pieces)
@@ -157,7 +161,7 @@ def hosted_model(model: str, data_dir: Path, keep_pieces: bool = False) -> Hoste
         ) from exc
     except CoreError as exc:
         raise ModelNotHostable(f"--model {model}: {exc}") from exc
-    name = DEFAULT_MODEL if model == DEFAULT_MODEL else model_path.stem
+    name = DEFAULT_MODEL if model == DEFAULT_MODEL and first else model_path.stem
     return HostedModel(name, pieces_dir, manifest)
 
 
@@ -185,7 +189,9 @@ def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
     data_dir = options.data_dir
     # The models first: a mistyped --model must not leave a database and a CA behind.
     model = hosted_model(options.model, data_dir, options.keep_pieces)
-    more = tuple(hosted_model(m, data_dir, options.keep_pieces) for m in options.more_models)
+    more = tuple(
+        hosted_model(m, data_dir, options.keep_pieces, first=False) for m in options.more_models
+    )
     try:
         check_names((model, *more))
     except ValueError as exc:
