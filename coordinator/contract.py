@@ -42,6 +42,7 @@ SIGNALS = f"{API}/signal"
 SIGNAL_TO = f"{API}/signal/{{peer_id}}"
 REVOKED = f"{API}/revoked"
 ROUTE = f"{API}/route"
+MODELS = f"{API}/models"
 MANIFEST = f"{API}/models/{{name}}/manifest"
 PIECES = f"{API}/models/{{name}}/pieces"
 PIECE = f"{PIECES}/{{file}}"
@@ -482,6 +483,60 @@ class RouteAnswer:
             lambda d: RouteAnswer(
                 _name(d["model"], "model"),
                 tuple(_route_stage(s) for s in _items(d["stages"], "stages", MAX_STAGES)),
+            ),
+            doc,
+        )
+
+
+MAX_MODELS = 256
+
+
+@dataclass(frozen=True)
+class SwarmModel:
+    """One model a swarm serves, as GET MODELS lists it."""
+
+    name: str
+    n_layer: int
+    default: bool = False
+    """The model a request for "default" (or naming none) gets: the first hosted."""
+    chains: int = 0
+    """Complete chains serving it now (0: no route yet)."""
+    stages: int = 0
+    """Stages of its main chain (0: none)."""
+    reason: str = ""
+    """Why it has no chain ("" when it has one)."""
+
+
+@dataclass(frozen=True)
+class ModelsAnswer:
+    """GET MODELS (a joined node): every model this swarm serves, the default first."""
+
+    models: tuple[SwarmModel, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models)
+
+    @staticmethod
+    def from_json(doc: Any) -> ModelsAnswer:
+        def model(value: Any) -> SwarmModel:
+            d = _object(value, "a model")
+            default = d.get("default", False)
+            if not isinstance(default, bool):
+                raise MalformedAnswer(f"default is a {type(default).__name__}, not true or false")
+            return SwarmModel(
+                _name(d["name"], "model"),
+                _integer(d["n_layer"], "n_layer", 1, MAX_LAYER),
+                default,
+                _integer(d.get("chains", 0), "chains", 0, MAX_STAGES),
+                _integer(d.get("stages", 0), "stages", 0, MAX_STAGES),
+                _text(d.get("reason", ""), "reason", 1000, empty=True),
+            )
+
+        return _read(
+            "models list",
+            lambda d: ModelsAnswer(
+                tuple(model(m) for m in _items(d["models"], "models", MAX_MODELS))
             ),
             doc,
         )

@@ -38,8 +38,10 @@ How OpenAI's parameters map onto Sangama:
   `stream_options.include_usage` is true.
 - Refused with 400: `n` other than 1, `best_of` over 1, `logprobs`/`top_logprobs`,
   `echo`, `suffix`, `logit_bias`, tools and functions, non-text content or response
-  formats. Any `model` name is accepted and answered by the swarm's model (tools often
-  hard-code one); responses name the real model.
+  formats. `model`: with one model, any name is accepted and answered by it (tools
+  often hard-code one); where the swarm serves several (`sangama coordinator --model A
+  --model B`), `/v1/models` lists them all and the name picks one ("default": the
+  swarm's first), an unknown name answered 404 `model_not_found`. Responses name the real model.
 
 Errors are OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}` with a 4xx
 status for bad requests, 503 when the swarm fails (`ClientError`: a stage unreachable,
@@ -53,7 +55,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -105,12 +107,37 @@ def _sse(obj: object) -> bytes:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
+def pick_backend(backends: Sequence[Backend], model: str) -> Backend:
+    """The backend a request's `model` names: the only one whatever the name (tools
+    hard-code names), else the one of that name, the first (the swarm's default) for
+    "default"; 404 `model_not_found` for none."""
+    if len(backends) == 1 or model == "default":
+        return backends[0]
+    for b in backends:
+        if b.model_name == model:
+            return b
+    served = ", ".join(b.model_name for b in backends)
+    raise ApiError(
+        404,
+        f"model {model!r} does not exist; this swarm serves {served}",
+        code="model_not_found",
+        param="model",
+    )
+
+
 def create_openai_app(
-    backend: Backend, *, default_max_tokens: int = DEFAULT_MAX_TOKENS, title: str = "Sangama"
+    backend: Backend | Sequence[Backend],
+    *,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    title: str = "Sangama",
 ) -> FastAPI:
-    """The OpenAI-compatible API over `backend` (serve it with uvicorn, or `serve_api`)."""
+    """The OpenAI-compatible API over `backend`, or several, one per model of the swarm
+    (the first answers where none is named); serve it with uvicorn, or `serve_api`."""
     app = FastAPI(title=f"{title} OpenAI-compatible API", version="1")
     created_at = int(time.time())
+    backends: tuple[Backend, ...] = tuple(backend) if isinstance(backend, Sequence) else (backend,)
+    if not backends:
+        raise ValueError("the API needs at least one model")
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:
@@ -130,9 +157,9 @@ def create_openai_app(
         err = ApiError(exc.status_code, str(exc.detail), "invalid_request_error")
         return JSONResponse(err.body(), status_code=exc.status_code)
 
-    def model_card() -> dict[str, Any]:
+    def model_card(b: Backend) -> dict[str, Any]:
         return {
-            "id": backend.model_name,
+            "id": b.model_name,
             "object": "model",
             "created": created_at,
             "owned_by": "sangama",
@@ -140,17 +167,20 @@ def create_openai_app(
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(b) for b in backends]}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> dict[str, Any]:
-        if model_id != backend.model_name:
-            raise ApiError(
-                404, f"model {model_id!r} does not exist", code="model_not_found", param="model"
-            )
-        return model_card()
+        for b in backends:
+            if model_id == b.model_name:
+                return model_card(b)
+        raise ApiError(
+            404, f"model {model_id!r} does not exist", code="model_not_found", param="model"
+        )
 
-    def budget(req: CommonRequest, prompt_ids: list[int], requested: int | None) -> int:
+    def budget(
+        backend: Backend, req: CommonRequest, prompt_ids: list[int], requested: int | None
+    ) -> int:
         if not prompt_ids:
             raise bad_request("the prompt is empty", "prompt")
         limit = backend.context_length
@@ -164,7 +194,11 @@ def create_openai_app(
         return min(n, limit - len(prompt_ids)) if limit is not None else n
 
     async def answer(
-        req: CommonRequest, prompt_ids: list[int], max_tokens: int, kind: Literal["chat", "text"]
+        backend: Backend,
+        req: CommonRequest,
+        prompt_ids: list[int],
+        max_tokens: int,
+        kind: Literal["chat", "text"],
     ) -> Response:
         recommended = backend.tokenizer.recommended_sampling().params
         sampling = sampling_of(req, recommended)
@@ -269,16 +303,17 @@ def create_openai_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatRequest) -> Response:
         check_common(req)
+        backend = pick_backend(backends, req.model)
         ids = chat_prompt(req, backend.tokenizer)
-        return await answer(
-            req, ids, budget(req, ids, req.max_completion_tokens or req.max_tokens), "chat"
-        )
+        wanted = req.max_completion_tokens or req.max_tokens
+        return await answer(backend, req, ids, budget(backend, req, ids, wanted), "chat")
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Response:
         check_common(req)
+        backend = pick_backend(backends, req.model)
         ids = completion_prompt(req, backend.tokenizer)
-        return await answer(req, ids, budget(req, ids, req.max_tokens), "text")
+        return await answer(backend, req, ids, budget(backend, req, ids, req.max_tokens), "text")
 
     return app
 

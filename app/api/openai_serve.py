@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,12 +23,15 @@ from app.api.swarm_backend import Backend, SwarmBackend
 from app.client.connect import avoiding_source, joined_links
 from app.client.route import fetch_route
 from app.config import Route
+from coordinator.errors import CoordinatorError
 from core.admission import LLAMA_MAX_SEQ
 from core.tokenizer import Tokenizer
 from net.channel import NodeCredentials
 
 if TYPE_CHECKING:
     from app.identity import Identity
+
+log = logging.getLogger(__name__)
 
 
 class _Server(uvicorn.Server):
@@ -38,7 +43,7 @@ class _Server(uvicorn.Server):
 
 
 async def serve_api(
-    backend: Backend,
+    backend: Backend | Sequence[Backend],
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     *,
@@ -131,35 +136,49 @@ async def serve_identity(
     max_concurrent: int = LLAMA_MAX_SEQ,
     stop: asyncio.Event | None = None,
     ready: Callable[[int], None] | None = None,
+    more_models: Sequence[tuple[Route, Path]] = (),
 ) -> None:
     """The API as a joined client: links through the coordinator (ICE for peers behind
     NAT), a fresh route from the coordinator after the old one fails. Until `stop` is set
     (default: SIGINT or SIGTERM). Used by `sangama api`, `sangama demo --api-port` and the
     desktop app (submit it to the app's loop with its own `stop` event). The API key is
-    the one kept beside the identity (app.api.access.API_KEY_FILE), made on first use."""
+    the one kept beside the identity (app.api.access.API_KEY_FILE), made on first use.
+    `route` is the swarm's default model's; `more_models` the routes and tokenizers of
+    the other models it serves, each answered where a request names it."""
     loop = asyncio.get_running_loop()
     key_path = default_key_path(identity.directory)
     api_key = await loop.run_in_executor(None, load_or_create_key, key_path)
 
-    async def refresh() -> Route:
-        new_route, _ = await loop.run_in_executor(None, fetch_route, identity)
-        return new_route
+    def refresher(model: str) -> Callable[[], Awaitable[Route]]:
+        async def refresh() -> Route:
+            new_route, _ = await loop.run_in_executor(None, fetch_route, identity, model)
+            return new_route
 
-    tokenizer = Tokenizer.from_gguf(tokenizer_path)
+        return refresh
+
+    # The default model is asked for as "default", the others by the name they serve.
+    models = [("default", route, tokenizer_path)]
+    models += [(r.model, r, path) for r, path in more_models]
+    tokenizers: list[Tokenizer] = []
     try:
+        for _, _, path in models:
+            tokenizers.append(Tokenizer.from_gguf(path))
         links = await joined_links(identity)
-        backend = SwarmBackend(
-            identity.credentials(),
-            route,
-            tokenizer,
-            dialer=links.dialer,
-            refresh_route=refresh,
-            max_concurrent=max_concurrent,
-            route_source=avoiding_source(identity),
-        )
+        backends = [
+            SwarmBackend(
+                identity.credentials(),
+                r,
+                tokenizer,
+                dialer=links.dialer,
+                refresh_route=refresher(name),
+                max_concurrent=max_concurrent,
+                route_source=avoiding_source(identity, name),
+            )
+            for (name, r, _), tokenizer in zip(models, tokenizers, strict=True)
+        ]
         try:
             await serve_api(
-                backend,
+                backends if more_models else backends[0],
                 host,
                 port,
                 api_key=api_key,
@@ -167,10 +186,32 @@ async def serve_identity(
                 ready=ready or announce(host, len(route.stages), key_path),
             )
         finally:
-            await backend.aclose()
+            for backend in backends:
+                await backend.aclose()
             await links.stop()
     finally:
-        tokenizer.close()
+        for tokenizer in tokenizers:
+            tokenizer.close()
+
+
+def other_models(identity: Identity, default: Route) -> list[tuple[Route, Path]]:
+    """The routes and tokenizers of the swarm's models beside its default (none from a
+    coordinator that hosts one model, or predates listing them). A model with no route
+    yet is left out, with a line saying so."""
+    try:
+        names = identity.client().models().names
+    except CoordinatorError as exc:
+        log.info("the coordinator lists no models (%s): serving its default", exc)
+        return []
+    found = []
+    for name in names:
+        if name == default.model:
+            continue
+        try:
+            found.append(fetch_route(identity, name))
+        except CoordinatorError as exc:
+            print(f"model {name} left out: {exc}", file=sys.stderr, flush=True)
+    return found
 
 
 async def serve_joined_client(
@@ -185,7 +226,10 @@ async def serve_joined_client(
     loop = asyncio.get_running_loop()
     me = await loop.run_in_executor(None, Identity.load, identity_dir)
     route, tokenizer_path = await loop.run_in_executor(None, fetch_route, me)
-    await serve_identity(me, route, tokenizer_path, host, port, max_concurrent=max_concurrent)
+    more = await loop.run_in_executor(None, other_models, me, route)
+    await serve_identity(
+        me, route, tokenizer_path, host, port, max_concurrent=max_concurrent, more_models=more
+    )
     return 0
 
 

@@ -57,9 +57,11 @@ def run_chat_cli(
     wire_dtype: str,
     guesses: str = "adaptive",
 ) -> int:
-    """Chat along a route file with static credentials, or as a joined client node."""
+    """Chat along a route file with static credentials, or as a joined client node.
+    `model`: as a joined client, which of the swarm's models answers (its default when
+    None); along a route file, the GGUF that holds the tokenizer."""
     if identity is not None:
-        connect = identity_connector(identity)
+        connect = identity_connector(identity, model=model or "default")
     else:
         if route_path is None or credentials is None:
             raise ConfigError("give --identity (a joined client) or --route with --credentials")

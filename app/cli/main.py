@@ -239,7 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--route", type=Path, default=None, help="route JSON file (static swarm)")
     p.add_argument("--credentials", type=Path, default=None, help="dir with ca.pem, NODE.pem/.key")
     p.add_argument("--node-id", default="client", help="certificate name with --credentials")
-    p.add_argument("--model", default=None, help="GGUF with the tokenizer (static swarm)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="as a joined client: which of the swarm's models answers (default: the "
+        "swarm's first); with --route: the GGUF with the tokenizer",
+    )
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     p.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32")

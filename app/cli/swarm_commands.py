@@ -20,10 +20,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     p.add_argument("--data", type=Path, default=None, help="data directory (CA, pieces, secrets)")
     p.add_argument(
         "--model",
-        default="default",
+        action="append",
+        default=None,
         help="'default' (SmolLM2 135M Instruct), gemma-3-270m (a base model), a GGUF path, "
         "a folder of pieces from `sangama slice`, or the https:// URL of a published GGUF "
-        "(its first shard): volunteers then fetch the tensor bytes from there",
+        "(its first shard): volunteers then fetch the tensor bytes from there. Repeat it "
+        "to host several models: the first is the default, the workers are split between "
+        "them (each model's chain in turn, the spares shared)",
     )
     p.add_argument(
         "--keep-pieces",
@@ -206,7 +209,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         port=args.port,
         data_dir=args.data or default_data_dir(),
         db_url=args.db,
-        model=args.model,
+        model=(args.model or ["default"])[0],
+        more_models=tuple((args.model or [])[1:]),
         keep_pieces=args.keep_pieces,
         public_url=args.public_url,
         admin_password=read_secret(

@@ -110,12 +110,13 @@ async def open_chat(
     return await ChatConnection(client, tokenizer, len(route.stages), list(closers)).connected()
 
 
-def avoiding_source(identity: Identity) -> RouteSource:
-    """The coordinator's route without the given nodes (stages found dead mid-answer)."""
+def avoiding_source(identity: Identity, model: str = "default") -> RouteSource:
+    """The coordinator's route for `model` without the given nodes (stages found dead
+    mid-answer)."""
 
     async def source(avoid: tuple[str, ...]) -> Route:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, route_avoiding, identity, avoid)
+        return await loop.run_in_executor(None, route_avoiding, identity, avoid, model)
 
     return source
 
@@ -125,9 +126,10 @@ async def open_joined_chat(
     route: Route,
     tokenizer_gguf: Path,
     policy: RecoveryPolicy = DEFAULT_POLICY,
+    model: str = "default",
 ) -> ChatConnection:
     """A connection as the joined `identity`: links through its coordinator, answers
-    continued on a route avoiding a stage that died."""
+    continued on a route (for `model`, which `route` serves) avoiding a stage that died."""
     links = await joined_links(identity)
     return await open_chat(
         identity.credentials(),
@@ -135,21 +137,24 @@ async def open_joined_chat(
         tokenizer_gguf,
         dialer=links.dialer,
         closers=(links.stop,),
-        route_source=avoiding_source(identity),
+        route_source=avoiding_source(identity, model),
         policy=policy,
     )
 
 
-def identity_connector(identity_dir: Path, coordinator: str | None = None) -> ChatConnector:
+def identity_connector(
+    identity_dir: Path, coordinator: str | None = None, model: str = "default"
+) -> ChatConnector:
     """Chat through the swarm this PC joined: route from the coordinator (`coordinator`
-    if set, else the one the invite named), ICE links."""
+    if set, else the one the invite named) for `model` (the swarm's default unless
+    named), ICE links."""
 
     async def connect() -> ChatConnection:
         loop = asyncio.get_running_loop()
         identity = await loop.run_in_executor(None, Identity.load, identity_dir)
         identity = identity.with_coordinator(coordinator)
-        route, tokenizer_path = await loop.run_in_executor(None, fetch_route, identity)
-        return await open_joined_chat(identity, route, tokenizer_path)
+        route, tokenizer_path = await loop.run_in_executor(None, fetch_route, identity, model)
+        return await open_joined_chat(identity, route, tokenizer_path, model=model)
 
     return connect
 

@@ -31,6 +31,7 @@ from coordinator.contract import (
     HeartbeatAnswer,
     JoinAnswer,
     JoinRequest,
+    ModelsAnswer,
     RenewRequest,
     RouteAnswer,
     Signal,
@@ -232,6 +233,10 @@ class CoordinatorClient:
             params["avoid"] = list(avoid)
         doc = _call(self.session, "GET", self.url(c.ROUTE), params=params)
         return RouteAnswer.from_json(doc)
+
+    def models(self) -> ModelsAnswer:
+        """Every model the swarm serves, the default first."""
+        return ModelsAnswer.from_json(_call(self.session, "GET", self.url(c.MODELS)))
 
     def manifest(self, manifest_url: str) -> Manifest:
         raw = _call(self.session, "GET", self.url(manifest_url))

@@ -35,6 +35,7 @@ from coordinator.contract import (
     HeartbeatAnswer,
     InviteCheck,
     JoinAnswer,
+    ModelsAnswer,
     RouteAnswer,
     RouteAnswerStage,
     Signal,
@@ -56,6 +57,7 @@ from coordinator.server.api_models import (
     JoinIn,
     LevelOut,
     LoginIn,
+    ModelOut,
     NameIn,
     NodeOut,
     PredictionOut,
@@ -73,6 +75,7 @@ from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.node_claims import TooFast
 from coordinator.server.operator_logins import OperatorLogins
+from coordinator.server.placement import Plan
 from coordinator.server.prediction import Level
 from coordinator.server.remote_model import local_piece, piece_response
 from coordinator.server.secret_hashes import hash_token
@@ -433,22 +436,28 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         # A client that found stages dead asks around them (at most 16 ids).
         return coord.route(model, tuple(a[:64] for a in (avoid or [])), asker=who)
 
+    @app.get(c.MODELS, response_model=ModelsAnswer, tags=["nodes"], responses=_errors(401))
+    def models(_who: NodeId) -> ModelsAnswer:
+        """Every model this swarm serves, the default (the first `--model`) first; for
+        joined nodes, like the routes and manifests."""
+        return coord.models_answer()
+
     @app.get(c.MANIFEST, tags=["nodes"], responses=_errors(401, 404))
     def manifest(name: str, _who: NodeId) -> Response:
-        _check_model(coord, name)
-        return Response(coord.model.manifest.to_json(), media_type="application/json")
+        model = coord.hosted(name).model
+        return Response(model.manifest.to_json(), media_type="application/json")
 
     @app.get(c.PIECE, tags=["nodes"], responses=_errors(401, 404))
     def piece(name: str, file: str, _who: NodeId, request: Request) -> Response:
-        _check_model(coord, name)
-        known = {p.file: p.size for p in coord.model.manifest.pieces}
+        model = coord.hosted(name).model
+        known = {p.file: p.size for p in model.manifest.pieces}
         if file not in known:
             raise HTTPException(404, f"no piece {file!r}")
-        remote = coord.model.remote
-        if remote is not None and local_piece(coord.model.directory, file, known[file]) is None:
+        remote = model.remote
+        if remote is not None and local_piece(model.directory, file, known[file]) is None:
             # Registered by URL, no copy kept: built from its header and the mirror.
             return piece_response(remote, file, request.headers.get("range"))
-        return FileResponse(coord.model.directory / file, media_type="application/octet-stream")
+        return FileResponse(model.directory / file, media_type="application/octet-stream")
 
     # -- operator
     @app.post(c.LOGIN, tags=["operator"], responses=_errors(400, 401, 413, 429))
@@ -552,11 +561,6 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     return app
 
 
-def _check_model(coord: Coordinator, name: str) -> None:
-    if name not in (coord.model.name, "default"):
-        raise HTTPException(404, f"this swarm serves {coord.model.name!r}, not {name!r}")
-
-
 def _invite_out(row: InviteRecord, code: str | None = None) -> InviteOut:
     return InviteOut(
         id=row.id,
@@ -575,10 +579,17 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
     current = coord.current_plan
     standby = coord.standby()
     trusted = coord.trusted_nodes()
+    hosted = coord.hosted_models
     nodes = []
     coord.sweep()
     for n in coord.nodes():
-        stage = None if current is None else current.stage_of(n.node_id)
+        # Its layers in a model's main chain (the default model's first), as the page
+        # always showed them; its model in any chain of any model.
+        stages = (h.plan.stage_of(n.node_id) for h in hosted if h.plan is not None)
+        stage = next((st for st in stages if st is not None), None)
+        serves = next(
+            (h.name for h in hosted for ch in h.chains if ch.stage_of(n.node_id) is not None), ""
+        )
         doing = coord.activity(n.node_id)
         nodes.append(
             NodeOut(
@@ -610,21 +621,35 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
                 download_done_bytes=doing.done_bytes,
                 download_total_bytes=doing.total_bytes,
                 forgettable=coord.can_forget(n),
+                model=serves,
             )
         )
     addresses = {n.node_id: n.address for n in nodes}
-    plan_stages = (
-        []
-        if current is None
-        else [
+
+    def stages_of(plan: Plan | None) -> list[RouteAnswerStage]:
+        if plan is None:
+            return []
+        return [
             RouteAnswerStage(
                 node_id=s.node_id,
                 address=addresses.get(s.node_id, ""),
                 layers=(s.layers.start, s.layers.stop),
             )
-            for s in current.stages
+            for s in plan.stages
         ]
-    )
+
+    plan_stages = stages_of(current)
+    models = [
+        ModelOut(
+            name=h.name,
+            n_layer=h.model.manifest.facts.n_layer,
+            default=i == 0,
+            plan=stages_of(h.plan),
+            chains=len(h.chains),
+            plan_error=h.error,
+        )
+        for i, h in enumerate(hosted)
+    ]
     return SwarmOut(
         model=coord.model.name,
         n_layer=coord.model.manifest.facts.n_layer,
@@ -638,6 +663,7 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
         prediction=prediction,
         prediction_note=note,
         answer=_answer_out(coord.answer),
+        models=models,
     )
 
 

@@ -199,6 +199,8 @@ class NodeOut(BaseModel):
     download_total_bytes: int = 0
     forgettable: bool = False
     """Gone or revoked: the operator may forget it (DELETE on the node)."""
+    model: str = ""
+    """The model whose stage it serves ("" for none: a spare, or not placed)."""
 
 
 class LevelOut(BaseModel):
@@ -244,6 +246,18 @@ class AnswerOut(BaseModel):
     """How long the last successful probe took."""
 
 
+class ModelOut(BaseModel):
+    """One hosted model with its main chain (the first listed is the default)."""
+
+    name: str
+    n_layer: int
+    default: bool
+    plan: list[RouteAnswerStage]
+    chains: int
+    """Complete chains serving it (0: none now)."""
+    plan_error: str | None
+
+
 class SwarmOut(BaseModel):
     model: str
     n_layer: int
@@ -262,6 +276,9 @@ class SwarmOut(BaseModel):
     """Why there is no prediction, or what it assumed."""
     answer: AnswerOut | None = None
     """Whether the swarm can answer (the coordinator's end-to-end probe)."""
+    models: list[ModelOut] = []
+    """Every hosted model with its chain; `model`, `plan` and the rest above are the
+    default model's (the first)."""
 
 
 class SignalIn(_In):

@@ -18,9 +18,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from coordinator.errors import ModelNotHostable
 from coordinator.server.answer_probe import AnswerState, ProbePolicy
 from coordinator.server.answer_prober import AnswerProber, probe_credentials
+from coordinator.server.models import HostedModel, check_names
 from coordinator.server.remote_model import is_url, register
 from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import ADMIN_PASSWORD, Coordinator, CoordinatorSettings, HostedModel
+from coordinator.server.service import ADMIN_PASSWORD, Coordinator, CoordinatorSettings
 from coordinator.server.store import Store, migrate
 from core.errors import CoreError, SplitShardError
 from core.model_inputs import model_file, pieces_manifest
@@ -48,6 +49,8 @@ class CoordinatorOptions:
     data_dir: Path = field(default_factory=default_data_dir)
     db_url: str | None = None
     model: str = "default"
+    more_models: tuple[str, ...] = ()
+    """Models hosted beside `model` (repeated `--model`); `model` is the default one."""
     public_url: str | None = None
     admin_password: str | None = None
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
@@ -128,11 +131,15 @@ def page_guidance(page_url: str, ca_path: Path, ca_fingerprint: str) -> str:
     )
 
 
-def hosted_model(model: str, data_dir: Path, keep_pieces: bool = False) -> HostedModel:
+def hosted_model(
+    model: str, data_dir: Path, keep_pieces: bool = False, *, first: bool = True
+) -> HostedModel:
     """The model to serve: a bundled model's name or a GGUF file (sliced once under
     data_dir/models), a folder of pieces `sangama slice` wrote, served as it is, or the
     https:// URL of a published GGUF (its first shard), whose pieces volunteers fetch
-    from there (remote_model). ModelNotHostable, saying what would work, for anything else."""
+    from there (remote_model). ModelNotHostable, saying what would work, for anything else.
+    The bundled default model is called "default" only where it is the `first` hosted
+    (that name means the first); beside another, by its file's name."""
     if is_url(model):
         _private_data_dir(data_dir)
         name, folder, manifest, remote = register(model, data_dir, keep_pieces=keep_pieces)
@@ -154,7 +161,7 @@ def hosted_model(model: str, data_dir: Path, keep_pieces: bool = False) -> Hoste
         ) from exc
     except CoreError as exc:
         raise ModelNotHostable(f"--model {model}: {exc}") from exc
-    name = DEFAULT_MODEL if model == DEFAULT_MODEL else model_path.stem
+    name = DEFAULT_MODEL if model == DEFAULT_MODEL and first else model_path.stem
     return HostedModel(name, pieces_dir, manifest)
 
 
@@ -180,8 +187,15 @@ def _private_sqlite_file(url: str) -> None:
 
 def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
     data_dir = options.data_dir
-    # The model first: a mistyped --model must not leave a database and a CA behind.
+    # The models first: a mistyped --model must not leave a database and a CA behind.
     model = hosted_model(options.model, data_dir, options.keep_pieces)
+    more = tuple(
+        hosted_model(m, data_dir, options.keep_pieces, first=False) for m in options.more_models
+    )
+    try:
+        check_names((model, *more))
+    except ValueError as exc:
+        raise ModelNotHostable(f"--model: {exc}") from exc
     _private_data_dir(data_dir)
     url = options.db_url or default_db_url(data_dir)
     _private_sqlite_file(url)
@@ -189,7 +203,7 @@ def build(options: CoordinatorOptions) -> tuple[Coordinator, Path, Path]:
     store = Store(url)
     ca = load_or_create_ca(data_dir)
     public = options.public_url or f"https://{options.host}:{options.port}"
-    coord = Coordinator(store, ca, public, model, options.settings)
+    coord = Coordinator(store, ca, public, model, options.settings, more_models=more)
     _ensure_operator_secrets(coord, data_dir, options.admin_password)
     cert_path, key_path = https_identity(ca, data_dir, options.host)
     return coord, cert_path, key_path

@@ -13,9 +13,8 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,6 +26,7 @@ from coordinator.contract import (
     Assignment,
     Heartbeat,
     JoinAnswer,
+    ModelsAnswer,
     NextHop,
     RouteAnswer,
     RouteAnswerStage,
@@ -39,7 +39,6 @@ from coordinator.errors import (
     CoordinatorError,
     JoinRefused,
     NotFound,
-    PlacementError,
 )
 from coordinator.releases import DEFAULT_MIN_RELEASE
 from coordinator.server.answer_probe import AnswerState, Chain
@@ -59,6 +58,18 @@ from coordinator.server.invite_book import (
     revoke_invite,
 )
 from coordinator.server.liveness import confirmed_gone, nothing_listens
+from coordinator.server.models import (
+    HostedModel as HostedModel,  # where callers have always found it
+)
+from coordinator.server.models import (
+    ModelPlan,
+    Rules,
+    check_names,
+    find,
+    models_answer,
+    place_models,
+    plan_setting,
+)
 from coordinator.server.node_claims import (
     BeatLimiter,
     TooFast,
@@ -68,18 +79,15 @@ from coordinator.server.node_claims import (
     peer_bound_capacities,
     split_address,
 )
-from coordinator.server.placement import ModelSpec, NodeInfo, Plan
-from coordinator.server.placement.trusted_ends import with_trusted_ends
+from coordinator.server.placement import NodeInfo, Plan
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
-from coordinator.server.remote_model import RemotePieces
-from coordinator.server.routes import StageLoad, pick_chain, plan_chains
+from coordinator.server.routes import StageLoad, pick_chain
 from coordinator.server.secret_hashes import check_password, hash_password, hash_token
 from coordinator.server.signalling import SignalBoxes, planned_peers
 from coordinator.server.spare_policy import Standby
 from coordinator.server.standby import standby_assignment, standby_of, warm_layers
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from coordinator.server.timeline import StoredEvent, Timeline
-from core.manifest import Manifest
 from net import auth, reach_probe
 from net.ice.turn import DEFAULT_NODE_TTL_S, node_credentials, stun_uri, turn_uri
 
@@ -114,20 +122,6 @@ def _plan_view(plan: Plan) -> PlanView:
         tuple((st.node_id, (st.layers.start, st.layers.stop)) for st in plan.stages),
         tuple(plan.spares),
     )
-
-
-@dataclass(frozen=True)
-class HostedModel:
-    name: str
-    directory: Path
-    manifest: Manifest
-    remote: RemotePieces | None = None
-    """A model registered by URL: serves the pieces that are not in `directory` from
-    their headers and the mirror (coordinator.server.remote_model)."""
-
-    @property
-    def spec(self) -> ModelSpec:
-        return ModelSpec.from_facts(self.manifest.facts)
 
 
 @dataclass(frozen=True)
@@ -211,28 +205,30 @@ class Coordinator:
         model: HostedModel,
         settings: CoordinatorSettings = CoordinatorSettings(),
         reachable: Callable[[str], bool] | None = None,
+        *,
+        more_models: Sequence[HostedModel] = (),
     ) -> None:
         """`reachable`: whether an advertised address answers the coordinator's probe
-        (net/reach_probe.py by default; tests of the API alone pass their own)."""
+        (net/reach_probe.py by default; tests of the API alone pass their own).
+        `more_models`: models hosted beside `model`, the default (models.py); the
+        workers are split between them (placement/fleet_split.py)."""
         self.store = store
         self.ca = ca
         self.public_url = public_url.rstrip("/")
         self.model = model
+        self.models = (model, *more_models)
+        check_names(self.models)
         self.settings = settings
         self.ca_pem = auth.certificate_pem(ca.certificate).decode()
         self.ca_fingerprint = auth.fingerprint(ca.certificate)
         self._lock = threading.Lock()
-        self._plan: Plan | None = None
         self.answer = AnswerState()
         """Whether the planned chain answered the last probe (answer_prober.py sets it)."""
-        self._chains: list[Plan] = []
-        """The main chain (`_plan`) and any more complete chains, in placement order."""
-        self._handed: list[int] = []
-        """Routes handed out per chain since its first stage's last heartbeat."""
-        self._kept: Plan | None = plan_from_json(store.get_setting(PLAN_SETTING))
-        """The last good main chain: where the next re-plan starts, after a failed one or
-        a restart, so that assignments stay put (coordinator/server/plan_store.py)."""
-        self._plan_error: str | None = None
+        self._hosted = [
+            ModelPlan(m, kept=self._stored_plan(m, i)) for i, m in enumerate(self.models)
+        ]
+        """Each hosted model's chains, the default first (models.py)."""
+        self._main = self._hosted[0]
         self._plan_inputs: tuple[Any, ...] = ()
         self._signals = SignalBoxes()
         self._reachable = reachable or self._probe
@@ -269,10 +265,38 @@ class Coordinator:
         store.set_setting(CA_CERT, self.ca_pem)
         self.timeline = Timeline(store)
         """The operator's event timeline (timeline.py; the rules in events.py)."""
-        self.timeline.record("started", "", f"serving model {model.name}")
-        if self._kept is not None:  # probed by the run that planned them: no re-plan storm
-            kept = set(self._kept.node_ids)
+        names = ", ".join(m.name for m in self.models)
+        self.timeline.record(
+            "started", "", f"serving model{'s' if len(self.models) > 1 else ''} {names}"
+        )
+        kept = {n for h in self._hosted if h.kept is not None for n in h.kept.node_ids}
+        if kept:  # probed by the run that planned them: no re-plan storm
             self._verified = {n.node_id: n.address for n in self.nodes() if n.node_id in kept}
+
+    def _stored_plan(self, model: HostedModel, index: int) -> Plan | None:
+        """The model's last good plan from the database; for the first model, the plan a
+        coordinator hosting one model kept before plans were kept per model."""
+        stored = self.store.get_setting(plan_setting(model.name))
+        if stored is None and index == 0:
+            stored = self.store.get_setting(PLAN_SETTING)
+        return plan_from_json(stored)
+
+    def hosted(self, name: str = "default") -> ModelPlan:
+        """The hosted model called `name` ("default": the first); NotFound otherwise."""
+        return find(self._hosted, name)
+
+    @property
+    def hosted_models(self) -> tuple[ModelPlan, ...]:
+        """Every hosted model with its chains, the default first."""
+        return tuple(self._hosted)
+
+    def models_answer(self) -> ModelsAnswer:
+        """Every hosted model with its chains now (GET MODELS)."""
+        return models_answer(self._hosted)
+
+    def _placed(self) -> list[Plan]:
+        """Every model's chains (or kept chain while it has none)."""
+        return [c for h in self._hosted for c in h.placed()]
 
     # ------------------------------------------------------------ invites
 
@@ -476,9 +500,10 @@ class Coordinator:
                 beat.row_budget,
                 beat.compute_ms,
             )
-            for i, chain in enumerate(self._chains):
-                if chain.stages[0].node_id == node_id and i < len(self._handed):
-                    self._handed[i] = 0
+            for h in self._hosted:
+                for i, chain in enumerate(h.chains):
+                    if chain.stages[0].node_id == node_id and i < len(h.handed):
+                        h.handed[i] = 0
         self._note_served(node_id, beat.n_layers)
         self._prune(time.monotonic())
         self.replan()
@@ -514,7 +539,7 @@ class Coordinator:
 
     def _note_served(self, node_id: str, n_layers: int) -> None:
         """A node that reports serving its whole stage has shown it holds that much."""
-        chains = self._chains or ([self._kept] if self._kept is not None else [])
+        chains = self._placed()
         stage = next((st for c in chains if (st := c.stage_of(node_id)) is not None), None)
         if stage is None or n_layers <= 0 or n_layers != stage.layers.stop - stage.layers.start:
             return
@@ -561,11 +586,11 @@ class Coordinator:
         capacities = {n.node_id: placement_capacity(n) for n in self.nodes()}
         with self._lock:
             up_since, until = dict(self._up_since), dict(self._until)
-        return standby_of(self._plan, up_since, until, capacities)
+        return standby_of(self._main.plan, up_since, until, capacities)
 
     def standby_assignment(self, node_id: str) -> Assignment | None:
         """The stage a spare should get ready for (its pieces downloaded), else None."""
-        plan = self._plan
+        plan = self._main.plan  # the spares are the default model's (fleet_split.py)
         if plan is None or node_id not in plan.spares or not self.settings.warm_spares:
             return None
         layers = self.standby().by_spare.get(node_id)
@@ -691,7 +716,7 @@ class Coordinator:
         stands by is about those, even just after it was promoted), or its stage."""
         if activity == "standby":
             return self.standby().by_spare.get(node_id)
-        for chain in self._chains or ([self._kept] if self._kept is not None else []):
+        for chain in self._placed():
             stage = chain.stage_of(node_id)
             if stage is not None:
                 return (stage.layers.start, stage.layers.stop)
@@ -725,12 +750,15 @@ class Coordinator:
     def replan(self, force: bool = False) -> Plan | None:
         """Place the healthy, reachable, unpaused workers (when what placement sees
         changed, or `force`); the timeline hears of a plan that changed."""
-        before = self._plan
+        before = self._main.plan
         plan = self._replan(force)
         if plan is not before:  # a node gone silent is told before the plan without it
             self.sweep(due=True)
         view = None if plan is None else _plan_view(plan)
-        self.timeline.plan_now(view, self._plan_error or "", self._names)
+        self.timeline.plan_now(view, self._main.error or "", self._names)
+        for h in self._hosted[1:]:  # the other models' plans, their lines named by model
+            other = None if h.plan is None else _plan_view(h.plan)
+            self.timeline.plan_now(other, h.error or "", self._names, model=h.name)
         return plan
 
     def _replan(self, force: bool) -> Plan | None:
@@ -773,63 +801,33 @@ class Coordinator:
         warm = warm_layers(self.standby()) if self.settings.warm_spares else {}
         with self._lock:
             if not force and inputs == self._plan_inputs:
-                return self._plan
+                return self._main.plan
             self._plan_inputs = inputs
             if len(infos) < self.settings.min_stages:
-                self._plan, self._plan_error = (
-                    None,
-                    (f"waiting for workers: {len(infos)} of {self.settings.min_stages} joined"),
-                )
-                self._chains, self._handed = [], []
+                waiting = f"waiting for workers: {len(infos)} of {self.settings.min_stages} joined"
+                for h in self._hosted:
+                    h.fail(waiting)
                 return None
-            try:
-                try:
-                    chains = self._plan_chains(infos, warm, trusted)
-                except PlacementError:
-                    if claims == infos:
-                        raise
-                    # The bounded capacities hold no chain: the model cannot be served
-                    # without believing the claims (held to hardware), so they are used.
-                    chains = self._plan_chains(claims, warm, trusted)
-                if [c.node_ids for c in chains] != [c.node_ids for c in self._chains]:
-                    self._handed = [0] * len(chains)
-                self._chains, self._plan, self._plan_error = chains, chains[0], None
-                if self._kept is None or self._kept.stages != self._plan.stages:
-                    self.store.set_setting(PLAN_SETTING, plan_to_json(self._plan))
-                self._kept = self._plan
-            except PlacementError as exc:
-                self._plan, self._plan_error = None, str(exc)
-                self._chains, self._handed = [], []
-            return self._plan
+            outcomes = place_models(
+                self._hosted, infos, claims, self._rules(), self.store.rtt_map(), warm, trusted
+            )
+            for h, outcome in zip(self._hosted, outcomes, strict=True):
+                if isinstance(outcome, str):
+                    h.fail(outcome)
+                elif h.adopt(outcome) and h.plan is not None:
+                    self.store.set_setting(plan_setting(h.name), plan_to_json(h.plan))
+            return self._main.plan
 
-    def _plan_chains(
-        self, infos: tuple[NodeInfo, ...], warm: dict[tuple[int, int], str], trusted: frozenset[str]
-    ) -> list[Plan]:
-        """Placement's chains, with trusted ends as the operator asked (the main chain
-        raises where `require` cannot be met; a further chain is then left out)."""
-        chains = plan_chains(
-            self.model.spec,
-            infos,
-            max_chains=self.settings.max_chains,
-            rtt_ms=self.store.rtt_map(),
-            previous=self._chains or ([self._kept] if self._kept else []),
-            sessions_per_stage=self.settings.sessions_per_stage,
-            context_tokens=self.settings.context_tokens,
-            spares=self.settings.spares,
-            min_stages=self.settings.min_stages,
-            warm=warm,
+    def _rules(self) -> Rules:
+        s = self.settings
+        return Rules(
+            max_chains=s.max_chains,
+            spares=s.spares,
+            min_stages=s.min_stages,
+            sessions_per_stage=s.sessions_per_stage,
+            context_tokens=s.context_tokens,
+            trusted_ends=s.trusted_ends,
         )
-        mode = self.settings.trusted_ends
-        if mode == "off":
-            return chains
-        capacity = {i.node_id: i.capacity_bytes for i in infos}
-        kept = [with_trusted_ends(chains[0], trusted, capacity, mode)]
-        for extra in chains[1:]:
-            try:
-                kept.append(with_trusted_ends(extra, trusted, capacity, mode))
-            except PlacementError:
-                continue
-        return kept
 
     # ------------------------------------------------------------ trusted nodes
 
@@ -857,23 +855,24 @@ class Coordinator:
 
     @property
     def chains(self) -> list[Plan]:
-        """Every complete chain, the main one first."""
-        return list(self._chains)
+        """Every complete chain of the default model, the main one first."""
+        return list(self._main.chains)
 
     @property
     def current_plan(self) -> Plan | None:
-        return self._plan
+        """The default model's main chain."""
+        return self._main.plan
 
     @property
     def plan_error(self) -> str | None:
-        return self._plan_error
+        return self._main.error
 
     def answer_chain(self) -> tuple[Chain, str]:
         """The main chain as the answer probe dials it ((node id, address) per stage), or
         none and why there is none."""
-        plan = self._plan
+        plan = self._main.plan
         if plan is None:
-            return (), self._plan_error or "no plan yet"
+            return (), self._main.error or "no plan yet"
         addresses = {n.node_id: n.address for n in self.nodes()}
         chain = tuple((st.node_id, addresses.get(st.node_id) or "") for st in plan.stages)
         if any(not address for _, address in chain):
@@ -885,24 +884,33 @@ class Coordinator:
         # on a loaded machine, a dead stage not yet replaced), the others keep the last
         # good plan's stages: answering "nothing" would make every worker drop and reload
         # its stage, a re-plan storm that outlasts the gap itself.
-        chains = self._chains or ([self._kept] if self._kept is not None else [])
         with self._lock:
             if node_id in self._paused:
                 return None
-        current = next((c for c in chains if c.stage_of(node_id) is not None), None)
-        if current is None:
+        # A worker serves one model's stage at a time (placement/fleet_split.py).
+        found = next(
+            (
+                (h.name, c)
+                for h in self._hosted
+                for c in h.placed()
+                if c.stage_of(node_id) is not None
+            ),
+            None,
+        )
+        if found is None:
             return None
+        model, current = found
         stage = current.stage_of(node_id)
         if stage is None:
             return None
         nxt = current.next_hop(node_id)
         addresses = {n.node_id: n.address for n in self.nodes()}
         return Assignment(
-            self.model.name,
+            model,
             (stage.layers.start, stage.layers.stop),
             None if nxt is None else NextHop(nxt.node_id, addresses.get(nxt.node_id, "")),
-            contract.manifest_path(self.model.name),
-            contract.pieces_path(self.model.name),
+            contract.manifest_path(model),
+            contract.pieces_path(model),
             max_sessions=self.settings.sessions_per_stage,
             context_tokens=self.settings.context_tokens,
         )
@@ -914,15 +922,14 @@ class Coordinator:
         a node that still heartbeats cannot be pushed out by a client's report. Only
         stages are kept as reported, and `asker` has few probes to spend (a report
         naming many live stages would otherwise hold this thread 0.3 s for each)."""
-        if model not in (self.model.name, "default"):
-            raise NotFound(f"this swarm serves {self.model.name!r}, not {model!r}")
+        hosted = self.hosted(model)  # NotFound for a model this swarm does not serve
         if avoid:
             # Only stages of a current chain count (no other id is kept), and only a few
             # of them not probed just now are probed: a report naming many live stages
             # must not hold this thread 0.3 s for each.
             now = time.monotonic()
             with self._lock:
-                staged = {st.node_id for c in self._chains for st in c.stages} - self._gone
+                staged = {st.node_id for c in hosted.chains for st in c.stages} - self._gone
                 named = [a for a in dict.fromkeys(avoid) if a in staged]
                 fresh = []
                 for a in named[:MAX_AVOID_PROBES]:  # each probe costs the asker a token
@@ -939,26 +946,28 @@ class Coordinator:
             for node_id in sorted(gone):
                 detail = "a client could not reach it, and its port refused the coordinator's probe"
                 self.timeline.said_gone(node_id, detail)
-        current = self.replan()
+        self.replan()
+        current = hosted.plan
         if current is None:
-            raise NotFound(f"no route yet: {self._plan_error or 'no plan'}")
+            raise NotFound(f"no route yet: {hosted.error or 'no plan'}")
         nodes = {n.node_id: n for n in self.nodes()}
         addresses = {k: n.address for k, n in nodes.items()}
         with self._lock:
-            chains = self._chains or [current]
+            chains = hosted.chains or [current]
             # Only chains without a stage the client found dead.
             usable = [i for i, c in enumerate(chains) if not set(c.node_ids) & set(avoid)]
             if not usable:
                 blocked = sorted({st.node_id for st in current.stages} & set(avoid))
                 raise NotFound(f"no route avoiding {', '.join(blocked)} yet: waiting for a re-plan")
             pick = usable[0]
-            if len(usable) > 1 and len(self._handed) == len(chains):
+            handed = hosted.handed
+            if len(usable) > 1 and len(handed) == len(chains):
                 loads = [
                     [_stage_load(nodes.get(st.node_id)) for st in chains[i].stages] for i in usable
                 ]
-                pick = usable[pick_chain(loads, [self._handed[i] for i in usable])]
-            if len(self._handed) == len(chains):
-                self._handed[pick] += 1
+                pick = usable[pick_chain(loads, [handed[i] for i in usable])]
+            if len(handed) == len(chains):
+                handed[pick] += 1
             current = chains[pick]
         stages = tuple(
             RouteAnswerStage(
@@ -966,12 +975,12 @@ class Coordinator:
             )
             for st in current.stages
         )
-        return RouteAnswer(self.model.name, stages)
+        return RouteAnswer(hosted.name, stages)
 
     def fleet_forecast(self) -> FleetForecast:
         """The main chain's predicted tokens/s, alone and at 1..N requests at once, from
         the stages' reported step times and the links' measured round trips."""
-        plan = self._plan
+        plan = self._main.plan
         nodes = self.nodes()
         loads = {n.node_id: StageCapacity(n.max_sessions, n.kv_budget_bytes) for n in nodes}
         with self._lock:
@@ -1014,8 +1023,7 @@ class Coordinator:
             if peer is None or peer.revoked or sender is None:
                 raise NotFound(f"no node {dst!r} to signal")
             role = sender.role
-        chains = self._chains or ([self._kept] if self._kept is not None else [])
-        allowed = planned_peers(chains, src, role)
+        allowed = planned_peers(self._placed(), src, role)
         signal = Signal(src, message.kind, message.link, message.payload)
         with self._lock:
             self._signals.post(signal, dst, allowed, time.monotonic())

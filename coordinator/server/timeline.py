@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from coordinator.server.events import (
     KINDS,
@@ -22,6 +22,7 @@ from coordinator.server.events import (
     PlanView,
     Report,
     beat_events,
+    bounded,
     liveness_after,
     plan_events,
     silence_events,
@@ -58,7 +59,8 @@ class Timeline:
         """Node id -> its last report since this coordinator started."""
         self._liveness: dict[str, str] = {}
         """Node id -> what the timeline last said about its liveness (events.LIVE ...)."""
-        self._plan: PlanView | None = None
+        self._plans: dict[str, PlanView | None] = {}
+        """Hosted model ("" for the default) -> its plan as last told."""
         self._swept_at = -math.inf
         # What was said before a restart stands: a node told gone is not told so again.
         for e in self.events(limit=MAX_EVENTS):
@@ -144,15 +146,24 @@ class Timeline:
         return pending
 
     def plan_now(
-        self, plan: PlanView | None, error: str, names: Callable[[], Mapping[str, str]]
+        self,
+        plan: PlanView | None,
+        error: str,
+        names: Callable[[], Mapping[str, str]],
+        model: str = "",
     ) -> None:
-        """The plan as it stands after a re-plan: events when it changed."""
+        """The plan as it stands after a re-plan: events when it changed. `model`: which
+        hosted model's plan, where the coordinator serves several ("" for the default),
+        named at the start of each event's line."""
         with self._lock:
-            before = self._plan
+            before = self._plans.get(model)
             if plan == before:
                 return
-            self._plan = plan
-        self.record_all(plan_events(before, plan, error, names()))
+            self._plans[model] = plan
+        drafts = plan_events(before, plan, error, names())
+        if model:
+            drafts = tuple(replace(d, detail=bounded(f"{model}: {d.detail}")) for d in drafts)
+        self.record_all(drafts)
 
     def forget(self, node_id: str) -> None:
         with self._lock:

@@ -337,6 +337,25 @@
     return covered;
   }
 
+  /** Every hosted model with its main chain; shown where the swarm serves more than one. */
+  function renderModels(swarm) {
+    const models = swarm.models || [];
+    show($("models-panel"), models.length > 1);
+    if (models.length <= 1) return;
+    const names = new Map(swarm.nodes.map((n) => [n.node_id, n.name || n.node_id]));
+    $("models-body").replaceChildren(...models.map((m) => {
+      const chain = m.plan.length
+        ? m.plan.map((s) => `${names.get(s.node_id) ?? s.node_id} ${layerText(s.layers[0], s.layers[1])}`).join(" → ")
+        : `no chain: ${m.plan_error || "not placed yet"}`;
+      return el("tr", { "data-testid": "model-row", "data-model": m.name },
+        el("td", { className: "mono", "data-testid": "model-name-cell" }, m.name,
+          m.default ? el("span", { className: "muted", text: " (default)" }) : null),
+        el("td", { className: "num", text: m.n_layer }),
+        el("td", { className: m.plan.length ? "" : "bad", "data-testid": "model-chain", text: chain }),
+        el("td", { className: "num", "data-testid": "model-chains", text: m.chains }));
+    }));
+  }
+
   function renderNodes(swarm, index) {
     const spares = new Set(swarm.spares);
     const order = (n) => (index.has(n.node_id) ? index.get(n.node_id) : 1000);
@@ -400,9 +419,11 @@
       setText(c.role, node.role);
       renderState(c.health, node);
       if (node.layers) {
+        // Where the swarm serves several models, which one this stage is of.
+        const of = (swarm.models || []).length > 1 && node.model ? `${node.model} ` : "";
         c.layers.replaceChildren(
           el("span", { className: "stage-dot", style: { background: colourOf(index.get(node.node_id) ?? 0) } }),
-          `${layerText(node.layers[0], node.layers[1])}`,
+          `${of}${layerText(node.layers[0], node.layers[1])}`,
           el("span", { className: "muted", text: ` (${node.layers[1] - node.layers[0]})` }),
         );
       } else {
@@ -879,6 +900,7 @@
     renderAnswer(swarm);
     const covered = renderCoverage(swarm, index);
     renderSummary(swarm, covered);
+    renderModels(swarm);
     renderNodes(swarm, index);
     renderTimeline();
     renderTimings(swarm, index);
