@@ -35,6 +35,7 @@ from coordinator.contract import (
     HeartbeatAnswer,
     InviteCheck,
     JoinAnswer,
+    PieceSources,
     RouteAnswer,
     RouteAnswerStage,
     Signal,
@@ -73,6 +74,7 @@ from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.node_claims import TooFast
 from coordinator.server.operator_logins import OperatorLogins
+from coordinator.server.piece_peers import asked_bytes
 from coordinator.server.prediction import Level
 from coordinator.server.remote_model import local_piece, piece_response
 from coordinator.server.secret_hashes import hash_token
@@ -444,11 +446,22 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         known = {p.file: p.size for p in coord.model.manifest.pieces}
         if file not in known:
             raise HTTPException(404, f"no piece {file!r}")
+        coord.pieces.served(asked_bytes(request.headers.get("range"), known[file]))
         remote = coord.model.remote
         if remote is not None and local_piece(coord.model.directory, file, known[file]) is None:
             # Registered by URL, no copy kept: built from its header and the mirror.
             return piece_response(remote, file, request.headers.get("range"))
         return FileResponse(coord.model.directory / file, media_type="application/octet-stream")
+
+    @app.get(
+        c.PIECE_SOURCES, response_model=PieceSources, tags=["nodes"], responses=_errors(401, 404)
+    )
+    def piece_sources(name: str, file: str, who: NodeId) -> PieceSources:
+        """Where to get one piece, best first: peers that hold it, the mirror, us."""
+        _check_model(coord, name)
+        if file not in {p.file for p in coord.model.manifest.pieces}:
+            raise HTTPException(404, f"no piece {file!r}")
+        return PieceSources(file, tuple(coord.piece_sources(who, file)))
 
     # -- operator
     @app.post(c.LOGIN, tags=["operator"], responses=_errors(400, 401, 413, 429))
@@ -638,6 +651,8 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
         prediction=prediction,
         prediction_note=note,
         answer=_answer_out(coord.answer),
+        piece_bytes_served=coord.pieces.coordinator_bytes,
+        pieces_served_at={h.node_id: h.address for h in coord.pieces.holders()},
     )
 
 

@@ -269,6 +269,11 @@ class SwarmOut(BaseModel):
     """Why there is no prediction, or what it assumed."""
     answer: AnswerOut | None = None
     """Whether the swarm can answer (the coordinator's end-to-end probe)."""
+    piece_bytes_served: int = 0
+    """Bytes the coordinator's piece endpoint answered with since it started (peers
+    and the mirror serve the rest)."""
+    pieces_served_at: dict[str, str] = {}
+    """Node id -> where its piece server answers swarm members (its heartbeat's word)."""
 
 
 class SignalIn(_In):

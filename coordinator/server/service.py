@@ -28,6 +28,7 @@ from coordinator.contract import (
     Heartbeat,
     JoinAnswer,
     NextHop,
+    PieceSource,
     RouteAnswer,
     RouteAnswerStage,
     Signal,
@@ -68,6 +69,7 @@ from coordinator.server.node_claims import (
     peer_bound_capacities,
     split_address,
 )
+from coordinator.server.piece_peers import PieceBook, holders_of, rank_sources
 from coordinator.server.placement import ModelSpec, NodeInfo, Plan
 from coordinator.server.placement.trusted_ends import with_trusted_ends
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
@@ -262,6 +264,8 @@ class Coordinator:
         self._last_beat: dict[str, float] = {}
         self._until: dict[str, float] = {}
         """Node id -> the volunteer's declared end of availability (Unix seconds)."""
+        self.pieces = PieceBook()
+        """Nodes' piece servers and where downloads were pointed (piece_peers.py)."""
         self._reports: dict[str, StageReport] = {}
         """Node id -> its stage's step times from its latest heartbeat. Kept in memory:
         every heartbeat says them again (fleet_view.py predicts from them)."""
@@ -433,6 +437,9 @@ class Coordinator:
         address = check_address(beat.address, self.loopback_ok) if beat.address else ""
         if address and not beat.paused:
             self._check_reachable(node_id, address)
+        held = beat.pieces_address
+        pieces_at = check_address(held, self.loopback_ok) if held and not beat.paused else ""
+        self.pieces.beat(node_id, pieces_at, (beat.pieces_layers[0], beat.pieces_layers[1]))
         now = utcnow()
         with self._lock:
             self._suspects.discard(node_id)  # it speaks: whoever could not reach it, it lives
@@ -484,6 +491,34 @@ class Coordinator:
         self.replan()
         self._tell_beat(node_id, beat, heard, now)
         return self.assignment(node_id)
+
+    def piece_sources(self, asker: str, file: str) -> list[PieceSource]:
+        """Where `asker` gets piece `file`, best first (piece_peers.rank_sources): peers
+        whose heartbeat serves it for their own stage or standby stage, the mirror,
+        us. The first peer listed counts as pointed at."""
+        stages: dict[str, list[tuple[int, int]]] = {}
+        for chain in self._chains or ([self._kept] if self._kept is not None else []):
+            for stage in chain.stages:
+                stages.setdefault(stage.node_id, []).append((stage.layers.start, stage.layers.stop))
+        for spare, layers in self.standby().by_spare.items():
+            stages.setdefault(spare, []).append(layers)
+        with self._lock:
+            paused = set(self._paused)
+        healthy = {
+            n.node_id
+            for n in self.nodes()
+            if n.node_id not in paused and self.health(n) == "healthy"
+        }
+        manifest = self.model.manifest
+        holders = holders_of(file, manifest, self.pieces.holders(), stages, healthy)
+        piece = next(p for p in manifest.pieces if p.file == file)
+        has_mirror = manifest.mirror is not None and manifest.mirror.ranges(piece.name) is not None
+        ranked = rank_sources(
+            asker, holders, self.store.rtt_map(), self.pieces.pointed(), has_mirror
+        )
+        if ranked[0].kind == "peer":
+            self.pieces.point(ranked[0].node_id)
+        return ranked
 
     def _check_reachable(self, node_id: str, address: str) -> None:
         """Probe a node's address once (again after PROBE_RETRY_S while it does not
