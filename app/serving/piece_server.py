@@ -19,6 +19,7 @@ around them only reads files and writes bytes.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import socket
@@ -29,9 +30,12 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
+from app.identity import Identity
+from app.ports import LOOPBACK, outward_host
 from coordinator.client.peer_pieces import load_identity
+from coordinator.client.session import CoordinatorClient
 from core.errors import PieceCorruptError
 from core.manifest import Manifest, PieceInfo, verify_piece
 from net import auth
@@ -130,8 +134,16 @@ class PieceServer:
         max_requests: int = 4,
         timeout_s: float = 30.0,
         revoked: Callable[[], Iterable[str | int]] | None = None,
+        certificate_file: Path | None = None,
     ) -> None:
+        """`revoked`: the swarm's revoked serials, asked every REVOKED_EVERY_S;
+        `certificate_file`: where the node's renewed certificate appears (same key),
+        read again when it changes."""
         self.ca = auth.load_certificate(ca_pem)
+        self._ca_pem = ca_pem
+        self._credentials = credentials
+        self._certificate_file = certificate_file
+        self._certificate_mtime = _mtime(certificate_file)
         self._context = _server_context(credentials, ca_pem)
         self._throttle = Throttle(upload_bytes_per_s) if upload_bytes_per_s > 0 else None
         self._slots = threading.BoundedSemaphore(max_requests)
@@ -156,8 +168,8 @@ class PieceServer:
         serve = threading.Thread(target=self._httpd.serve_forever, name="pieces", daemon=True)
         serve.start()
         self._threads.append(serve)
-        if self._fetch_revoked is not None:
-            watch = threading.Thread(target=self._watch_revoked, name="pieces-rev", daemon=True)
+        if self._fetch_revoked is not None or self._certificate_file is not None:
+            watch = threading.Thread(target=self._watch, name="pieces-watch", daemon=True)
             watch.start()
             self._threads.append(watch)
         log.info("serving pieces to the swarm at %s", self.address)
@@ -184,15 +196,30 @@ class PieceServer:
                 continue
         self.revoked = frozenset(parsed)
 
-    def _watch_revoked(self) -> None:
-        assert self._fetch_revoked is not None
+    def _watch(self) -> None:
         while True:
-            try:
-                self.set_revoked(self._fetch_revoked())
-            except Exception as exc:  # the coordinator away: keep the last list
-                log.info("could not read revocations for the piece server: %s", exc)
+            if self._fetch_revoked is not None:
+                try:
+                    self.set_revoked(self._fetch_revoked())
+                except Exception as exc:  # the coordinator away: keep the last list
+                    log.info("could not read revocations for the piece server: %s", exc)
+            self._renewed()
             if self._stop.wait(REVOKED_EVERY_S):
                 return
+
+    def _renewed(self) -> None:
+        """The node's certificate again, once renewal wrote a new one (same key)."""
+        mtime = _mtime(self._certificate_file)
+        if self._certificate_file is None or mtime == self._certificate_mtime:
+            return
+        try:
+            cert = auth.load_certificate(self._certificate_file.read_bytes())
+            renewed = auth.CertifiedKey(cert, self._credentials.private_key)
+            self._context = _server_context(renewed, self._ca_pem)
+        except (OSError, ssl.SSLError, auth.AuthError) as exc:
+            log.warning("piece server keeps its certificate: %s", exc)
+            return
+        self._credentials, self._certificate_mtime = renewed, mtime
 
     # -- the handlers' side
     def offered(self) -> Offered | None:
@@ -224,6 +251,13 @@ class PieceServer:
             self._throttle.take(n)
         with self._lock:
             self.bytes_sent += n
+
+
+def _mtime(path: Path | None) -> int:
+    try:
+        return 0 if path is None else path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _server_context(credentials: auth.CertifiedKey, ca_pem: bytes) -> ssl.SSLContext:
@@ -333,3 +367,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+def start_piece_server(
+    identity: Identity, client: CoordinatorClient, host: str, upload_bytes_per_s: int
+) -> PieceServer | None:
+    """This node's piece server on `host` (a free TCP port), or None where it cannot
+    start (the node then only fetches, never serves). Blocking: run it in an executor."""
+    try:
+        ip = ipaddress.ip_address(host)
+        if ip.is_unspecified:  # listening everywhere: said as the address toward the coordinator
+            host = outward_host(urlsplit(client.base_url).hostname or LOOPBACK)
+        server = PieceServer(
+            identity.certified,
+            identity.ca_pem,
+            host,
+            upload_bytes_per_s=upload_bytes_per_s,
+            revoked=client.revoked,
+            certificate_file=identity.directory / "node.pem",
+        )
+        server.start()
+    except (OSError, ValueError, ssl.SSLError) as exc:
+        log.warning("not serving pieces to peers: %s", exc)
+        return None
+    return server
