@@ -273,3 +273,18 @@ def test_with_no_peer_the_coordinator_serves(tmp_path: Path) -> None:
     assert report.peer_bytes == 0
     assert report.coordinator_bytes == sum(p.size for p in manifest.pieces)
     assert report.demoted_peers == ("gone",)
+
+
+def test_a_stopped_server_serves_nothing(tmp_path: Path) -> None:
+    # A paused node's serve loop stops its piece server.
+    ca = auth.create_ca("test swarm")
+    held = tmp_path / "held"
+    manifest = _pieces(held, n=1)
+    server = PieceServer(_node(ca, "holder"), auth.certificate_pem(ca.certificate), "127.0.0.1")
+    server.offer(MODEL, held, manifest)
+    server.start()
+    web = _session(ca, _node(ca, "asker"))
+    assert _get(web, server, f"/pieces/{MODEL}/blk.000.gguf").status_code == 200
+    server.stop()
+    with pytest.raises(requests.RequestException):
+        _get(_session(ca, _node(ca, "asker")), server, f"/pieces/{MODEL}/blk.000.gguf")
