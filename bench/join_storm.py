@@ -12,10 +12,12 @@ downloaded and verified (what a worker needs before it assembles and serves). Re
 per mode: seconds until the last stage is ready, each stage's seconds, and bytes served
 by each source (counted by the servers); registering the model (headers read, each
 piece hashed once from the mirror) is reported apart, as it happens before anyone joins.
+Then one volunteer dies and its replacement fetches that stage: from the coordinator
+alone, and from a peer holding the stage (a warm spare's piece server, its upload capped).
 Not a test: figures depend on the machine; rates are MB/s (10^6 bytes).
 
     .venv/bin/python bench/join_storm.py [--volunteers 8] [--coordinator-mbps 5]
-        [--mirror-mbps 20] [--model-mb 64] [--json]
+        [--mirror-mbps 20] [--peer-mbps 20] [--model-mb 64] [--json]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,13 +41,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import requests
 from starlette.types import Receive, Scope, Send
 
+from app.serving.piece_server import PieceServer
 from bench.slice import write_fixture
 from coordinator.client.mirror import FetchReport, fetch_pieces
+from coordinator.client.peer_pieces import peers_of
+from coordinator.contract import PieceSource
 from coordinator.server.remote_model import RemotePieces, local_piece, piece_response, register
 from core.gguf_slices import slice_model
-from core.manifest import Manifest
+from core.manifest import Manifest, PieceInfo
 from core.model_inputs import stage_ranges
 from core.types import LayerRange
+from net import auth
 from net.rate import TokenBucket, bucket_for
 from tests.support.range_server import RangeServer
 from tests.support.tls_files import loopback_tls
@@ -137,11 +143,73 @@ def storm(
     }
 
 
+def _always(listed: tuple[PieceSource, ...]) -> Callable[[PieceInfo], tuple[PieceSource, ...]]:
+    return lambda _piece: listed
+
+
+def replacement(
+    coordinator_url: str,
+    manifest: Manifest,
+    volunteers: int,
+    held: Path,
+    peer_rate: float,
+    out: Path,
+) -> dict[str, Any]:
+    """One volunteer of the storm dies; its replacement fetches the stage's pieces, from
+    the coordinator alone and then from a peer that holds them (a warm spare that stood
+    by for that stage, as app/serving/piece_server.py serves them: mutual TLS, its upload
+    capped at `peer_rate`). `held`: the dead volunteer's folder, the spare's copy."""
+    cuts = [round(i * manifest.facts.n_layer / volunteers) for i in range(volunteers + 1)]
+    k = volunteers // 2
+    stage = stage_ranges(manifest.facts, cuts)[k]
+    pieces = manifest.pieces_for(stage)
+    ca = auth.create_ca("join storm")
+    ca_pem = auth.certificate_pem(ca.certificate)
+
+    def node(name: str) -> auth.CertifiedKey:
+        key = auth.new_private_key()
+        return auth.CertifiedKey(
+            auth.issue_node_certificate(ca, name, key.public_key(), "worker"), key
+        )
+
+    spare = PieceServer(node("spare"), ca_pem, "127.0.0.1", upload_bytes_per_s=int(peer_rate))
+    spare.offer("storm", held, manifest)
+    spare.start()
+    me = node("replacement")
+    try:
+        result: dict[str, Any] = {"stage": f"{stage.start}-{stage.stop - 1}"}
+        for label, listed in (
+            ("without_peers", (PieceSource("coordinator"),)),
+            (
+                "with_peers",
+                (PieceSource("peer", "spare", spare.address), PieceSource("coordinator")),
+            ),
+        ):
+            peers = peers_of(me, ca_pem, "storm", _always(listed))
+            t = time.monotonic()
+            with requests.Session() as coord:
+                report = fetch_pieces(
+                    coord, coordinator_url, None, pieces, out / label, timeout=120.0, peers=peers
+                )
+            result[label] = {
+                "ready_s": round(time.monotonic() - t, 2),
+                "peer_bytes": report.peer_bytes,
+                "coordinator_bytes": report.coordinator_bytes,
+            }
+    finally:
+        spare.stop()
+    result["speedup"] = round(
+        result["without_peers"]["ready_s"] / max(result["with_peers"]["ready_s"], 1e-3), 2
+    )
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--volunteers", type=int, default=8)
     ap.add_argument("--coordinator-mbps", type=float, default=5.0)
     ap.add_argument("--mirror-mbps", type=float, default=20.0)
+    ap.add_argument("--peer-mbps", type=float, default=20.0, help="a peer's upload cap")
     ap.add_argument("--model-mb", type=float, default=64.0)
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
@@ -176,6 +244,11 @@ def main() -> int:
                 only = storm(coord.url, plain, mirror_http, args.volunteers, work / "a")
                 only["coordinator_sent_bytes"] = sum(coord.sent_bytes.values())
                 only["mirror_sent_bytes"] = 0
+                if args.volunteers > 1:
+                    held = work / "a" / f"volunteer-{args.volunteers // 2}"
+                    result["replacement"] = replacement(
+                        coord.url, plain, args.volunteers, held, args.peer_mbps * MB, work / "r"
+                    )
             finally:
                 coord.stop()
             # Registered by URL: tensor bytes from the capped mirror, headers from the
@@ -232,6 +305,14 @@ def main() -> int:
         if key.endswith("bytes"):
             a, b = a / MB, b / MB
         print(f"{label:26}{a:>18.2f}{b:>14.2f}")
+    rep = result.get("replacement")
+    if rep is not None:
+        print(
+            f"replacing the volunteer of layers {rep['stage']}: "
+            f"{rep['without_peers']['ready_s']} s from the coordinator, "
+            f"{rep['with_peers']['ready_s']} s from a peer (capped at {args.peer_mbps} MB/s), "
+            f"{rep['with_peers']['coordinator_bytes'] / MB:.1f} MB from the coordinator"
+        )
     reg = result["registering_by_url"]
     print(
         f"registering by URL (before the storm): {reg['seconds']} s, "

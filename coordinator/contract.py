@@ -46,6 +46,9 @@ MODELS = f"{API}/models"
 MANIFEST = f"{API}/models/{{name}}/manifest"
 PIECES = f"{API}/models/{{name}}/pieces"
 PIECE = f"{PIECES}/{{file}}"
+PIECE_SOURCES = f"{PIECE}/sources"
+PEER_PIECES = "/pieces/{model}/{file}"
+"""A worker's piece server (mutual TLS, swarm members only): a piece it holds."""
 LOGIN = f"{API}/login"
 LOGOUT = f"{API}/logout"
 INVITES = f"{API}/invites"
@@ -348,6 +351,12 @@ class Heartbeat:
     download_done_bytes: int = 0
     download_total_bytes: int = 0
     """While downloading: its stage's pieces on disk, and in all."""
+    pieces_address: str = ""
+    """Where its piece server answers other swarm members (IP:PORT over TCP, mutual
+    TLS); "" when it serves none."""
+    pieces_layers: tuple[int, int] = (0, 0)
+    """The layers (its stage's or its standby stage's) whose pieces it holds complete
+    and verified, served at `pieces_address`; (0, 0): none."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -537,6 +546,54 @@ class ModelsAnswer:
             "models list",
             lambda d: ModelsAnswer(
                 tuple(model(m) for m in _items(d["models"], "models", MAX_MODELS))
+            ),
+            doc,
+        )
+
+
+PIECE_SOURCE_KINDS = ("peer", "mirror", "coordinator")
+MAX_PIECE_SOURCES = 64
+
+
+@dataclass(frozen=True)
+class PieceSource:
+    """One place a piece can be fetched from: a peer's piece server (`node_id` at
+    `address`), the model's public mirror, or the coordinator."""
+
+    kind: str
+    node_id: str = ""
+    address: str = ""
+
+
+def _piece_source(value: Any) -> PieceSource:
+    s = _object(value, "a piece source")
+    kind = _text(s["kind"], "a piece source's kind", 32)
+    if kind not in PIECE_SOURCE_KINDS:
+        raise MalformedAnswer(f"a piece source's kind is {kind!r}")
+    if kind != "peer":
+        return PieceSource(kind)
+    return PieceSource(
+        kind,
+        _name(s["node_id"], "a peer's node_id"),
+        _text(s["address"], "a peer's pieces address"),
+    )
+
+
+@dataclass(frozen=True)
+class PieceSources:
+    """GET PIECE_SOURCES: where to fetch one piece, best first (peers holding it, then
+    the mirror where the model has one, then the coordinator)."""
+
+    file: str
+    sources: tuple[PieceSource, ...]
+
+    @staticmethod
+    def from_json(doc: Any) -> PieceSources:
+        return _read(
+            "piece sources",
+            lambda d: PieceSources(
+                _text(d["file"], "file", MAX_PATH_CHARS),
+                tuple(_piece_source(s) for s in _items(d["sources"], "sources", MAX_PIECE_SOURCES)),
             ),
             doc,
         )

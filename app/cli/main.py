@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # net.quic.links.DEFAULT_LIBRARY
     p.add_argument("--relay-only", action="store_true", help="reach peers only via the relay")
     p.add_argument(
+        "--no-peer-pieces",
+        action="store_true",
+        help="neither serve the pieces held to other swarm members nor fetch pieces from them",
+    )
+    p.add_argument(
         "--coordinator",
         default=None,
         metavar="URL",
@@ -456,6 +461,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             cpus=args.cpus,
             quic_library=args.quic,
             relay_only=args.relay_only,
+            share_pieces=not args.no_peer_pieces,
             coordinator=coordinator_url(args.coordinator) if args.coordinator else None,
             drain_s=args.drain,
             available_until=parse_when(args.available_until),

@@ -32,15 +32,18 @@ from app.ports import LOOPBACK, free_udp_port, outward_host
 from app.progress import print_progress
 from app.serving.heartbeats import BeatsMeanwhile, send_beat
 from app.serving.machine.vram import check_within_cap
+from app.serving.piece_server import PieceServer
 from app.serving.serve import LoadedStage, start_worker
 from app.serving.worker import StageWorker
 from coordinator.client.downloads import DownloadProgress
 from coordinator.client.mirror import fetch_pieces
+from coordinator.client.peer_pieces import Peers, peers_of
 from coordinator.client.session import CoordinatorClient
-from coordinator.contract import Assignment, Heartbeat
+from coordinator.contract import Assignment, Heartbeat, PieceSource
 from coordinator.errors import CoordinatorError
 from core.admission import LLAMA_MAX_SEQ
 from core.hardware import detect_hardware, memory_in_use
+from core.manifest import PieceInfo
 from core.types import LayerRange
 from net.quic.links import DEFAULT_LIBRARY, QuicTuning
 from net.rate import Throttle, upload_throttle
@@ -80,7 +83,11 @@ class CoordinatedOptions:
     """The volunteer's cap on the pieces cache (app.pieces_cache.make_room); 0: the
     default share of the disk's free space."""
     upload_bytes_per_s: int = 0
-    """The volunteer's cap on what this node's links send; 0: none."""
+    """The volunteer's cap on what this node's links send; 0: none. Its piece server
+    sends within the same rate."""
+    share_pieces: bool = True
+    """Serve the pieces held to other swarm members (app.serving.piece_server) and
+    fetch pieces from them first."""
     available_until: float = 0.0
     """When the volunteer said this PC stops serving (Unix seconds; 0: not said): told to
     the coordinator, which keeps a spare ready for this stage first."""
@@ -168,11 +175,13 @@ async def prepare_pieces(
     progress: Callable[[DownloadProgress], None] | None = None,
     download_bytes_per_s: int = 0,
     pieces_cap_bytes: int = 0,
+    shared: PieceServer | None = None,
 ) -> Path:
     """Download the assigned stage's pieces (verified) into the identity's cache, first
     evicting other stages' files to keep it under `pieces_cap_bytes` (PiecesCacheFull
     when it cannot); progress goes to `progress` (default: a line per finished piece on
-    stderr)."""
+    stderr). With `shared` (this node's piece server), pieces come from peers that hold
+    them first, and once all are here `shared` serves them to the swarm."""
     loop = asyncio.get_running_loop()
     manifest = await loop.run_in_executor(None, client.manifest, assignment.manifest_url)
     layers = LayerRange(*assignment.layers)
@@ -198,10 +207,20 @@ async def prepare_pieces(
             pieces_dir,
             progress=report,
             throttle=Throttle(download_bytes_per_s) if download_bytes_per_s > 0 else None,
+            peers=None if shared is None else _peers(identity, client, assignment.model),
         ),
     )
     manifest.save(pieces_dir)
+    if shared is not None:
+        shared.offer(assignment.model, pieces_dir, manifest)
     return pieces_dir
+
+
+def _peers(identity: Identity, client: CoordinatorClient, model: str) -> Peers:
+    def sources(piece: PieceInfo) -> tuple[PieceSource, ...]:
+        return client.piece_sources(model, piece.file).sources
+
+    return peers_of(identity.certified, identity.ca_pem, model, sources)
 
 
 def download_progress(
@@ -296,6 +315,8 @@ async def go_live(
     stage_beat = replace(
         report_beat,
         activity="serving",
+        # Its pieces are all here (it loaded them): served to peers, if it has a server.
+        pieces_layers=assignment.layers if report_beat.pieces_address else (0, 0),
         **(compute.heartbeat_fields() if compute else {}),
     )
     # Tell the coordinator before anyone is told "serving": a long download and

@@ -38,6 +38,7 @@ from app.serving.assigned_stage import (
 from app.serving.assigned_stage import capacity as offered_capacity
 from app.serving.cli_report import CliReport
 from app.serving.heartbeats import BeatsMeanwhile, ServingBeats, send_beat
+from app.serving.piece_server import PieceServer, start_piece_server
 from app.serving.plan import (
     HEARTBEAT_S,
     STANDBY_BEAT_S,
@@ -98,7 +99,7 @@ async def _wait_for_assignment(
         answer = None
         if not stop.is_set():
             try:
-                answer = await _ask(client, report_beat, standby)
+                answer = await _ask(client, report_beat, standby, waiting.standby)
             except CoordinatorError as exc:
                 log.warning("coordinator: %s", exc)
                 report(replace(waiting, error=plain_reason(exc)))
@@ -133,10 +134,16 @@ async def _wait_for_assignment(
 
 
 async def _ask(
-    client: CoordinatorClient, report_beat: Heartbeat, standby: Assignment | None
+    client: CoordinatorClient,
+    report_beat: Heartbeat,
+    standby: Assignment | None,
+    ready: tuple[int, int] | None = None,
 ) -> HeartbeatAnswer:
-    """A heartbeat of a node with no stage (a spare's says it stands by)."""
+    """A heartbeat of a node with no stage (a spare's says it stands by, and which
+    layers' pieces it holds once they are `ready`, for peers to fetch)."""
     asking = replace(report_beat, activity="waiting" if standby is None else "standby")
+    if ready is not None and standby is not None and report_beat.pieces_address:
+        asking = replace(asking, pieces_layers=ready)
     return await asyncio.get_running_loop().run_in_executor(None, send_beat, client, asking)
 
 
@@ -179,13 +186,44 @@ async def serve_coordinated(
     options = replace(options, listen=(host, port))
     address = options.advertise or format_address((host, port))
     capacity, hardware = await loop.run_in_executor(None, offered_capacity, options.vram_cap_bytes)
+    # Runs while this loop does: a paused node (its serve loop stopped) serves no pieces.
+    shared = None
+    if options.share_pieces:
+        shared = await loop.run_in_executor(
+            None, start_piece_server, identity, client, host, options.upload_bytes_per_s
+        )
     report_beat = Heartbeat(
         address=address,
         capacity_bytes=capacity,
         vram_cap_bytes=options.vram_cap_bytes,
         hardware=hardware,
         available_until=options.available_until,
+        pieces_address=shared.address if shared is not None else "",
     )
+    try:
+        await _serve_assigned(
+            options, stop, report, on_stopped, identity, client, report_beat, shared
+        )
+    finally:
+        if shared is not None:
+            shared.stop()
+
+
+async def _serve_assigned(
+    options: CoordinatedOptions,
+    stop: asyncio.Event,
+    report: StatusReport,
+    on_stopped: Callable[[StageWorker], None] | None,
+    identity: Identity,
+    client: CoordinatorClient,
+    report_beat: Heartbeat,
+    shared: PieceServer | None,
+) -> None:
+    """serve_coordinated's loop, with this node's piece server (or none)."""
+    assert options.listen is not None
+    host, port = options.listen
+    address = report_beat.address
+    base = NodeStatus(node_id=identity.node_id, coordinator=identity.coordinator)
 
     async def standby(ready: Assignment) -> LoadedStage | None:
         pieces = await prepare_pieces(
@@ -195,6 +233,7 @@ async def serve_coordinated(
             lambda _p: None,
             options.download_bytes_per_s,
             pieces_cap_bytes=options.pieces_cap_bytes,
+            shared=shared,
         )
         return await standby_stage.preload(stage_config(options, identity, port, ready, pieces))
 
@@ -233,6 +272,7 @@ async def serve_coordinated(
                 download_progress(report, status, meanwhile),
                 options.download_bytes_per_s,
                 pieces_cap_bytes=options.pieces_cap_bytes,
+                shared=shared,
             )
             config = stage_config(options, identity, port, assignment, pieces_dir)
             if loaded is not None and not loaded.fits(config):

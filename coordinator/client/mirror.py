@@ -36,6 +36,13 @@ from coordinator.client.downloads import (
     StoppedEarly,
     download_pieces,
 )
+from coordinator.client.peer_pieces import (
+    PEER_PARTS,
+    Demoted,
+    Peers,
+    drop_peer_part,
+    from_peers,
+)
 from coordinator.mirror_reads import MirrorError, RangeOptions, piece_bytes
 from core.errors import PieceCorruptError
 from core.manifest import PieceInfo, verify_piece
@@ -54,6 +61,10 @@ class FetchReport:
     coordinator_bytes: int
     demoted: str
     """Why the mirror was demoted; empty when it was not."""
+    peer_bytes: int = 0
+    """Bytes received from peers (coordinator.client.peer_pieces)."""
+    demoted_peers: tuple[str, ...] = ()
+    """Peers given up during the fetch."""
 
 
 class _FetchState:
@@ -64,6 +75,8 @@ class _FetchState:
         self.health = SourceHealth()
         self.mirror_bytes = 0
         self.coordinator_bytes = 0
+        self.peer_bytes = 0
+        self.peers_demoted = Demoted()
         self.stop = threading.Event()
         self._callback = callback
         self._done = {p.name: 0 for p in pieces}
@@ -80,10 +93,11 @@ class _FetchState:
         with self.lock:
             return not self.health.demoted
 
-    def add(self, mirror: int = 0, coordinator: int = 0) -> None:
+    def add(self, mirror: int = 0, coordinator: int = 0, peer: int = 0) -> None:
         with self.lock:
             self.mirror_bytes += mirror
             self.coordinator_bytes += coordinator
+            self.peer_bytes += peer
 
     def progress(self, piece: PieceInfo, done: int, finished: bool = False) -> None:
         with self.lock:
@@ -116,14 +130,17 @@ def fetch_pieces(
     timeout: float = 30.0,
     backoff: float = 0.5,
     throttle: Throttle | None = None,
+    peers: Peers | None = None,
 ) -> FetchReport:
-    """Fetch `pieces` into `dest`: from the mirror where the manifest gives ranges (tensor
-    bytes from `mirror`, headers from `{base_url}/{file}`), from the coordinator otherwise
-    and whenever the mirror fails. Errors as downloads.download_pieces raises them."""
+    """Fetch `pieces` into `dest`: from peers that hold them when `peers` is given
+    (coordinator.client.peer_pieces), then from the mirror where the manifest gives
+    ranges (tensor bytes from `mirror`, headers from `{base_url}/{file}`), from the
+    coordinator otherwise and whenever the mirror fails. Errors as
+    downloads.download_pieces raises them."""
     if parallel < 1 or chunk_bytes < 1 or retries < 1:
         raise ValueError("parallel, chunk_bytes and retries must be at least 1")
     unique = list({p.file: p for p in pieces}.values())
-    if mirror is None:
+    if mirror is None and peers is None:
         before = _part_bytes(dest, unique)
         paths = download_pieces(
             session,
@@ -151,16 +168,21 @@ def fetch_pieces(
     )
 
     def one(piece: PieceInfo) -> Path:
-        ranges = mirror.ranges(piece.name)
-        if ranges is not None and state.usable():
+        if peers is not None and not (dest / piece.file).exists():
+            path = _from_peers(peers, piece, dest, state, chunk_bytes, throttle)
+            if path is not None:
+                return path
+        ranges = None if mirror is None else mirror.ranges(piece.name)
+        if mirror is not None and ranges is not None and state.usable():
             path = _from_mirror(
                 session, base_url, http, mirror, ranges, piece, dest, state, opts, retries, backoff
             )
             if path is not None:
-                return path
-        return _from_coordinator(
+                return _landed(dest, piece, path)
+        path = _from_coordinator(
             session, base_url, piece, dest, state, chunk_bytes, retries, timeout, backoff, throttle
         )
+        return _landed(dest, piece, path)
 
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="piece") as pool:
         futures: list[Future[Path]] = [pool.submit(one, p) for p in unique]
@@ -174,12 +196,56 @@ def fetch_pieces(
     if real:
         raise real[0]
     by_file = {p.file: f.result() for p, f in zip(unique, futures, strict=True)}
+    if state.peer_bytes or peers is not None:
+        log.info(
+            "pieces: %d bytes from peers, %d from the mirror, %d from the coordinator",
+            state.peer_bytes,
+            state.mirror_bytes,
+            state.coordinator_bytes,
+        )
     return FetchReport(
         tuple(by_file[p.file] for p in pieces),
         state.mirror_bytes,
         state.coordinator_bytes,
         state.health.reason if state.health.demoted else "",
+        state.peer_bytes,
+        tuple(sorted(state.peers_demoted.reasons())),
     )
+
+
+def _from_peers(
+    peers: Peers,
+    piece: PieceInfo,
+    dest: Path,
+    state: _FetchState,
+    chunk_bytes: int,
+    throttle: Throttle | None,
+) -> Path | None:
+    """The piece from a peer (coordinator.client.peer_pieces), counted as peer bytes."""
+    staged = dest / PEER_PARTS
+    seen = [max(_size(staged / piece.file), _size(staged / (piece.file + PART_SUFFIX)))]
+
+    def report(p: DownloadProgress) -> None:
+        if p.done_bytes > seen[0]:
+            state.add(peer=p.done_bytes - seen[0])
+        seen[0] = p.done_bytes
+        state.progress(piece, p.done_bytes, p.finished)
+
+    return from_peers(
+        peers,
+        piece,
+        dest,
+        state.peers_demoted,
+        state.stop,
+        chunk_bytes=chunk_bytes,
+        throttle=throttle,
+        progress=report,
+    )
+
+
+def _landed(dest: Path, piece: PieceInfo, path: Path) -> Path:
+    drop_peer_part(dest, piece)
+    return path
 
 
 def _part_bytes(dest: Path, pieces: Sequence[PieceInfo]) -> int:

@@ -15,6 +15,7 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import requests
 import urllib3
@@ -32,6 +33,7 @@ from coordinator.contract import (
     JoinAnswer,
     JoinRequest,
     ModelsAnswer,
+    PieceSources,
     RenewRequest,
     RouteAnswer,
     Signal,
@@ -242,6 +244,19 @@ class CoordinatorClient:
         raw = _call(self.session, "GET", self.url(manifest_url))
         text = json.dumps(raw) if isinstance(raw, dict) else bytes(raw).decode()
         return Manifest.from_json(text)
+
+    def piece_sources(self, model: str, file: str) -> PieceSources:
+        """Where to get one piece, best first (peers holding it, the mirror, the
+        coordinator); a coordinator without the endpoint answers 404 (CoordinatorError)."""
+        path = c.PIECE_SOURCES.format(name=quote(model, safe=""), file=quote(file, safe=""))
+        return PieceSources.from_json(_call(self.session, "GET", self.url(path)))
+
+    def revoked(self) -> list[str]:
+        """The swarm's revoked certificate serials."""
+        doc = _call(self.session, "GET", self.url(c.REVOKED))
+        if not isinstance(doc, list) or len(doc) > c.MAX_SERIALS:
+            raise MalformedAnswer("the coordinator's revocation list is not a list of serials")
+        return [str(s)[:128] for s in doc if isinstance(s, str | int)]
 
     def renew(self, private_key: Ed25519PrivateKey) -> bytes:
         doc = _call(

@@ -36,6 +36,7 @@ from coordinator.contract import (
     InviteCheck,
     JoinAnswer,
     ModelsAnswer,
+    PieceSources,
     RouteAnswer,
     RouteAnswerStage,
     Signal,
@@ -75,6 +76,7 @@ from coordinator.server.limits import AttemptLimiter
 from coordinator.server.metrics import render_metrics
 from coordinator.server.node_claims import TooFast
 from coordinator.server.operator_logins import OperatorLogins
+from coordinator.server.piece_peers import asked_bytes
 from coordinator.server.placement import Plan
 from coordinator.server.prediction import Level
 from coordinator.server.remote_model import local_piece, piece_response
@@ -453,11 +455,22 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         known = {p.file: p.size for p in model.manifest.pieces}
         if file not in known:
             raise HTTPException(404, f"no piece {file!r}")
+        coord.pieces.served(asked_bytes(request.headers.get("range"), known[file]))
         remote = model.remote
         if remote is not None and local_piece(model.directory, file, known[file]) is None:
             # Registered by URL, no copy kept: built from its header and the mirror.
             return piece_response(remote, file, request.headers.get("range"))
         return FileResponse(model.directory / file, media_type="application/octet-stream")
+
+    @app.get(
+        c.PIECE_SOURCES, response_model=PieceSources, tags=["nodes"], responses=_errors(401, 404)
+    )
+    def piece_sources(name: str, file: str, who: NodeId) -> PieceSources:
+        """Where to get one piece, best first: peers that hold it, the mirror, us."""
+        model = coord.hosted(name).model
+        if file not in {p.file for p in model.manifest.pieces}:
+            raise HTTPException(404, f"no piece {file!r}")
+        return PieceSources(file, tuple(coord.piece_sources(who, file, name)))
 
     # -- operator
     @app.post(c.LOGIN, tags=["operator"], responses=_errors(400, 401, 413, 429))
@@ -664,6 +677,8 @@ def _swarm_out(coord: Coordinator) -> SwarmOut:
         prediction_note=note,
         answer=_answer_out(coord.answer),
         models=models,
+        piece_bytes_served=coord.pieces.coordinator_bytes,
+        pieces_served_at={h.node_id: h.address for h in coord.pieces.holders()},
     )
 
 

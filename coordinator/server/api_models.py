@@ -126,9 +126,16 @@ class HeartbeatIn(_In):
     activity: str = Field(default="", pattern="^(|waiting|standby|downloading|loading|serving)$")
     download_done_bytes: int = Field(default=0, ge=0, le=1 << 50)
     download_total_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    # Its piece server (app/serving/piece_server.py), checked like `address`, and the
+    # layers whose pieces it serves there.
+    pieces_address: str = Field(default="", max_length=200)
+    pieces_layers: tuple[int, int] = (0, 0)
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:
+        start, stop = self.pieces_layers
+        if not (0 <= start <= stop <= MAX_LAYERS):
+            raise ValueError("pieces_layers must be [start, stop] within the model's layers")
         if self.gpu_layers > self.n_layers:
             raise ValueError("gpu_layers cannot exceed the stage's n_layers")
         if self.download_done_bytes > self.download_total_bytes:
@@ -279,6 +286,11 @@ class SwarmOut(BaseModel):
     models: list[ModelOut] = []
     """Every hosted model with its chain; `model`, `plan` and the rest above are the
     default model's (the first)."""
+    piece_bytes_served: int = 0
+    """Bytes the coordinator's piece endpoint answered with since it started (peers
+    and the mirror serve the rest)."""
+    pieces_served_at: dict[str, str] = {}
+    """Node id -> where its piece server answers swarm members (its heartbeat's word)."""
 
 
 class SignalIn(_In):

@@ -28,6 +28,7 @@ from coordinator.contract import (
     JoinAnswer,
     ModelsAnswer,
     NextHop,
+    PieceSource,
     RouteAnswer,
     RouteAnswerStage,
     Signal,
@@ -79,6 +80,7 @@ from coordinator.server.node_claims import (
     peer_bound_capacities,
     split_address,
 )
+from coordinator.server.piece_peers import PieceBook, holders_of, rank_sources
 from coordinator.server.placement import NodeInfo, Plan
 from coordinator.server.plan_store import PLAN_SETTING, plan_from_json, plan_to_json
 from coordinator.server.routes import StageLoad, pick_chain
@@ -258,6 +260,8 @@ class Coordinator:
         self._last_beat: dict[str, float] = {}
         self._until: dict[str, float] = {}
         """Node id -> the volunteer's declared end of availability (Unix seconds)."""
+        self.pieces = PieceBook()
+        """Nodes' piece servers and where downloads were pointed (piece_peers.py)."""
         self._reports: dict[str, StageReport] = {}
         """Node id -> its stage's step times from its latest heartbeat. Kept in memory:
         every heartbeat says them again (fleet_view.py predicts from them)."""
@@ -457,6 +461,9 @@ class Coordinator:
         address = check_address(beat.address, self.loopback_ok) if beat.address else ""
         if address and not beat.paused:
             self._check_reachable(node_id, address)
+        held = beat.pieces_address
+        pieces_at = check_address(held, self.loopback_ok) if held and not beat.paused else ""
+        self.pieces.beat(node_id, pieces_at, (beat.pieces_layers[0], beat.pieces_layers[1]))
         now = utcnow()
         with self._lock:
             self._suspects.discard(node_id)  # it speaks: whoever could not reach it, it lives
@@ -509,6 +516,36 @@ class Coordinator:
         self.replan()
         self._tell_beat(node_id, beat, heard, now)
         return self.assignment(node_id)
+
+    def piece_sources(self, asker: str, file: str, model: str = "default") -> list[PieceSource]:
+        """Where `asker` gets piece `file` of `model`, best first (piece_peers.rank_sources):
+        peers whose heartbeat serves it for their own stage or standby stage, the mirror,
+        us. The first peer listed counts as pointed at."""
+        hosted = self.hosted(model)
+        stages: dict[str, list[tuple[int, int]]] = {}
+        for chain in hosted.placed():
+            for stage in chain.stages:
+                stages.setdefault(stage.node_id, []).append((stage.layers.start, stage.layers.stop))
+        if hosted is self._hosted[0]:  # warm spares stand by for the default model
+            for spare, layers in self.standby().by_spare.items():
+                stages.setdefault(spare, []).append(layers)
+        with self._lock:
+            paused = set(self._paused)
+        healthy = {
+            n.node_id
+            for n in self.nodes()
+            if n.node_id not in paused and self.health(n) == "healthy"
+        }
+        manifest = hosted.model.manifest
+        holders = holders_of(file, manifest, self.pieces.holders(), stages, healthy)
+        piece = next(p for p in manifest.pieces if p.file == file)
+        has_mirror = manifest.mirror is not None and manifest.mirror.ranges(piece.name) is not None
+        ranked = rank_sources(
+            asker, holders, self.store.rtt_map(), self.pieces.pointed(), has_mirror
+        )
+        if ranked[0].kind == "peer":
+            self.pieces.point(ranked[0].node_id)
+        return ranked
 
     def _check_reachable(self, node_id: str, address: str) -> None:
         """Probe a node's address once (again after PROBE_RETRY_S while it does not

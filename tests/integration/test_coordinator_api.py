@@ -589,3 +589,67 @@ def test_releases_older_than_the_swarm_admits_are_refused_at_join_and_heartbeat(
     assert health == {"status": "ok", "latest_release": "9.1.0", "min_release": this_release()}
     refused = http.post(url, headers={**_node_headers(a), RELEASE_HEADER: "0.0.1"}, json={})
     assert refused.status_code == 426 and "Sangama 0.0.1 is too old" in refused.json()["detail"]
+
+
+def test_piece_sources_list_the_peers_serving_a_piece_then_the_coordinator(
+    http: TestClient, coord: Coordinator
+) -> None:
+    code = _invite(http, uses=3)
+    a, b, c = _join(http, code), _join(http, code), _join(http, code)
+    for n, (node, port) in enumerate(((a, 7001), (b, 7002))):
+        beat = {"address": f"127.0.0.1:{port}", "capacity_bytes": 8 << 30, "hardware": HARDWARE}
+        r = http.post(
+            f"/api/v1/nodes/{node['node_id']}/heartbeat", headers=_node_headers(node), json=beat
+        )
+        assert r.status_code == 200, r.text
+        assert n == 0 or r.json()["assignment"] is not None
+    got = {
+        node["node_id"]: http.get(
+            f"/api/v1/nodes/{node['node_id']}/assignment", headers=_node_headers(node)
+        ).json()
+        for node in (a, b)
+    }
+    for node, port in ((a, 7101), (b, 7102)):
+        layers = got[node["node_id"]]["layers"]
+        beat = {
+            "address": f"127.0.0.1:{port - 100}",
+            "capacity_bytes": 8 << 30,
+            "hardware": HARDWARE,
+            "pieces_address": f"127.0.0.1:{port}",
+            "pieces_layers": layers,
+            "activity": "serving",
+        }
+        r = http.post(
+            f"/api/v1/nodes/{node['node_id']}/heartbeat", headers=_node_headers(node), json=beat
+        )
+        assert r.status_code == 200, r.text
+    holder = a if got[a["node_id"]]["layers"][0] <= 3 < got[a["node_id"]]["layers"][1] else b
+    r = http.get("/api/v1/models/tiny/pieces/blk.003.gguf/sources", headers=_node_headers(c))
+    assert r.status_code == 200, r.text
+    sources = r.json()["sources"]
+    assert [s["kind"] for s in sources] == ["peer", "coordinator"]
+    assert sources[0]["node_id"] == holder["node_id"]
+    # The holder itself is not its own source; other files and models are not pieces.
+    own = http.get("/api/v1/models/tiny/pieces/blk.003.gguf/sources", headers=_node_headers(holder))
+    assert [s["kind"] for s in own.json()["sources"]] == ["coordinator"]
+    assert (
+        http.get("/api/v1/models/tiny/pieces/x.part/sources", headers=_node_headers(c)).status_code
+        == 404
+    )
+    assert http.get("/api/v1/models/tiny/pieces/blk.003.gguf/sources").status_code == 401
+    # A piece server's address is held to what `address` is: never the metadata service.
+    r = http.post(
+        f"/api/v1/nodes/{c['node_id']}/heartbeat",
+        headers=_node_headers(c),
+        json={"address": "127.0.0.1:7003", "pieces_address": "169.254.169.254:8080"},
+    )
+    assert r.status_code == 400
+    # What the coordinator's piece endpoint answered with is counted for the operator.
+    before = http.get("/api/v1/swarm", headers=_admin()).json()["piece_bytes_served"]
+    http.get(
+        "/api/v1/models/tiny/pieces/blk.003.gguf",
+        headers={**_node_headers(c), "Range": "bytes=0-9"},
+    )
+    after = http.get("/api/v1/swarm", headers=_admin()).json()
+    assert after["piece_bytes_served"] == before + 10
+    assert set(after["pieces_served_at"]) == {a["node_id"], b["node_id"]}

@@ -65,6 +65,9 @@ def test_a_swarm_serves_a_model_registered_by_url(
                 async def worker(name: str) -> Child:
                     code = coord.admin.create_invite("worker")["code"]
                     args = ["worker", "--join", code, "--identity-dir", str(tmp_path / name)]
+                    # Peers off: every tensor byte comes from the mirror, counted exactly
+                    # (test_peer_pieces_swarm.py takes pieces from peers).
+                    args.append("--no-peer-pieces")
                     return await spawn_sangama(name, args, tmp_path / f"{name}.log", 180)
 
                 workers = list(await asyncio.gather(worker("w0"), worker("w1")))
