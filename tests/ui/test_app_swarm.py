@@ -50,8 +50,15 @@ def _wait(what: str, pred: Callable[[], bool], timeout: float) -> None:
 def coord(
     gemma_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[CoordinatorProcess]:
+    # No answer probe: its two-token sessions would share the chat's decodes, and a
+    # batched step's numbers differ from a lone one's (docs/decisions/batch-invariance.md),
+    # while the pause test compares an answer with the same one asked alone.
     c = CoordinatorProcess.start(
-        tmp_path_factory.mktemp("coordinator"), gemma_path, min_stages=1, cut_pieces=False
+        tmp_path_factory.mktemp("coordinator"),
+        gemma_path,
+        min_stages=1,
+        cut_pieces=False,
+        extra_args=["--answer-probe-every", "0"],
     )
     yield c
     c.stop()
