@@ -47,6 +47,7 @@ MANIFEST = f"{API}/models/{{name}}/manifest"
 PIECES = f"{API}/models/{{name}}/pieces"
 PIECE = f"{PIECES}/{{file}}"
 PIECE_SOURCES = f"{PIECE}/sources"
+INCIDENTS = f"{API}/nodes/{{node_id}}/incidents"
 PEER_PIECES = "/pieces/{model}/{file}"
 """A worker's piece server (mutual TLS, swarm members only): a piece it holds."""
 LOGIN = f"{API}/login"
@@ -597,6 +598,26 @@ class PieceSources:
             ),
             doc,
         )
+
+
+MAX_INCIDENT_SOURCE = 200
+MAX_INCIDENT_REASON = 300
+
+
+@dataclass(frozen=True)
+class SourceIncident:
+    """POST INCIDENTS: a source of pieces this node gave up on (a peer or the mirror that
+    served wrong bytes, truncated or stalled), for the operator's timeline."""
+
+    source: str
+    """Which source: "mirror", or the peer's node id."""
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source[:MAX_INCIDENT_SOURCE],
+            "reason": self.reason[:MAX_INCIDENT_REASON],
+        }
 
 
 @dataclass(frozen=True)

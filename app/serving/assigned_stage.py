@@ -36,10 +36,10 @@ from app.serving.piece_server import PieceServer
 from app.serving.serve import LoadedStage, start_worker
 from app.serving.worker import StageWorker
 from coordinator.client.downloads import DownloadProgress
-from coordinator.client.mirror import fetch_pieces
+from coordinator.client.mirror import FetchReport, fetch_pieces
 from coordinator.client.peer_pieces import Peers, peers_of
 from coordinator.client.session import CoordinatorClient
-from coordinator.contract import Assignment, Heartbeat, PieceSource
+from coordinator.contract import Assignment, Heartbeat, PieceSource, SourceIncident
 from coordinator.errors import CoordinatorError
 from core.admission import LLAMA_MAX_SEQ
 from core.hardware import detect_hardware, memory_in_use
@@ -195,7 +195,7 @@ async def prepare_pieces(
         ),
     )
     report = progress or print_progress()
-    await loop.run_in_executor(
+    fetched = await loop.run_in_executor(
         None,
         # Tensor bytes from the model's public mirror when the manifest names one (the
         # coordinator as fallback), from the coordinator otherwise.
@@ -211,9 +211,26 @@ async def prepare_pieces(
         ),
     )
     manifest.save(pieces_dir)
+    await loop.run_in_executor(None, report_incidents, client, fetched)
     if shared is not None:
         shared.offer(assignment.model, pieces_dir, manifest)
     return pieces_dir
+
+
+MAX_INCIDENTS = 8
+"""Bad sources one download tells the coordinator of, at most (the rest: in the log)."""
+
+
+def report_incidents(client: CoordinatorClient, fetched: FetchReport) -> None:
+    """The sources a download gave up on (the mirror, peers), to the operator's timeline;
+    a coordinator that cannot take them loses nothing but the note."""
+    found = [SourceIncident("mirror", fetched.demoted)] if fetched.demoted else []
+    found += [SourceIncident(peer, why) for peer, why in fetched.peer_reasons]
+    for incident in found[:MAX_INCIDENTS]:
+        try:
+            client.report_incident(incident)
+        except CoordinatorError as exc:
+            log.info("could not report the bad source %s: %s", incident.source, exc)
 
 
 def _peers(identity: Identity, client: CoordinatorClient, model: str) -> Peers:

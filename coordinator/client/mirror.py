@@ -65,6 +65,8 @@ class FetchReport:
     """Bytes received from peers (coordinator.client.peer_pieces)."""
     demoted_peers: tuple[str, ...] = ()
     """Peers given up during the fetch."""
+    peer_reasons: tuple[tuple[str, str], ...] = ()
+    """Each peer given up, with why."""
 
 
 class _FetchState:
@@ -210,6 +212,7 @@ def fetch_pieces(
         state.health.reason if state.health.demoted else "",
         state.peer_bytes,
         tuple(sorted(state.peers_demoted.reasons())),
+        tuple(sorted(state.peers_demoted.reasons().items())),
     )
 
 

@@ -38,6 +38,7 @@ from coordinator.contract import (
     RouteAnswer,
     Signal,
     SignalPost,
+    SourceIncident,
     TurnAnswer,
 )
 from coordinator.errors import CoordinatorError, MalformedAnswer
@@ -244,6 +245,11 @@ class CoordinatorClient:
         raw = _call(self.session, "GET", self.url(manifest_url))
         text = json.dumps(raw) if isinstance(raw, dict) else bytes(raw).decode()
         return Manifest.from_json(text)
+
+    def report_incident(self, incident: SourceIncident) -> None:
+        """Tell the operator's timeline of a source of pieces this node gave up on."""
+        path = c.INCIDENTS.format(node_id=self.node_id)
+        _call(self.session, "POST", self.url(path), json=incident.to_json())
 
     def piece_sources(self, model: str, file: str) -> PieceSources:
         """Where to get one piece, best first (peers holding it, the mirror, the

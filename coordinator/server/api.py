@@ -52,6 +52,7 @@ from coordinator.server.api_models import (
     AnswerOut,
     EventOut,
     HeartbeatIn,
+    IncidentIn,
     InviteCheckIn,
     InviteIn,
     InviteOut,
@@ -394,6 +395,14 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
         if not authorization.startswith("Bearer "):
             raise HTTPException(401, "node token required")
         return coord.renew(node_id, authorization[7:], body.csr_pem)
+
+    @app.post(c.INCIDENTS, tags=["nodes"], responses=_errors(400, 401, 403, 413, 429))
+    def incident(node_id: NodePath, body: IncidentIn, who: NodeId) -> dict[str, str]:
+        """A source of pieces the node gave up on: onto the operator's timeline."""
+        if node_id != who:
+            raise HTTPException(403, "a node may only report for itself")
+        coord.report_incident(who, body.source, body.reason)
+        return {"status": "recorded"}
 
     @app.get(
         c.TURN,

@@ -293,6 +293,13 @@ class SwarmOut(BaseModel):
     """Node id -> where its piece server answers swarm members (its heartbeat's word)."""
 
 
+class IncidentIn(_In):
+    """contract.SourceIncident, checked."""
+
+    source: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=300)
+
+
 class SignalIn(_In):
     """contract.SignalPost, checked."""
 

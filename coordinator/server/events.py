@@ -54,6 +54,7 @@ KINDS: Mapping[str, Kind] = {
     "replanned": Kind("re-planned", "info"),
     "no_plan": Kind("no plan", "bad"),
     "probe_failed": Kind("end-to-end probe failed", "bad"),
+    "bad_source": Kind("bad source of pieces", "warn"),
     "renamed": Kind("renamed", "info"),
     "revoked": Kind("revoked", "bad"),
     "forgotten": Kind("forgotten", "info"),

@@ -111,6 +111,8 @@ MAX_AVOID_PROBES = 2
 """Stages one route request may have probed (each probe waits up to 0.3 s)."""
 AVOID_PROBES_PER_S = 0.5
 AVOID_PROBE_BURST = 4.0
+INCIDENTS_PER_S = 1 / 60
+INCIDENT_BURST = 5.0
 """One client's reports may have 4 stages probed at once, then one every 2 s: a client
 recovering from a dead stage reports one or two."""
 
@@ -244,6 +246,9 @@ class Coordinator:
         """Node id -> bytes of the largest stage it reported serving (node_claims.py)."""
         self._beats = BeatLimiter()
         self._avoid_probes = BeatLimiter(AVOID_PROBES_PER_S, AVOID_PROBE_BURST)
+        self._incidents = BeatLimiter(INCIDENTS_PER_S, INCIDENT_BURST)
+        """What each node's reports of bad sources may add to the timeline (its 500 events
+        are the operator's; one node must not push the rest out)."""
         """Probes each asker's reports of dead stages may cost (route's avoid)."""
         self._pruned_at = 0.0
         self.liveness_probe: Callable[[str], bool] = nothing_listens
@@ -655,6 +660,15 @@ class Coordinator:
             return self._paused.get(node_id, "")
 
     # ------------------------------------------------------------ the operator's story
+
+    def report_incident(self, node_id: str, source: str, reason: str) -> None:
+        """A node gave up on a source of pieces (wrong bytes, a stall, a short body): a
+        "bad_source" event on the timeline, the reporter named; TooFast past five at
+        once and one a minute after."""
+        wait = self._incidents.take(node_id, time.monotonic())
+        if wait:
+            raise TooFast(f"{node_id} reports incidents too often", wait)
+        self.record_event("bad_source", node_id, f"{source[:64]}: {reason}")
 
     def record_event(self, kind: str, node_id: str = "", detail: str = "") -> None:
         """Add an event to the operator's timeline: `kind` one of events.KINDS (e.g.

@@ -653,3 +653,34 @@ def test_piece_sources_list_the_peers_serving_a_piece_then_the_coordinator(
     after = http.get("/api/v1/swarm", headers=_admin()).json()
     assert after["piece_bytes_served"] == before + 10
     assert set(after["pieces_served_at"]) == {a["node_id"], b["node_id"]}
+
+
+def test_a_bad_source_of_pieces_reaches_the_timeline_bounded_per_node(
+    http: TestClient, coord: Coordinator
+) -> None:
+    """A node that gave up on a source (wrong bytes from a peer, a stalling mirror) says
+    so; the operator's timeline shows it with the reporter, and one node cannot flood it."""
+    code = _invite(http, uses=2)
+    a, b = _join(http, code), _join(http, code)
+    url = f"/api/v1/nodes/{a['node_id']}/incidents"
+    body = {"source": b["node_id"], "reason": "wrong bytes for blk.3.gguf (sha256)"}
+    r = http.post(url, headers=_node_headers(a), json=body)
+    assert r.status_code == 200, r.text
+    events = http.get("/api/v1/events", headers=_admin()).json()
+    bad = [e for e in events if e["kind"] == "bad_source"]
+    assert [(e["node_id"], e["detail"]) for e in bad] == [
+        (a["node_id"], f"{b['node_id']}: wrong bytes for blk.3.gguf (sha256)")
+    ]
+    assert bad[0]["label"] == "bad source of pieces" and bad[0]["tone"] == "warn"
+    # Not for another node; nothing unbounded.
+    r = http.post(url, headers=_node_headers(b), json=body)
+    assert r.status_code == 403
+    r = http.post(url, headers=_node_headers(a), json={**body, "reason": "x" * 301})
+    assert 400 <= r.status_code < 500 and r.status_code != 429
+    # Five at once, then one a minute: the rest is refused before it is recorded.
+    codes = [http.post(url, headers=_node_headers(a), json=body).status_code for _ in range(8)]
+    assert codes.count(200) == 4 and codes[4:] == [429] * 4, codes
+    recorded = [
+        e for e in http.get("/api/v1/events", headers=_admin()).json() if e["kind"] == "bad_source"
+    ]
+    assert len(recorded) == 5
