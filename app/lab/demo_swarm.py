@@ -148,7 +148,7 @@ async def run_demo_swarm(
             route, tokenizer_path = await _wait_for_route(identity, stages)
             _say(
                 f"4. client {identity.node_id} joined; route: "
-                + " -> ".join(f"{s.node_id}{s.layers}" for s in route.stages)
+                + " -> ".join(f"{s.node_id} ({s.layers})" for s in route.stages)
             )
             _say(f"   ready after {time.perf_counter() - t0:.1f} s\n")
             conn = await open_joined_chat(identity, route, tokenizer_path)
