@@ -17,7 +17,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from fastapi.testclient import TestClient
 
-from coordinator import invites as inv
 from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.secret_hashes import hash_token
@@ -25,7 +24,7 @@ from coordinator.server.service import Coordinator, CoordinatorSettings, HostedM
 from coordinator.server.store import Node, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
-from tests.support.probe_answerer import HARDWARE
+from tests.support.node_calls import beat, join_as, node_headers
 
 pytestmark = pytest.mark.integration
 
@@ -78,38 +77,10 @@ def _port(s: socket.socket) -> int:
     return int(s.getsockname()[1])
 
 
-def _join(http: TestClient, role: str) -> dict[str, str]:
-    r = http.post(
-        "/api/v1/invites",
-        json={"role": role, "uses": 1, "expires": "1d"},
-        headers={"Authorization": f"Bearer {ADMIN}"},
-    )
-    secret = inv.InviteCode.decode(str(r.json()["code"])).secret
-    key = auth.new_private_key()
-    csr = auth.make_csr(key, "me").public_bytes(serialization.Encoding.PEM).decode()
-    joined = http.post("/api/v1/join", json={"secret": secret, "csr_pem": csr})
-    assert joined.status_code == 200, joined.text
-    return dict(joined.json())
-
-
-def _h(node: dict[str, str]) -> dict[str, str]:
-    return {"X-Sangama-Node": node["node_id"], "Authorization": f"Bearer {node['token']}"}
-
-
-def _beat(http: TestClient, node: dict[str, str], port: int) -> object:
-    r = http.post(
-        f"/api/v1/nodes/{node['node_id']}/heartbeat",
-        headers=_h(node),
-        json={"address": f"127.0.0.1:{port}", "capacity_bytes": 8 << 30, "hardware": HARDWARE},
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["assignment"]
-
-
 def _chain(
     http: TestClient, client: dict[str, str], avoid: list[str] | None = None
 ) -> tuple[int, Any]:
-    r = http.get("/api/v1/route", headers=_h(client), params={"avoid": avoid or []})
+    r = http.get("/api/v1/route", headers=node_headers(client), params={"avoid": avoid or []})
     return r.status_code, (
         [s["node_id"] for s in r.json()["stages"]] if r.status_code == 200 else r.json()
     )
@@ -130,12 +101,12 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
     ca = auth.create_ca("churn-swarm")
     coord = _coordinator(db, ca, pieces)
     http = TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
-    workers = [_join(http, "worker") for _ in range(3)]
+    workers = [join_as(http, ADMIN, "worker") for _ in range(3)]
     for i, w in enumerate(workers):
-        _beat(http, w, _port(ports[i]))
-    spare = _join(http, "worker")
-    assert _beat(http, spare, _port(ports[3])) is None  # the chain exists: the spare
-    client = _join(http, "client")
+        beat(http, w, _port(ports[i]))
+    spare = join_as(http, ADMIN, "worker")
+    assert beat(http, spare, _port(ports[3])) is None  # the chain exists: the spare
+    client = join_as(http, ADMIN, "client")
     status, chain = _chain(http, client)
     assert status == 200 and isinstance(chain, list) and len(chain) == 3
     middle = chain[1]
@@ -153,7 +124,7 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
     assert status == 200 and isinstance(rerouted, list)
     assert rerouted == [chain[0], spare["node_id"], chain[2]]
     before = {
-        w["node_id"]: _beat(http, w, _port(ports[i]))
+        w["node_id"]: beat(http, w, _port(ports[i]))
         for i, w in enumerate(workers)
         if w["node_id"] != middle
     }
@@ -163,7 +134,7 @@ def test_a_reported_dead_stage_is_routed_around_and_a_restart_moves_nobody(
     again = _coordinator(db, ca, pieces)
     http2 = TestClient(create_app(again), base_url="https://testserver", headers=NODE_HEADERS)
     after = {
-        w["node_id"]: _beat(http2, w, _port(ports[i]))
+        w["node_id"]: beat(http2, w, _port(ports[i]))
         for i, w in enumerate(workers)
         if w["node_id"] != middle
     }
@@ -178,12 +149,12 @@ def test_a_reported_stage_whose_port_refuses_leaves_at_once(
     coord = _coordinator(db, auth.create_ca("gone-swarm"), pieces)
     coord.started_at -= dt.timedelta(minutes=5)
     http = TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
-    workers = [_join(http, "worker") for _ in range(3)]
+    workers = [join_as(http, ADMIN, "worker") for _ in range(3)]
     for i, w in enumerate(workers):
-        _beat(http, w, _port(ports[i]))
-    spare = _join(http, "worker")
-    _beat(http, spare, _port(ports[3]))
-    client = _join(http, "client")
+        beat(http, w, _port(ports[i]))
+    spare = join_as(http, ADMIN, "worker")
+    beat(http, spare, _port(ports[3]))
+    client = join_as(http, ADMIN, "client")
     chain = _chain(http, client)[1]
     assert isinstance(chain, list) and len(chain) == 3
     at = {w["node_id"]: i for i, w in enumerate(workers)}
@@ -202,7 +173,7 @@ def test_a_reported_stage_whose_port_refuses_leaves_at_once(
     again = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     ports[at[middle]] = again
     again.bind(("127.0.0.1", 0))
-    _beat(http, next(w for w in workers if w["node_id"] == middle), _port(again))
+    beat(http, next(w for w in workers if w["node_id"] == middle), _port(again))
     assert middle not in coord._gone
     coord.store.close()
 

@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from fastapi.testclient import TestClient
 from sqlalchemy import delete
 
-from coordinator import invites as inv
 from coordinator.releases import NODE_HEADERS
 from coordinator.server.api import ADMIN_TOKEN, create_app
 from coordinator.server.models import HostedModel, plan_setting
@@ -25,7 +23,7 @@ from coordinator.server.service import Coordinator, CoordinatorSettings
 from coordinator.server.store import Setting, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
-from tests.support.probe_answerer import HARDWARE
+from tests.support.node_calls import beat, join_as, node_headers
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -66,34 +64,6 @@ def db(tmp_path: Path) -> Iterator[str]:
     yield url
 
 
-def _join(http: TestClient, role: str) -> dict[str, str]:
-    r = http.post(
-        "/api/v1/invites",
-        json={"role": role, "uses": 1, "expires": "1d"},
-        headers={"Authorization": f"Bearer {ADMIN}"},
-    )
-    secret = inv.InviteCode.decode(str(r.json()["code"])).secret
-    key = auth.new_private_key()
-    csr = auth.make_csr(key, "me").public_bytes(serialization.Encoding.PEM).decode()
-    joined = http.post("/api/v1/join", json={"secret": secret, "csr_pem": csr})
-    assert joined.status_code == 200, joined.text
-    return dict(joined.json())
-
-
-def _h(node: dict[str, str]) -> dict[str, str]:
-    return {"X-Sangama-Node": node["node_id"], "Authorization": f"Bearer {node['token']}"}
-
-
-def _beat(http: TestClient, node: dict[str, str], port: int) -> Any:
-    r = http.post(
-        f"/api/v1/nodes/{node['node_id']}/heartbeat",
-        headers=_h(node),
-        json={"address": f"127.0.0.1:{port}", "capacity_bytes": 8 << 30, "hardware": HARDWARE},
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["assignment"]
-
-
 def _free_ports(n: int) -> list[int]:
     ports = []
     for _ in range(n):
@@ -109,12 +79,12 @@ def test_two_models_share_one_fleet_and_keep_their_plans_across_a_restart(
     ca = auth.create_ca("models-test")
     coord = _coordinator(db, ca, hosted)
     with TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS) as http:
-        workers = [_join(http, "worker") for _ in range(5)]
-        client = _join(http, "client")
+        workers = [join_as(http, ADMIN, "worker") for _ in range(5)]
+        client = join_as(http, ADMIN, "client")
         ports = _free_ports(5)
         for w, port in zip(workers, ports, strict=True):
-            _beat(http, w, port)
-        found = {w["node_id"]: _beat(http, w, p) for w, p in zip(workers, ports, strict=True)}
+            beat(http, w, port)
+        found = {w["node_id"]: beat(http, w, p) for w, p in zip(workers, ports, strict=True)}
         by_model: dict[str, list[str]] = {}
         for node_id, a in found.items():
             if a is not None:
@@ -123,7 +93,7 @@ def test_two_models_share_one_fleet_and_keep_their_plans_across_a_restart(
                 assert a["pieces_url"] == f"/api/v1/models/{a['model']}/pieces"
         assert sorted(by_model) == ["small", "tiny"] and all(len(v) == 2 for v in by_model.values())
 
-        listed = http.get("/api/v1/models", headers=_h(client)).json()["models"]
+        listed = http.get("/api/v1/models", headers=node_headers(client)).json()["models"]
         assert [(m["name"], m["default"], m["stages"]) for m in listed] == [
             ("tiny", True, 2),
             ("small", False, 2),
@@ -132,7 +102,7 @@ def test_two_models_share_one_fleet_and_keep_their_plans_across_a_restart(
         assert http.get("/api/v1/models").status_code == 401  # for joined nodes only
 
         def route(model: str) -> Any:
-            return http.get("/api/v1/route", headers=_h(client), params={"model": model})
+            return http.get("/api/v1/route", headers=node_headers(client), params={"model": model})
 
         assert route("default").json() == route("tiny").json()
         small = route("small").json()
@@ -142,12 +112,15 @@ def test_two_models_share_one_fleet_and_keep_their_plans_across_a_restart(
         assert missing.status_code == 404
         assert missing.json()["detail"] == "this swarm serves 'tiny', 'small', not 'huge'"
 
-        manifest = http.get("/api/v1/models/small/manifest", headers=_h(client)).json()
+        manifest = http.get("/api/v1/models/small/manifest", headers=node_headers(client)).json()
         assert manifest["facts"]["n_layer"] == 4
         piece = hosted[1].manifest.pieces[0].file
-        got = http.get(f"/api/v1/models/small/pieces/{piece}", headers=_h(client))
+        got = http.get(f"/api/v1/models/small/pieces/{piece}", headers=node_headers(client))
         assert got.content == (hosted[1].directory / piece).read_bytes()
-        assert http.get("/api/v1/models/huge/manifest", headers=_h(client)).status_code == 404
+        assert (
+            http.get("/api/v1/models/huge/manifest", headers=node_headers(client)).status_code
+            == 404
+        )
 
         swarm = http.get("/api/v1/swarm", headers={"Authorization": f"Bearer {ADMIN}"}).json()
         assert swarm["model"] == "tiny" and len(swarm["plan"]) == 2
@@ -169,7 +142,7 @@ def test_two_models_share_one_fleet_and_keep_their_plans_across_a_restart(
     again = _coordinator(db, ca, hosted)
     with TestClient(create_app(again), base_url="https://testserver", headers=NODE_HEADERS) as http:
         for w, p in zip(workers, ports, strict=True):
-            assert _beat(http, w, p) == found[w["node_id"]]
+            assert beat(http, w, p) == found[w["node_id"]]
     # A database from a one-model coordinator kept the plan under the old key: the first
     # model starts from it.
     kept = again.store.get_setting(plan_setting("tiny"))
