@@ -6,9 +6,7 @@ place (run_app does the start, after Qt has let go of everything)."""
 from __future__ import annotations
 
 import logging
-import os
 import shlex
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +15,7 @@ from PySide6.QtCore import QObject, QTimer, Slot
 
 from app.node_status import ServeState
 from app.ui.controllers import NodeController
+from app.ui.settings import autostart_command
 from app.upgrades import GRACE_S, Upgrade, UpgradeStep, installed_release, upgrade_step
 from net.wire.versions import this_release
 
@@ -27,12 +26,9 @@ _SERVING = (ServeState.SERVING, ServeState.PAUSING, ServeState.MOVING)
 
 
 def restart_command() -> list[str]:
-    """How to start the app again: the package's launcher names itself; from a source
-    tree, this Python with the desktop module."""
-    packaged = os.environ.get("SANGAMA_APP_COMMAND")
-    if packaged:
-        return shlex.split(packaged)
-    return [sys.executable, "-m", "app.ui.desktop"]
+    """How to start the app again: as the login session would (the package's launcher,
+    or this Python with the desktop module from a source tree)."""
+    return shlex.split(autostart_command())
 
 
 class UpgradeWatch(QObject):
