@@ -300,6 +300,16 @@ def _next_release(deb: Path, tmp: Path, release: str) -> Path:
     return out
 
 
+def _choose_greedy_chat(root: DebianRoot, home: Path) -> None:
+    """The volunteer's settings as the chat window's Greedy switch leaves them: one answer
+    to check, the same on every run (sampled, SmolLM2-135M lectures about arithmetic
+    without a number about one time in thirty)."""
+    config = home / ".config" / "sangama"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "settings.json").write_text(json.dumps({"chat_greedy": True}))
+    root.run(["chown", "-R", f"{USER}:{USER}", f"/home/{USER}"])
+
+
 def _start_app(root: DebianRoot, screen: Screen, tmp_path: Path) -> subprocess.Popen[bytes]:
     """The installed tray app inside the root, started as its menu entry starts it."""
     app_log = (tmp_path / "app.log").open("wb")
@@ -514,6 +524,7 @@ def test_deb_joins_serves_and_answers_through_its_windows(
             home = root.add_user()
             t0 = time.monotonic()
             figures["install_seconds"] = round(_install(root, deb), 1)
+            _choose_greedy_chat(root, home)
             app = _start_app(root, screen, tmp_path)
             started_at = time.monotonic()
             host_ids = {node_id for _, node_id in outside}
@@ -677,14 +688,13 @@ def _drive(
     screen.shoot("chat_answer", screen.around(chat))
     figures["answer"] = answer
     print(f"ANSWER {answer!r}")
-    # Answered, not echoed, in words, on the question's numbers. Not "4" exactly: the chat
-    # window samples as the model card says (temperature 0.2), and SmolLM2-135M then
-    # sometimes lectures about 2 without saying 4; hidden states garbled between the
-    # three stages would give no sentence at all.
+    # Answered, not echoed, in words, with the sum: the chat is greedy, and SmolLM2-135M
+    # then says "The answer is 4."; hidden states garbled between the three stages would
+    # give no sentence at all.
     words = answer.split()
-    assert QUESTION not in answer and len(words) >= 10, answer
-    assert sum(w.strip(".,;:!?\"'()").isalpha() for w in words) >= 0.7 * len(words), answer
-    assert re.search(r"\b[24]\b", answer), answer
+    assert QUESTION not in answer and len(words) >= 3, answer
+    assert sum(w.strip(".,;:!?\"'()").isalpha() for w in words) >= 0.6 * len(words), answer
+    assert re.search(r"\b4\b", answer), answer
     _quit_app(screen, (cx, cy), app)
 
 
