@@ -49,6 +49,7 @@ class LocalSwarm:
     threads: int = 1
     max_sessions: int = 8
     n_ctx: int = 2048
+    """Positions per session (WorkerConfig.n_ctx)."""
     max_datagram_size: int = 1200
     return_logits: bool = False
     quic_library: str = DEFAULT_LIBRARY

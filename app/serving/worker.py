@@ -160,7 +160,10 @@ class StageWorker:
         self._replied_on: set[Channel] = set()
         spec = stage.spec
         self.admission = AdmissionLedger(
-            admission or AdmissionPolicy(n_ctx=spec.n_ctx, max_sessions=spec.n_seq_max)
+            admission
+            or AdmissionPolicy(
+                n_ctx=spec.n_ctx, max_sessions=spec.n_seq_max, session_ctx=spec.session_ctx
+            )
         )
         self.row_budget = config.row_budget
         """Rows per engine step: measured at start (calibrate_budget), at most n_batch."""
