@@ -9,6 +9,7 @@ import pytest
 
 from app.serving.rules.events import LinkClosed, LinkReady
 from app.serving.rules.work import StepsComputed, SweepIdle, TimerFired
+from app.session.rows_refusal import RowsRefusal, rows_refusal
 from net import wire
 from net.errors import ErrorCode
 from net.wire.tensors import WireDtype, encode_rows
@@ -280,6 +281,47 @@ def test_rows_a_stage_cannot_take_fail_the_session_with_a_typed_error(
     assert sent_back and {e.code for e in sent_back} == {code}
     errors = chain.client.answers["a"].errors
     assert errors and errors[0].code is code
+    _settled(chain)
+
+
+def _row(values: list[float]) -> np.ndarray:
+    return np.array([values], dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    ("rows", "check"),
+    [
+        (_row([1.0, float("nan"), 2.0, 0.0]), "not-finite"),
+        (_row([1.0, float("inf"), 2.0, 0.0]), "not-finite"),
+        (_row([0.0, 0.0, 0.0, 0.0]), "zero-row"),
+        (_row([3.0e7, 15.0, 1.0, 0.0]), "norm-ceiling"),
+    ],
+)
+def test_rows_no_model_computes_are_refused_before_the_engine(rows: np.ndarray, check: str) -> None:
+    """Rows of the right shape and dtype that cannot be a model's: the next stage
+    refuses the step before its engine sees them, counts it, and the client hears a
+    STAGE_ERROR naming the check and the layer the rows came in at (their sender is
+    the stage that ends there)."""
+    chain = Chain(CUTS)
+    chain.client.pause_after["a"] = 2
+    chain.client.open("a", PROMPT, 6)
+    chain.pump()
+    first, middle = chain.hosts[0], chain.hosts[1]
+    assert all(h.core.stats.rows_refused == 0 for h in chain.hosts)  # honest: no alarm
+    computed = middle.engine.rows
+    start = len(PROMPT) + 1
+    bad = wire.Step("a", 50, start, (1,), encode_rows(rows, WireDtype.F32), 1, 4, WireDtype.F32)
+    first._send(first.downstream or "", bad)
+    chain.pump()
+    assert middle.core.stats.rows_refused == 1
+    assert middle.engine.rows == computed  # the rows never reached the engine
+    sent_back = [f for link, f in middle.sent if link == "n0-n1" and isinstance(f, wire.Error)]
+    assert sent_back and {e.code for e in sent_back} == {ErrorCode.STAGE_ERROR}
+    errors = chain.client.answers["a"].errors
+    assert errors and {e.code for e in errors} == {ErrorCode.STAGE_ERROR}
+    refusal, why = rows_refusal(errors[0].message)
+    assert refusal == RowsRefusal(check, CUTS[1])
+    assert why.startswith("step 50: row 0 ")
     _settled(chain)
 
 
