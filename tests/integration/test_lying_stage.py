@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from app.client.recovery import accused
+from app.client.recovering import RecoveringClient
+from app.client.recovery import RecoveryPolicy, accused
 from app.client.swarm_client import SwarmClient
+from app.config import Route
 from app.errors import RowsRefused
+from app.lab.local_run import build_pipeline
 from app.lab.local_swarm import LocalSwarm
 from core.tokenizer import Tokenizer
+from core.types import LayerRange
 from net.errors import ErrorCode
 from net.wire.tensors import WireDtype
 
@@ -96,3 +100,41 @@ def test_an_honest_swarm_and_a_plausible_lie_raise_no_alarm(smollm2_path: Path) 
     answer, halved, lied, log = asyncio.run(scenario())
     assert len(answer) == len(halved) == len(lied) == 12  # no step refused
     assert "lies on purpose" in log  # the noise was there all the same
+
+
+def test_an_answer_survives_a_stage_that_lies_now_and_then(smollm2_path: Path) -> None:
+    """Each refused step breaks the answer with RowsRefused; the client replays what it
+    has (the liar is the only node for its layers here, so through it again) and the
+    answer ends as the whole model's, token for token."""
+    prompt = _prompt(smollm2_path)
+    n = 10
+    whole = build_pipeline([smollm2_path], [LayerRange(0, 30)], 30, 1024, 64, 1, True)
+    try:
+        expected = list(whole.generate(prompt, n).tokens)
+    finally:
+        whole.shutdown()
+    lie = {"SANGAMA_TEST_LIE": "zeros", "SANGAMA_TEST_LIE_RATE": "0.2",
+           "SANGAMA_TEST_LIE_SEED": "4"}  # fmt: skip
+
+    async def scenario() -> tuple[list[int], RecoveringClient]:
+        swarm = LocalSwarm(model=str(smollm2_path), cuts=CUTS, worker_env={1: lie})
+        async with swarm:
+            route, creds = swarm.route, swarm.client_credentials
+            assert route is not None and creds is not None
+
+            async def same_route(_avoid: tuple[str, ...]) -> Route:
+                return route
+
+            client = RecoveringClient(
+                creds, route, same_route, RecoveryPolicy(step_timeout_s=20.0), swarm.tuning
+            )
+            async with client:
+                out = [t async for ev in client.generate(prompt, n) for t in ev.tokens]
+        return out, client
+
+    out, client = asyncio.run(scenario())
+    assert out == expected
+    assert client.recoveries  # the liar did lie, and was caught
+    for recovery in client.recoveries:
+        assert "rows refused at layer 20 (zero-row)" in recovery.failure
+        assert "stage1" in recovery.dead
