@@ -104,8 +104,9 @@ def test_an_honest_swarm_and_a_plausible_lie_raise_no_alarm(smollm2_path: Path) 
 
 def test_an_answer_survives_a_stage_that_lies_now_and_then(smollm2_path: Path) -> None:
     """Each refused step breaks the answer with RowsRefused; the client replays what it
-    has (the liar is the only node for its layers here, so through it again) and the
-    answer ends as the whole model's, token for token."""
+    has (the liar is the only node for its layers here, so through it again; the
+    refusing stage kept the session for the replay to take over) and the answer ends
+    as the whole model's, token for token."""
     prompt = _prompt(smollm2_path)
     n = 10
     whole = build_pipeline([smollm2_path], [LayerRange(0, 30)], 30, 1024, 64, 1, True)

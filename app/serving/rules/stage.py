@@ -40,6 +40,7 @@ from app.serving.rules.events import (
     Refused,
     Resent,
     Resumed,
+    StepRejected,
     Take,
     TokensReady,
 )
@@ -317,7 +318,8 @@ class StageCore(Generic[L]):
                 refusal = RowsRefusal(bad.check.value, self.setup.first_layer)
                 why = f"step {frame.step_id}: {bad.detail}"
                 message = rows_refused_message(refusal, why)
-                return self._refused(link, frame.session, ErrorCode.STAGE_ERROR, message)
+                rejected = StepRejected(link, frame.session, ErrorCode.STAGE_ERROR, message)
+                return self._after_rules(self.rules.handle(rejected))
         if frame.one_by_one:
             self.stats.rows_one_by_one += frame.n_rows
         wake = not self._pending
