@@ -188,7 +188,7 @@ class Generation:
         """The id of the next step sent; the awaited step is the one before it."""
         self._sent_at = 0.0
         """`now` when the awaited step went (or, round the ring, the previous TOKENS came)."""
-        self._guesses: tuple[int, ...] = ()
+        self._n_guesses = 0
         """Guesses of the client's own awaited step."""
         self._went_round = False
         """The awaited step is the ring's, not the client's."""
@@ -261,7 +261,7 @@ class Generation:
             self._next_id += 1
             return None
         nxt = self._guessing.next_step()
-        self._guesses = nxt.guesses
+        self._n_guesses = len(nxt.guesses)
         return self._step(
             nxt.start, nxt.tokens, guesses=nxt.guesses, keep_until=nxt.keep_until, wall_ns=wall_ns
         )
@@ -273,13 +273,13 @@ class Generation:
 
     def _take(self, frame: wire.Tokens, now: float) -> tuple[Event, ...]:
         trip_ms = (now - self._sent_at) * 1e3
-        carried = frame.guessed if self._went_round else len(self._guesses)
+        carried = frame.guessed if self._went_round else self._n_guesses
         logits = np.frombuffer(frame.logits_sample, np.float32) if frame.logits_sample else None
         asked = Asked(
             carried,
             room=self._max_tokens - self._guessing.produced,
             sampling=self._sampling,
-            guesses=None if self._went_round else self._guesses,
+            round_the_ring=self._went_round,
             vocab_size=self._vocab_size,
         )
         problem = tokens_problem(frame, asked, logits)

@@ -35,9 +35,9 @@ class Asked:
     room: int
     """Tokens the answer may still take (`max_tokens` less those received)."""
     sampling: SamplingParams
-    guesses: tuple[int, ...] | None = None
-    """The client's own guesses on the step; None where the last stage chose them (the
-    ring's step)."""
+    round_the_ring: bool = False
+    """The last stage built the step (the ring) and chose its guesses; otherwise the
+    client's guess tracker counts the reply's tokens against its own guesses."""
     vocab_size: int | None = None
     """The model's vocabulary (token ids below it); None: not known here."""
 
@@ -49,7 +49,7 @@ def tokens_problem(
     tokens = frame.tokens
     if not tokens:
         return "no token"
-    if asked.guesses is None:  # a step the client built: its guess tracker counts these
+    if asked.round_the_ring:  # a step the client built: its guess tracker counts these
         if len(tokens) > asked.carried + 1:
             return f"{len(tokens)} tokens for a step of {asked.carried} guesses"
         if frame.n_accepted != len(tokens) - 1:

@@ -28,9 +28,9 @@ def reply(
 
 
 def test_a_reply_that_fits_its_step_passes() -> None:
-    asked = Asked(carried=2, room=5, sampling=GREEDY, guesses=(4, 5), vocab_size=100)
+    asked = Asked(carried=2, room=5, sampling=GREEDY, vocab_size=100)
     assert tokens_problem(reply(4, 5, 9), asked) is None
-    ring = Asked(carried=2, room=5, sampling=GREEDY, vocab_size=100)
+    ring = Asked(carried=2, room=5, sampling=GREEDY, round_the_ring=True, vocab_size=100)
     assert tokens_problem(reply(4, 9, guessed=2), ring) is None
 
 
@@ -38,9 +38,9 @@ def test_a_reply_that_fits_its_step_passes() -> None:
     ("frame", "asked", "problem"),
     [
         (reply(), Asked(0, 5, GREEDY), "no token"),
-        (reply(1, 2, 3, guessed=1), Asked(1, 5, GREEDY), "3 tokens for a step of 1 guesses"),
-        (reply(1, 2, n_accepted=0, guessed=2), Asked(2, 5, GREEDY), "but 0 guesses accepted"),
-        (reply(1, 2), Asked(1, 1, GREEDY, guesses=(1,)), "where 1 were left of max_tokens"),
+        (reply(1, 2, 3, guessed=1), Asked(1, 5, GREEDY, True), "3 tokens for a step of 1 guesses"),
+        (reply(1, 2, n_accepted=0, guessed=2), Asked(2, 5, GREEDY, True), "0 guesses accepted"),
+        (reply(1, 2), Asked(1, 1, GREEDY), "where 1 were left of max_tokens"),
         (reply(100), Asked(0, 5, GREEDY, vocab_size=100), "outside the vocabulary of 100"),
     ],
 )
