@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from app.config import Hop, WorkerConfig, parse_address
 from app.serving.links.downstream import Dialer, Downstream
@@ -82,7 +84,25 @@ from net.peer_limits import LinkLimits
 from net.quic.links import QuicTuning
 from net.rate import upload_throttle
 
+if TYPE_CHECKING:  # the module itself only where a test sets TEST_LIE_ENV
+    from app.serving.chaos_lies import Liar
+
 log = logging.getLogger(__name__)
+
+TEST_LIE_ENV = "SANGAMA_TEST_LIE"
+"""Set only by tests: this worker changes the rows it sends on (app.serving.chaos_lies,
+a module the installers do not ship, imported only then)."""
+
+
+def _test_liar() -> Liar | None:
+    """The test-only liar the environment asks for, None where it asks for none."""
+    if not os.environ.get(TEST_LIE_ENV):
+        return None
+    from app.serving import chaos_lies
+
+    settings = chaos_lies.settings_from_env(os.environ)
+    log.warning("this worker lies on purpose (%s): for tests only", settings)
+    return None if settings is None else chaos_lies.Liar(settings)
 
 
 def _own_addresses(config: WorkerConfig) -> frozenset[tuple[str, int]]:
@@ -216,6 +236,7 @@ class StageWorker:
         self._idle = asyncio.Event()
         self._idle.set()
         self.address: tuple[str, int] | None = None
+        self._liar = _test_liar()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -382,6 +403,8 @@ class StageWorker:
                     link.release(session)
                 case Forward(frame):
                     assert self._downstream is not None
+                    if self._liar is not None and isinstance(frame, wire.Step):
+                        frame = self._liar.tamper(frame)
                     self._downstream.send(frame)
                 case ForgetDownstream(session):
                     if self._downstream is not None:
