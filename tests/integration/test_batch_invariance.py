@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.models import default_model_path, stage_files
+from core.models import GEMMA3, default_model_path, resolve_model, stage_files
 from core.stage import Stage, StepRequest, StepResult
 from core.types import LayerRange, StageSpec
 from tests.support.tiny_models import write_tiny_model
@@ -97,14 +97,18 @@ def tiny_f32(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("invariance") / "tiny-f32.gguf")
 
 
-@pytest.mark.parametrize("which", ["default", "tiny-f32"])
+@pytest.mark.parametrize("which", ["default", "gemma-q4_k_m", "tiny-f32"])
 def test_32_batched_sessions_get_the_hidden_states_they_get_alone(
     which: str, tiny_f32: Path
 ) -> None:
-    # The default model's weights are Q4_1 and K-quants; the tiny one's F32, whose
-    # multi-row matmul is another kernel than the one-row dot product unless the engine
-    # is built without llamafile's.
-    model, vocab = (default_model_path(), 4000) if which == "default" else (tiny_f32, 512)
+    # The default model's weights are Q4_1 and K-quants. Gemma's Q4_K weights are
+    # repacked, whose 4-row kernel sums in another order than their one-row one; the
+    # tiny model's F32 weights would go through llamafile's multi-row matmul.
+    model, vocab = {
+        "default": (default_model_path(), 4000),
+        "gemma-q4_k_m": (resolve_model(GEMMA3), 4000),
+        "tiny-f32": (tiny_f32, 512),
+    }[which]
     manifest, _ = stage_files(model, [])
     n_layer = manifest.facts.n_layer
     ranges = [LayerRange(0, n_layer // 2), LayerRange(n_layer // 2, n_layer)]
