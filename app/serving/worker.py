@@ -71,6 +71,8 @@ from app.serving.session_records import WorkerStats
 from app.serving.steps.batch import StageSteps
 from app.serving.steps.engine_calls import EngineCalls
 from app.serving.steps.mtp_guesses import guess
+from app.serving.steps.recompute import recompute
+from coordinator.spot_checks import CheckDigests, CheckRecord
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
 from core.errors import CoreError
 from core.stage import Stage
@@ -307,6 +309,27 @@ class StageWorker:
     def capacity(self) -> Capacity:
         """Sessions and KV reserved against this stage's budget (heartbeats, status)."""
         return self.admission.capacity()
+
+    # ------------------------------------------------------------ spot checks
+
+    @property
+    def checkable(self) -> bool:
+        """Whether another node can recompute this stage's steps bit for bit: each
+        session in decodes of its own (reproducible), and hidden rows sent on."""
+        return self.config.reproducible and not self.is_last
+
+    def check_sessions(self) -> tuple[tuple[str, int], ...]:
+        """Sessions whose steps a spot check may ask for (StepLedger.offered)."""
+        return self.core.ledger.offered() if self.checkable else ()
+
+    def check_record(self, session: str, steps: int) -> CheckRecord | None:
+        return self.core.ledger.check_record(session, steps)
+
+    async def recompute(self, record: CheckRecord, session: str) -> CheckDigests:
+        """Another stage's record recomputed here, on the engine thread (recompute.py)."""
+        if not self.checkable:
+            return CheckDigests(refused="this stage does not recompute bit for bit")
+        return await self._engine_calls.run(recompute, self._steps, record, session)
 
     async def drain(self, timeout: float) -> int:
         """Take no new sessions and wait up to `timeout` s for the running ones to end.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
@@ -92,6 +92,10 @@ class RenewIn(_In):
     csr_pem: str = Field(min_length=1, max_length=8000)
 
 
+CheckSession = Annotated[str, Field(min_length=1, max_length=128)]
+CheckSteps = Annotated[int, Field(ge=0, le=1 << 16)]
+
+
 class HeartbeatIn(_In):
     """contract.Heartbeat, with the bounds the database needs (same field names)."""
 
@@ -130,6 +134,10 @@ class HeartbeatIn(_In):
     # layers whose pieces it serves there.
     pieces_address: str = Field(default="", max_length=200)
     pieces_layers: tuple[int, int] = (0, 0)
+    # Spot checks (coordinator/spot_checks.py): whether its steps recompute bit for bit,
+    # and the sessions it keeps records of, with their steps.
+    checkable: bool = False
+    check_sessions: tuple[tuple[CheckSession, CheckSteps], ...] = Field(default=(), max_length=16)
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:

@@ -48,6 +48,7 @@ from app.serving.rules.peers import StagePlan, idle_sessions
 from app.serving.rules.resume import extend_history, rows_to_skip, trimmed
 from app.serving.rules.ring_turns import RingGuesses, go_round
 from app.serving.rules.sessions import SessionRules
+from app.serving.rules.step_ledger import StepLedger, ledger_step
 from app.serving.rules.work import (
     AdoptOnStage,
     Batch,
@@ -157,6 +158,9 @@ class StageCore(Generic[L]):
         self._pending: list[PendingStep] = []
         self._ring_guesses = RingGuesses()
         """Last stage: how a ring that guesses guesses (its state is in each record)."""
+        self.ledger = StepLedger()
+        """Recent sessions' steps as spot checks ask for them (a stage that sends hidden
+        rows on: the last stage's answer depends on its sampling too)."""
 
     # ------------------------------------------------------------ reading
 
@@ -264,6 +268,7 @@ class StageCore(Generic[L]):
         # rules checked owner and history, and gave the record its tokens): the KV moves.
         self.stats.sessions_adopted += 1
         self.stats.rows_reused += begin.kept
+        self.ledger.refuse(name)  # its cache here is another session's: no prefix to check
         self._drop_pending(begin.adopt)
         out.append(AdoptOnStage(begin.adopt, name, begin.kept))
         if self.setup.has_next:
@@ -387,7 +392,10 @@ class StageCore(Generic[L]):
             if session.history_known and self.setup.adopts:
                 session.history_known = extend_history(session.history, p.step)
             dtype = WireDtype(session.open.wire_dtype)
-            return [Forward(onward_step(p.step, result.hidden, dtype, timings))]
+            onward = onward_step(p.step, result.hidden, dtype, timings)
+            assert onward.hidden is not None
+            self.ledger.record(p.step.session, ledger_step(p.step, onward.hidden, int(dtype)))
+            return [Forward(onward)]
         assert result.logits is not None
         return self._sample_and_reply(session, p.step, result.logits, timings, verdict)
 
