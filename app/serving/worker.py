@@ -400,8 +400,10 @@ class StageWorker:
                     self._send(link, frame)
                 case Release(link, session):
                     link.release(session)
-                case Forward(frame):
+                case Forward(frame, taken):
                     assert self._downstream is not None
+                    if taken is not None and isinstance(frame, wire.Step):
+                        self.core.sent(taken, frame)  # as it goes: what the next stage gets
                     self._downstream.send(frame)
                 case ForgetDownstream(session):
                     if self._downstream is not None:

@@ -61,6 +61,7 @@ KINDS: Mapping[str, Kind] = {
     "faulty": Kind("faulty: a spot check caught it", "bad"),
     "fault_cleared": Kind("fault cleared", "ok"),
     "check_undecided": Kind("spot check undecided", "warn"),
+    "check_disputed": Kind("spot check: a stage's input disputed", "warn"),
 }
 
 

@@ -76,6 +76,7 @@ class Concluded:
             "reason": f.reason,
             "checker": c.checker or "",
             "third": c.third or "",
+            "upstream": c.upstream or "",
         }
         if a.record is not None and 0 <= f.step_index < len(a.record.steps):
             s = a.record.steps[f.step_index]

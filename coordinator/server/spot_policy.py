@@ -70,10 +70,14 @@ class Verdict(Enum):
     HONEST = "honest"
     """The checker recomputed what the stage claimed."""
     FAULTY = "faulty"
-    """The checked stage: its own record contradicts itself or its upstream, or two
-    other holders recomputed the same rows and not its."""
+    """The checked stage: its own record contradicts itself, or two other holders
+    recomputed the same rows and not its."""
     CHECKER_FAULTY = "checker faulty"
     """The checker: the third holder recomputed what the checked stage claimed."""
+    DISPUTED = "disputed"
+    """Its rows recompute as it claims, but its input is not what its upstream says it
+    sent: one of the two lies (links are authenticated, frames are not signed), so
+    neither is marked; the operator sees both."""
     UNDECIDED = "undecided"
     """No one can be blamed: no third holder, one refused, or all three differ."""
     UNVERIFIED = "unverified"
@@ -115,7 +119,23 @@ def first_difference(a: Sequence[str], b: Sequence[str]) -> int:
 
 
 def judge(a: Answers) -> Finding:
-    """The verdict table: each row a situation, in the order they are tried."""
+    """The verdict table (`_judge_rows`), then the upstream's word: a check that blames
+    no one but finds the input differing from what the upstream claims it sent is a
+    dispute between the two."""
+    found = _judge_rows(a)
+    if found.verdict in (Verdict.PENDING, Verdict.FAULTY, Verdict.CHECKER_FAULTY):
+        return found
+    if a.record is not None and a.upstream_outputs is not None:
+        for i, s in enumerate(a.record.steps):
+            sent = a.upstream_outputs.get(s.step_id)
+            if sent is not None and sent != s.input_digest:
+                why = f"step {s.step_id}: its input is not what its upstream says it sent"
+                return Finding(Verdict.DISPUTED, f"{why} ({found.verdict.value} otherwise)", i)
+    return found
+
+
+def _judge_rows(a: Answers) -> Finding:
+    """Each row a situation, in the order they are tried."""
     if a.record is None:
         if a.record_refused or a.expired:
             return Finding(Verdict.UNVERIFIED, f"no record: {a.record_refused or 'no answer'}")
@@ -125,12 +145,6 @@ def judge(a: Answers) -> Finding:
     lie = record.lies_about_itself()
     if lie:
         return Finding(Verdict.FAULTY, f"its record contradicts itself: {lie}", 0)
-    if a.upstream_outputs is not None:
-        for i, s in enumerate(record.steps):
-            sent = a.upstream_outputs.get(s.step_id)
-            if sent is not None and sent != s.input_digest:
-                why = f"step {s.step_id}: its input is not what its upstream says it sent"
-                return Finding(Verdict.FAULTY, why, i)
     if not a.has_checker:
         return Finding(Verdict.UNVERIFIED, "no other node serves these layers to recompute")
     if a.checker is None:

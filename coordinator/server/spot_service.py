@@ -187,3 +187,7 @@ class SpotChecks:
             self._timeline.record(
                 "check_undecided", concluded.check.node, concluded.finding.reason[:300]
             )
+        elif verdict is Verdict.DISPUTED:
+            upstream = concluded.check.upstream or "?"
+            detail = f"{concluded.finding.reason} (upstream {upstream})"
+            self._timeline.record("check_disputed", concluded.check.node, detail[:300])

@@ -344,6 +344,12 @@ class StageCore(Generic[L]):
                 return Batch(batch, checks)
         return None
 
+    def sent(self, taken: wire.Step, sent: wire.Step) -> None:
+        """The shell sent a step's rows on (`Forward`): recorded as they went, so a spot
+        check compares what the next stage received."""
+        if sent.hidden is not None:
+            self.ledger.record(taken.session, ledger_step(taken, sent.hidden, sent.wire_dtype))
+
     def _drop_pending(self, name: str) -> None:
         self._pending = [p for p in self._pending if p.step.session != name]
 
@@ -392,10 +398,7 @@ class StageCore(Generic[L]):
             if session.history_known and self.setup.adopts:
                 session.history_known = extend_history(session.history, p.step)
             dtype = WireDtype(session.open.wire_dtype)
-            onward = onward_step(p.step, result.hidden, dtype, timings)
-            assert onward.hidden is not None
-            self.ledger.record(p.step.session, ledger_step(p.step, onward.hidden, int(dtype)))
-            return [Forward(onward)]
+            return [Forward(onward_step(p.step, result.hidden, dtype, timings), p.step)]
         assert result.logits is not None
         return self._sample_and_reply(session, p.step, result.logits, timings, verdict)
 

@@ -157,9 +157,17 @@ def test_digest_lists_differ_where_they_first_do() -> None:
             Answers(record=_record(A, B), checker=(A, C), third_refused="gone", expired=True),
             Verdict.UNDECIDED,
         ),
-        # Its input is not what its upstream says it sent: no recomputation needed.
-        (Answers(record=_record(A, B), upstream_outputs={1: C}), Verdict.FAULTY),
-        (Answers(record=_record(A, B), upstream_outputs={1: ZEROS}), Verdict.PENDING),
+        # Its input is not what its upstream says it sent: one of the two lies.
+        (Answers(record=_record(A, B), upstream_outputs={1: C}), Verdict.PENDING),
+        (Answers(record=_record(A, B), upstream_outputs={1: C}, checker=(A, B)), Verdict.DISPUTED),
+        (
+            Answers(record=_record(A, B), upstream_outputs={1: C}, checker=(A, C), third=(A, C)),
+            Verdict.FAULTY,
+        ),
+        (
+            Answers(record=_record(A, B), upstream_outputs={1: ZEROS}, checker=(A, B)),
+            Verdict.HONEST,
+        ),
     ],
 )
 def test_the_verdict_table(answers: Answers, verdict: Verdict) -> None:
