@@ -15,6 +15,7 @@ from coordinator.contract import (
 from coordinator.server.events import MAX_NAME
 from coordinator.server.invite_book import MAX_USES
 from coordinator.server.node_claims import check_report
+from coordinator.spot_checks import MAX_CHECK_STEPS, MAX_SESSION_CHARS
 from net.ice.values import IceOffer
 
 MAX_BODY_BYTES = 1 << 20
@@ -92,8 +93,8 @@ class RenewIn(_In):
     csr_pem: str = Field(min_length=1, max_length=8000)
 
 
-CheckSession = Annotated[str, Field(min_length=1, max_length=128)]
-CheckSteps = Annotated[int, Field(ge=0, le=1 << 16)]
+CheckSession = Annotated[str, Field(min_length=1, max_length=MAX_SESSION_CHARS)]
+CheckSteps = Annotated[int, Field(ge=0, le=MAX_CHECK_STEPS)]
 
 
 class HeartbeatIn(_In):

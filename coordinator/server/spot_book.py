@@ -26,6 +26,7 @@ from coordinator.server.spot_policy import (
 )
 from coordinator.spot_checks import (
     MAX_ASKS,
+    MAX_CHECK_STEPS,
     RECOMPUTE,
     RECORD,
     CheckAsk,
@@ -136,7 +137,9 @@ class SpotBook:
         holders: Sequence[str],
         now: float,
     ) -> Check:
-        """A check of `node`'s first `steps` steps of `session`."""
+        """A check of `node`'s first `steps` steps of `session` (at most MAX_CHECK_STEPS:
+        what a node's heartbeat answer takes)."""
+        steps = max(1, min(steps, MAX_CHECK_STEPS))
         check = Check(
             self._next, node, session, steps, upstream, tuple(h for h in holders if h != node), now
         )
@@ -167,7 +170,6 @@ class SpotBook:
         check, role = self._lookup(node, ask_id)
         if not isinstance(doc, dict):
             raise MalformedAnswer("an answer to a check is a JSON object")
-        del self._asks[ask_id]
         a = check.answers
         refused = doc.get("refused", "")
         refused = refused[:300] if isinstance(refused, str) and refused else ""
@@ -190,6 +192,7 @@ class SpotBook:
                 a = replace(a, checker=digests.digests, checker_refused=why)
             else:
                 a = replace(a, third=digests.digests, third_refused=why)
+        del self._asks[ask_id]  # answered: a malformed answer (raised above) may be sent again
         check.answers = a
         return self._advance(check)
 

@@ -25,6 +25,7 @@ from coordinator.server.spot_policy import (
 from coordinator.spot_checks import (
     HIDDEN,
     MAX_CHECK_ROW_BYTES,
+    MAX_CHECK_STEPS,
     RECOMPUTE,
     RECORD,
     CheckAsk,
@@ -251,3 +252,11 @@ def test_no_second_check_of_a_node_and_none_beyond_the_swarms_limit() -> None:
     assert book.maybe_start("n2", [("s", 1)], 1, None, [], now=0.0) is None
     off = SpotBook(SpotSettings(rate=0.0), draw=lambda: 0.0)
     assert off.maybe_start("n1", [("s", 1)], 1000, None, [], now=0.0) is None
+
+
+def test_an_ask_never_names_more_steps_than_a_node_reads() -> None:
+    book = SpotBook(SpotSettings(rate=1.0), draw=lambda: 0.999)
+    check = book.maybe_start("n1", [("s", 100_000)], 1, None, [], now=0.0)
+    assert check is not None and check.steps == MAX_CHECK_STEPS
+    (ask,) = book.asks_for("n1")
+    assert read_asks([ask.to_json()]) == (ask,)
