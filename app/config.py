@@ -89,6 +89,8 @@ class WorkerConfig:
     the scheduler places them. At least `threads` CPUs; Linux only."""
     max_sessions: int = 8
     n_ctx: int = 2048
+    """Positions each session may hold (prompt and answer): every session has a KV
+    stream of its own, so the stage allocates n_ctx * max_sessions positions."""
     row_budget: int = 256
     """Rows per llama_decode at most (llama.cpp's n_batch): decode rows of all sessions
     first, then prompt chunks. The budget used is measured at start, up to this."""
@@ -96,8 +98,9 @@ class WorkerConfig:
     """Time a few batch sizes at start and take the row budget from them
     (core.scheduling.choose_row_budget); False: use row_budget as it is."""
     reproducible: bool = False
-    """Every session's rows in a llama_decode of their own, on a KV stream of its own:
-    a request gives exactly the tokens it gives alone, at the cost of batching."""
+    """Every session's rows in a llama_decode of their own: batching across sessions
+    given up. A request gives the tokens it gives alone either way; this is kept to
+    measure what batching gains."""
     exact_guesses: bool = True
     """Stages before the last evaluate a step's guessed rows one at a time, each as plain
     decoding computes it, so guessing never changes an answer (llama.cpp's multi-row

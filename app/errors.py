@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.session.rows_refusal import rows_refusal
 from net.errors import ErrorCode
 from net.protocol import overload_hint
 
@@ -70,6 +71,26 @@ class StageFailed(ClientError):
         return (StageFailed, (self.error_code, self.message))
 
 
+class RowsRefused(StageFailed):
+    """A stage refused the hidden-state rows it was sent (app.serving.steps.row_checks):
+    `check` names the check that failed, `from_layer` the refusing stage's first layer,
+    so the stage whose layers end there sent them."""
+
+    def __init__(self, message: str, check: str, from_layer: int) -> None:
+        super().__init__(ErrorCode.STAGE_ERROR, message)
+        self.check = check
+        self.from_layer = from_layer
+
+    def __reduce__(self) -> tuple[type[RowsRefused], tuple[str, str, int]]:  # type: ignore[override]
+        return (RowsRefused, (self.message, self.check, self.from_layer))
+
+
+class BadTokens(ClientError):
+    """TOKENS from the last stage that cannot answer the step asked (a count, a
+    position, a token id or a greedy choice that does not fit): the last stage is
+    suspect, and the answer is replayed as for a failed stage."""
+
+
 class StageTimeout(ClientError):
     """No answer from the route within the step deadline."""
 
@@ -95,4 +116,8 @@ def stage_error(code: ErrorCode, message: str) -> StageFailed:
         return Overloaded(text, hint.retry_after_ms, hint.try_another_route)
     if code is ErrorCode.OVERLOADED:  # from a peer that sends no hint: retry in a second
         return Overloaded(message, 1000, True)
+    refusal, why = rows_refusal(message) if code is ErrorCode.STAGE_ERROR else (None, message)
+    if refusal is not None:
+        text = f"rows refused at layer {refusal.from_layer} ({refusal.check}): {why}"
+        return RowsRefused(text, refusal.check, refusal.from_layer)
     return StageFailed(code, message)

@@ -143,7 +143,7 @@ def main() -> int:
     report = {
         "build": f"CPU {backend.cpu_variant}"
         + (", dynamic" if backend.dynamic else ", built-in")
-        + ("" if os.environ.get("SANGAMA_WEIGHT_REPACK", "1") != "0" else ", no repack"),
+        + (", batch-variant" if os.environ.get("SANGAMA_BATCH_VARIANT") == "1" else ""),
         "disabled_buffer_types": list(backend.disabled_buffer_types),
         "model": model.name,
         "cuts": cuts,
@@ -184,7 +184,7 @@ def _builds() -> list[tuple[str, str, dict[str, str]]]:
         shipped = sys.executable
     builds = [
         ("shipped", shipped, {}),
-        ("shipped, repack off", shipped, {"SANGAMA_WEIGHT_REPACK": "0"}),
+        ("shipped, batch-variant", shipped, {"SANGAMA_BATCH_VARIANT": "1"}),
     ]
     native = ROOT / ".venv-native" / "bin" / "python"
     if native.exists():

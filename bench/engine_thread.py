@@ -182,7 +182,6 @@ def main() -> int:
     from core.models import GEMMA3, resolve_model
 
     model = resolve_model(GEMMA3)
-    os.environ["SANGAMA_WEIGHT_REPACK"] = "0"  # as rpc_compare's and token_parts' default
     load = [os.getloadavg()[0]]
     swarm = asyncio.run(swarm_threads(model, args.tokens, args.rounds))
     load.append(os.getloadavg()[0])

@@ -19,7 +19,7 @@ core.stage on the same stage files), guessing with 16 sessions at once (gemma3),
 time to first token of a 460-token prompt, chunked (64) vs one piece, on the WAN chains.
 
     .venv/bin/python bench/guesses.py [--json] [--quick] [--tokens 48] [--repeat 3]
-                                     [--chains wan20,wan18_gemma,gemma3] [--exact]
+                                     [--chains wan20,wan18_gemma,gemma3] [--batch-variant]
 
 Each setting runs --repeat times (interleaved with the others); tokens/s is the median.
 `--json` prints {chain: {prompt: {setting: {tokens_per_trip, accepted, proposed,
@@ -316,9 +316,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out.setdefault("undo", {})["wan18_gemma"] = _undo(gemma, cuts, 8, N_CTX)
     if "gemma3" in chains:
         cuts = [0, 6, 12, 18]
-        if args.exact:  # the workers inherit it: no repacked weights (see --exact)
-            os.environ["SANGAMA_WEIGHT_REPACK"] = "0"
-        out["gemma3_weight_repack"] = os.environ.get("SANGAMA_WEIGHT_REPACK") != "0"
+        if args.batch_variant:  # the workers inherit it (see --batch-variant)
+            os.environ["SANGAMA_BATCH_VARIANT"] = "1"
+        out["gemma3_batch_variant"] = os.environ.get("SANGAMA_BATCH_VARIANT") == "1"
         async with LocalSwarm(
             model=str(gemma),
             cuts=cuts,
@@ -384,10 +384,10 @@ def main() -> int:
         "--no-ttft", dest="ttft", action="store_false", help="skip the chunked-prompt timing"
     )
     ap.add_argument(
-        "--exact",
+        "--batch-variant",
         action="store_true",
-        help="gemma3 workers without repacked weights: a k+1-row verification is then "
-        "bit-identical to one-row decodes (repacked Q4_K kernels are not)",
+        help="gemma3 workers with repacked weights and tiled matmul (SANGAMA_BATCH_VARIANT):"
+        " a k+1-row verification is then no longer bit-identical to one-row decodes",
     )
     args = ap.parse_args()
     if args.quick:

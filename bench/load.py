@@ -10,12 +10,15 @@ speed once it runs, and all tokens over the wall time), each request's tokens/s,
 to first token, how many requests gave exactly the tokens they give alone, per-stage
 compute / waiting from the TOKENS timings and the network and handling rest, CPU busy
 share of every worker and of the client, and peak memory per worker. Where the total
-stops rising, the busiest resource is named. `--reproducible` adds a 32-request run of
-(a) with the workers in reproducible mode, against the same run in the default mode.
+stops rising, the busiest resource is named. `--modes` adds (a) at `--mode-levels`
+(1, 16, 64 requests) in each way a stage can batch: `batch-variant` (one KV cache shared
+by all sessions, repacked weights and tiled matmul: SANGAMA_BATCH_VARIANT=1, numbers that
+depend on the batch), `default` (a KV stream per session, batch-invariant kernels, rows
+of all sessions in shared decodes) and `reproducible` (a decode per session).
 
     .venv/bin/python bench/load.py [--json] [--quick] [--levels 1,4,16] [--tokens 16]
-        [--settings loopback,wan20,wan20r,wan5] [--proxy-processes 1] [--reproducible]
-        [--kv-cost]
+        [--settings loopback,wan20,wan20r,wan5] [--proxy-processes 1] [--modes]
+        [--mode-levels 1,16,64] [--kv-cost]
 
 wan20r is the latency-bound chain with its workers in reproducible mode; wan5 the same
 model and the same 407 ms of link delay over 5 stages (6 links) instead of 20. The WAN
@@ -304,12 +307,11 @@ def _stops_rising(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def loopback(levels: list[int], tokens: int, reproducible: bool = False) -> LocalSwarm:
-    per = 64 + tokens + 16
     return LocalSwarm(
         model=str(resolve_model(GEMMA)),
         cuts=[0, 6, 12, 18],
         max_sessions=max(levels),
-        n_ctx=max(levels) * per,
+        n_ctx=64 + tokens + 16,  # positions per session
         reproducible=reproducible,
     )
 
@@ -337,7 +339,7 @@ def wan20(
         model=str(model),
         cuts=[round(k * 20 / stages) for k in range(stages + 1)],
         max_sessions=max(levels),
-        n_ctx=max(levels) * (8 + tokens + 16),
+        n_ctx=8 + tokens + 16,  # positions per session
         link_delays_ms=delays,
         reproducible=reproducible,
         proxy_processes=proxy_processes,
@@ -358,8 +360,10 @@ def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[s
     their time at ggml's barriers); `filled` sessions each hold `context` positions, then
     8 of them decode one row each (timed: includes llama.cpp's cell search), and one rolls
     back 4 positions (seq_rm, timed), then all of them decode one row each (timed: the
-    step of a full stage). The same with one KV stream per session
-    (non-unified, reproducible mode), each decode holding one session."""
+    step of a full stage). The same with one KV stream per session (the default), and
+    with a stream per session and each decode holding one session (reproducible mode).
+    The shared cache is asked for with SANGAMA_BATCH_VARIANT, which also brings repacked
+    weights back (the tiled matmul stays as the process's first stage set it)."""
     import numpy as np
 
     from core.models import stage_files
@@ -368,7 +372,12 @@ def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[s
 
     _, (path,) = stage_files(resolve_model(GEMMA), [LayerRange(0, 6)])
     rows: list[dict[str, Any]] = []
-    for unified in (True, False):
+    kinds = (("shared", True, False), ("per session", False, False), ("alone", False, True))
+    for kind, shared, alone in kinds:
+        if shared:
+            os.environ["SANGAMA_BATCH_VARIANT"] = "1"
+        else:
+            os.environ.pop("SANGAMA_BATCH_VARIANT", None)
         for n in filled:
             spec = StageSpec(
                 LayerRange(0, 6),
@@ -378,7 +387,7 @@ def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[s
                 n_seq_max=256,
                 n_threads=1,
                 use_gpu=False,
-                reproducible=not unified,
+                reproducible=alone,
             )
             stage = Stage.from_file(path, spec)
             fill_started = time.perf_counter()
@@ -434,7 +443,7 @@ def kv_cost(filled: tuple[int, ...] = (8, 64, 256), context: int = 32) -> dict[s
                 stage.shutdown()
             rows.append(
                 {
-                    "kv": "unified" if unified else "per session",
+                    "kv": kind,
                     "sessions_filled": n,
                     "decode_8_rows_ms": statistics.median(decode_ms[1:]),
                     "seq_rm_ms": statistics.median(rm_ms[1:]),
@@ -462,8 +471,12 @@ def main() -> int:
         help="processes the WAN chain's delay proxies run in (0: this one, with the client)",
     )
     ap.add_argument(
-        "--reproducible", action="store_true", help="add 32 requests in reproducible mode"
+        "--modes",
+        action="store_true",
+        help="add the loopback setting in each way of batching (batch-variant, default,"
+        " reproducible)",
     )
+    ap.add_argument("--mode-levels", default="1,16,64")
     ap.add_argument(
         "--kv-cost", action="store_true", help="only: what the unified KV costs as it fills"
     )
@@ -531,11 +544,17 @@ def main() -> int:
                     out["settings"].append(
                         asyncio.run(_setting(name, swarm, tiny_prompts, levels, args.tokens))
                     )
-    if args.reproducible:
-        n = 32
-        for mode, repro in (("default", False), ("reproducible", True)):
-            swarm = loopback([n], args.tokens, reproducible=repro)
-            r = asyncio.run(_setting(f"repro:{mode}", swarm, gemma_prompts, [n], args.tokens))
+    if args.modes:
+        at = [int(x) for x in args.mode_levels.split(",") if x]
+        for mode in ("batch-variant", "default", "reproducible"):
+            # The workers are processes of their own: they inherit the variable.
+            if mode == "batch-variant":
+                os.environ["SANGAMA_BATCH_VARIANT"] = "1"
+            swarm = loopback(at, args.tokens, reproducible=mode == "reproducible")
+            try:
+                r = asyncio.run(_setting(f"mode:{mode}", swarm, gemma_prompts, at, args.tokens))
+            finally:
+                os.environ.pop("SANGAMA_BATCH_VARIANT", None)
             out["settings"].append(r)
     for s in out["settings"]:
         rows = s["levels"]

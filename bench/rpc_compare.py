@@ -15,10 +15,11 @@ At each one-way link delay (0, 5, 10 ms by default) this runs:
 
 Both decode on the CPU with the same thread count per stage and, by default, weight
 repacking off on both (`--repack 0`: the client's `use_extra_bufts` off, as llama-bench's
-`--repack 0`; Sangama's `SANGAMA_WEIGHT_REPACK=0`). An rpc-server keeps weights in plain
-CPU buffers, so this is also what makes the two run the same kernels; on CPUs where
-llama.cpp's AMX kernels crash it is required. bench/rpc_build.py builds the server and
-the client module once (~10 min on two cores, cached under ~/.cache/sangama/rpc/).
+`--repack 0`; Sangama's default; `--repack 1` sets `SANGAMA_BATCH_VARIANT=1` for the
+swarm). An rpc-server keeps weights in plain CPU buffers, so this is also what makes
+the two run the same kernels; on CPUs where llama.cpp's AMX kernels crash it is
+required. bench/rpc_build.py builds the server and the client module once (~10 min on
+two cores, cached under ~/.cache/sangama/rpc/).
 
 At each delay the two run `--rounds` times in turn (Sangama, then RPC); the table gives
 the medians of their tok/s and of the rounds' ratios.
@@ -250,8 +251,8 @@ def main() -> int:
 
     binaries = build(os.cpu_count() or 2)
     model = resolve_model(GEMMA3)  # 18 blocks: CUTS split them 6/6/6, as the servers do
-    if args.repack == 0:
-        os.environ["SANGAMA_WEIGHT_REPACK"] = "0"  # inherited by the swarm's workers
+    if args.repack == 1:  # inherited by the swarm's workers
+        os.environ["SANGAMA_BATCH_VARIANT"] = "1"
     load = [os.getloadavg()[0]]
     rows: list[Row] = []
     same: list[bool] = []

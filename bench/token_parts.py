@@ -147,7 +147,6 @@ def main() -> int:
 
     binaries = build(os.cpu_count() or 2)
     model = resolve_model(GEMMA3)
-    os.environ["SANGAMA_WEIGHT_REPACK"] = "0"  # as rpc_compare's default --repack 0
     load = [os.getloadavg()[0]]
     whole = whole_model_ms(model, args.tokens, args.threads)
     ours = asyncio.run(sangama_parts(model, args.delay, args.tokens, args.threads))

@@ -30,7 +30,14 @@ from core.types import BackendReport, ComputeDevice
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LIB_DIR", "backend_report", "ensure_backends", "lib_path", "refused_buffer_types"]
+__all__ = [
+    "LIB_DIR",
+    "backend_report",
+    "batch_variant",
+    "ensure_backends",
+    "lib_path",
+    "refused_buffer_types",
+]
 
 LIB_DIR = Path(_llama_cpp_pkg.__file__).parent / "lib"
 
@@ -41,6 +48,21 @@ _REFUSED_BUFFER_TYPES = ("AMX",)
 _REFUSE_ENV = "SANGAMA_REFUSE_BUFFER_TYPES"
 
 _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+
+# Batching may change a session's numbers three ways: in one KV cache shared by all
+# sessions its cells sit at other indices, and two CPU paths sum a row's products in an
+# order that depends on how many rows share the step (the repacked layouts' 4-row gemm,
+# the tiled K-quant matmul at 8 rows or more). Stages avoid all three by default
+# (docs/decisions/batch-invariance.md; the engine wheel's repack-rows-alone patch makes
+# the repacked layouts take every row one by one); "1" brings them back, for measuring
+# what exact numbers cost.
+_BATCH_VARIANT_ENV = "SANGAMA_BATCH_VARIANT"
+
+
+def batch_variant() -> bool:
+    """One shared KV cache, the repacked layouts' 4-row gemm and the tiled matmul:
+    batched steps whose numbers depend on what else shares them. For measurements."""
+    return os.environ.get(_BATCH_VARIANT_ENV) == "1"
 
 
 def lib_path(stem: str) -> Path:
@@ -142,6 +164,11 @@ def _quiet_logging() -> None:
 
 def _initialise() -> BackendReport:
     _quiet_logging()
+    # ggml-cpu reads these at its first matmul; an explicit setting wins.
+    if batch_variant():
+        os.environ.setdefault("GGML_CPU_REPACK_GEMM", "1")
+    else:
+        os.environ.setdefault("GGML_CPU_TILED_MM", "0")
     ggml, base = _load_ggml(), _load_ggml_base()
     dynamic = not _has_cpu_device(ggml)
     if dynamic:

@@ -28,6 +28,7 @@ from core.capture_lib import load_capture_lib
 from core.errors import DecodeError, EngineLayoutError, ModelLoadError, TokenizerError
 from core.offload import StageSizes, plan_offload
 from core.types import BackendReport, ModelFacts, OffloadPlan
+from core.ubatch_order import ubatch_order
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +182,10 @@ class EngineConfig:
     device_cap_bytes: int = 0
     """The most GPU memory this stage may take; 0: all free memory."""
     kv_unified: bool = True
-    """One KV stream shared by every sequence (batched steps); False: one stream per
-    sequence, for reproducible mode, where each decode holds one sequence only."""
+    """One KV stream shared by every sequence, n_ctx positions for all; False (how
+    stages run): a stream of n_ctx / n_seq_max positions per sequence, so a sequence's
+    cells sit where they would alone and its rows give the same numbers whatever else
+    shares the decode (docs/decisions/batch-invariance.md)."""
     n_rs_seq: int = 8
     """Recurrent and hybrid models: per-token snapshots of the recurrent state kept per
     sequence, so `seq_rm` can cut up to this many rejected guesses (0: none)."""
@@ -201,10 +204,6 @@ class LlamaStageEngine:
         self.offload: OffloadPlan = self._plan(path, config)
         mp = LL.llama_model_default_params()
         mp.n_gpu_layers = self.offload.n_gpu_layers
-        # Diagnostics only (bench/engine.py): no repacked weight layouts at all, the
-        # blanket work-around for AMX that Sangama does not need (docs/engine.md).
-        if os.environ.get("SANGAMA_WEIGHT_REPACK") == "0":
-            mp.use_extra_bufts = False
         if self.offload.on_gpu:
             # Pin the stage to the chosen device; llama.cpp would otherwise split the
             # blocks over every GPU it sees.
@@ -277,8 +276,8 @@ class LlamaStageEngine:
         # (--row-budget 64 with 256 sessions) would abort the process at load.
         cp.n_outputs_max = max(config.n_batch, config.n_seq_max)
         cp.n_threads = cp.n_threads_batch = config.n_threads
-        # Without a unified KV cache llama.cpp reorders the rows of a multi-sequence
-        # batch, and the captured hidden states would come back in the wrong order.
+        # A stream per sequence: llama.cpp computes a multi-sequence batch sequence by
+        # sequence, and decode() puts the captured rows back in order (core.ubatch_order).
         cp.kv_unified = config.kv_unified
         cp.no_perf = True
         if self.recurrent and config.n_rs_seq > 0:
@@ -406,10 +405,17 @@ class LlamaStageEngine:
         if self._cstate is not None and self._capture_buf is not None:
             if self._cstate.overflow or self._cstate.written != n * self.n_embd * 4:
                 raise DecodeError(-101)
-            return self._capture_buf[:n].copy()
-        hidden_out = np.concatenate(self._chunks, axis=0) if self._chunks else None
-        if hidden_out is None or hidden_out.shape != (n, self.n_embd):
-            raise DecodeError(-101)
+            computed = self._capture_buf[:n].copy()
+        else:
+            joined = np.concatenate(self._chunks, axis=0) if self._chunks else None
+            if joined is None or joined.shape != (n, self.n_embd):
+                raise DecodeError(-101)
+            computed = joined
+        if self.config.kv_unified:
+            return computed
+        # A stream per sequence: llama.cpp computed the rows sequence by sequence.
+        hidden_out = np.empty_like(computed)
+        hidden_out[ubatch_order(seq_ids.tolist(), self.config.n_batch)] = computed
         return hidden_out
 
     def logits_view(self) -> F32Array:

@@ -127,6 +127,7 @@ class Stage:
 
     @classmethod
     def from_file(cls, path: Path, spec: StageSpec, c_callback: bool = True) -> Stage:
+        from core.backends import batch_variant
         from core.gguf_slices import has_mtp_block
         from core.llama_engine import EngineConfig, LlamaStageEngine
 
@@ -140,7 +141,8 @@ class Stage:
             c_callback=c_callback,
             use_gpu=spec.use_gpu,
             device_cap_bytes=spec.device_cap_bytes,
-            kv_unified=not spec.reproducible,
+            # a stream per session: its cells where they would be alone
+            kv_unified=batch_variant(),
             mtp=spec.is_last and has_mtp_block(path),
         )
         return cls(LlamaStageEngine(path, config), spec)
@@ -292,7 +294,10 @@ class Stage:
             chunks[-1].append(i)
             seen.add(req.session)
             rows += req.n_rows
-        return chunks
+        # By sequence slot: llama.cpp computes a run of consecutive slots in one
+        # micro-batch (core.ubatch_order), so sorted rows batch as far as slots allow.
+        slot_of = {i: self._sessions[req.session].slot for req, i in zip(reqs, idx, strict=True)}
+        return [sorted(chunk, key=slot_of.__getitem__) for chunk in chunks]
 
     def _evaluate(self, reqs: list[StepRequest]) -> list[StepResult | StepFailure]:
         total = sum(r.n_rows for r in reqs)

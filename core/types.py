@@ -153,6 +153,8 @@ class StageSpec:
     layers: LayerRange
     n_layer_total: int
     n_ctx: int = 2048
+    """KV positions of the stage, all sessions together: each session has a stream of
+    n_ctx / n_seq_max of them (`session_ctx`)."""
     n_batch: int = 256
     n_seq_max: int = 8
     n_threads: int = 2
@@ -161,13 +163,14 @@ class StageSpec:
     device_cap_bytes: int = 0
     """The most GPU memory the stage may take (the volunteer's cap); 0: all free."""
     reproducible: bool = False
-    """Each session on a KV stream of its own (n_ctx / n_seq_max positions) and its rows
-    in a llama_decode of their own: the same shapes, hence the same numbers, as alone."""
+    """Each session's rows in a llama_decode of their own. Not needed for the same
+    numbers as alone (every session has a KV stream of its own and the kernels used do
+    not depend on the batch); kept to measure what batching across sessions gains."""
 
     @property
     def session_ctx(self) -> int:
-        """Positions one session may hold: the shared pool, or its own stream's share."""
-        return self.n_ctx // self.n_seq_max if self.reproducible else self.n_ctx
+        """Positions one session may hold: its own stream's share of the stage's KV."""
+        return self.n_ctx // self.n_seq_max
 
     def __post_init__(self) -> None:
         if self.device_cap_bytes < 0:

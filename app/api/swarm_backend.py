@@ -137,6 +137,7 @@ class SwarmBackend:
                 step_timeout=self.step_timeout,
                 first_token_timeout=self.first_token_timeout,
                 guesses=DEFAULT_GUESSES,
+                vocab_size=self._tokenizer.n_vocab,
             )
         return SwarmClient(
             self.creds,
@@ -146,6 +147,7 @@ class SwarmBackend:
             step_timeout=self.step_timeout,
             dialer=self._dialer,
             guesses=DEFAULT_GUESSES,
+            vocab_size=self._tokenizer.n_vocab,
         )
 
     async def _connected(self) -> AnswerClient:

@@ -217,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reproducible",
         action="store_true",
-        help="each session decoded on its own: the same tokens as alone (costs batching)",
+        help="each session decoded on its own, no batching across sessions (the same tokens"
+        " as batched; for measuring what batching gains)",
     )
     p.add_argument(
         "--row-budget",

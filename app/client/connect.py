@@ -100,11 +100,19 @@ async def open_chat(
             with contextlib.suppress(Exception):
                 await close()
         raise
+    vocab = tokenizer.n_vocab
     client: AnswerClient = (
-        SwarmClient(creds, route, tuning, dialer=dialer, guesses=DEFAULT_GUESSES)
+        SwarmClient(creds, route, tuning, dialer=dialer, guesses=DEFAULT_GUESSES, vocab_size=vocab)
         if route_source is None
         else RecoveringClient(
-            creds, route, route_source, policy, tuning, dialer, guesses=DEFAULT_GUESSES
+            creds,
+            route,
+            route_source,
+            policy,
+            tuning,
+            dialer,
+            guesses=DEFAULT_GUESSES,
+            vocab_size=vocab,
         )
     )
     return await ChatConnection(client, tokenizer, len(route.stages), list(closers)).connected()

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from app.client.token_checks import Asked, tokens_problem
 from app.config import Route
-from app.errors import ClientError, StageFailed, stage_error
+from app.errors import BadTokens, ClientError, StageFailed, stage_error
 from app.session.guess_tracker import GuessTracker
 from app.session.replay_resume import ResumeRef
 from app.session.replay_shapes import Segment, plain_segments
@@ -163,6 +164,7 @@ class Generation:
         loop: wire.Loop | None = None,
         resume: ResumeRef | None = None,
         segments: Sequence[Segment] | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("empty prompt")
@@ -174,6 +176,8 @@ class Generation:
         self._sampling = sampling
         self._wire_dtype = wire_dtype
         self._is_end = is_end
+        self._vocab_size = vocab_size
+        """Token ids of the model are below it (app.client.token_checks); None: unknown."""
         self.loop = loop
         """The ring the OPEN asks for (`ring_loop`); None: the client sends every step."""
         self._resume = resume
@@ -269,12 +273,22 @@ class Generation:
 
     def _take(self, frame: wire.Tokens, now: float) -> tuple[Event, ...]:
         trip_ms = (now - self._sent_at) * 1e3
+        carried = frame.guessed if self._went_round else self._n_guesses
+        logits = np.frombuffer(frame.logits_sample, np.float32) if frame.logits_sample else None
+        asked = Asked(
+            carried,
+            room=self._max_tokens - self._guessing.produced,
+            sampling=self._sampling,
+            round_the_ring=self._went_round,
+            vocab_size=self._vocab_size,
+        )
+        problem = tokens_problem(frame, asked, logits)
+        if problem is not None:  # none of it is taken: the answer is replayed elsewhere
+            return self._refuse(BadTokens(f"TOKENS of step {frame.step_id}: {problem}"))
         tokens = frame.tokens
         ended = next((i for i, t in enumerate(tokens) if self._is_end(t)), None)
         if ended is not None:  # an accepted guess may be the end: stop right there
             tokens = tokens[: ended + 1]
-        carried = frame.guessed if self._went_round else self._n_guesses
-        logits = np.frombuffer(frame.logits_sample, np.float32) if frame.logits_sample else None
         event = TokenEvent(
             tokens,
             frame.step_id,

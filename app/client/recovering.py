@@ -28,6 +28,7 @@ from app.client.recovery import (
     Probe,
     RecoveryAction,
     RecoveryPolicy,
+    accused,
     classify,
     dead_stages,
     decide,
@@ -100,8 +101,11 @@ class RecoveringClient:
         first_token_timeout: float = 60.0,
         guesses: GuessPolicy = NO_GUESSES,
         keep_kv: bool = True,
+        vocab_size: int | None = None,
     ) -> None:
         self.creds = creds
+        self.vocab_size = vocab_size
+        """The model's vocabulary, for each client's checks of TOKENS."""
         self.keep_kv = keep_kv
         """Replays name the session they continue (a surviving last stage keeps its KV);
         False: every replay starts from nothing on every stage (benchmarks compare)."""
@@ -127,6 +131,7 @@ class RecoveringClient:
             first_token_timeout=self._first_token_timeout,
             step_timeout=self._step_timeout,
             dialer=self._dialer,
+            vocab_size=self.vocab_size,
         )
 
     @property
@@ -260,14 +265,21 @@ class RecoveringClient:
                     # stage is a suspect now.
                     probes = await self._probe(client.route, skip=client.linked)
                     dead = dead_stages(probes, failed=True)
+                unreachable = bool(dead)
+                # A stage that sent rows or TOKENS no honest stage sends is avoided like
+                # a dead one, though it still answers.
+                suspects = accused(exc, _stage_refs(client.route))
+                dead = tuple(dict.fromkeys([*dead, *suspects]))
                 decision = decide(
-                    classify(code, bool(dead)),
+                    classify(code, unreachable),
                     recoveries,
                     dead,
                     len(prompt) + len(produced),  # what the replay will send
                     self.policy,
                 )
-                log.warning("answer broke (%s); dead stages %s: %s", exc, dead, decision.verdict)
+                log.warning(
+                    "answer broke (%s); dead or suspect stages %s: %s", exc, dead, decision.verdict
+                )
                 if decision.verdict is RecoveryAction.GIVE_UP:
                     raise
                 recoveries += 1

@@ -46,6 +46,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from app.errors import BadTokens, RowsRefused
 from core.types import SamplingParams
 from net.errors import ErrorCode
 
@@ -162,6 +163,18 @@ def decide(
 
 StageRef = tuple[str, int, int]
 """A stage of a route: node id, first layer, end layer."""
+
+
+def accused(error: Exception, stages: Sequence[StageRef]) -> tuple[str, ...]:
+    """The stages of the route a failure accuses, alive or not: the one that sent rows
+    the next stage refused (its layers end where the refusing stage's begin), or the
+    last stage, for TOKENS that cannot answer the step. The next route avoids them
+    where the swarm has others."""
+    if isinstance(error, RowsRefused):
+        return tuple(node for node, _start, stop in stages if stop == error.from_layer)
+    if isinstance(error, BadTokens) and stages:
+        return (stages[-1][0],)
+    return ()
 
 
 def first_layer_to_adopt(

@@ -103,8 +103,12 @@ class SwarmClient:
         relink_timeout: float = 20.0,
         guesses: GuessPolicy = NO_GUESSES,
         ring: bool = True,
+        vocab_size: int | None = None,
     ) -> None:
         self.creds = creds
+        self.vocab_size = vocab_size
+        """The model's vocabulary: TOKENS naming ids past it are refused
+        (app.client.token_checks); None: not known."""
         self.ring = ring
         """Decoding goes round the ring (app.serving.links.ring), plain or with n-gram guesses:
         the last stage sends each next step to the first stage itself. False: this
@@ -286,6 +290,7 @@ class SwarmClient:
             loop=ring_loop(route, self.creds.node_id, guesses, self.ring),
             resume=resume,
             segments=segments,
+            vocab_size=self.vocab_size,
         )
         queue: asyncio.Queue[wire.Frame | _Failure] = asyncio.Queue()
         self._queues[gen.session] = queue

@@ -49,6 +49,7 @@ class LocalSwarm:
     threads: int = 1
     max_sessions: int = 8
     n_ctx: int = 2048
+    """Positions per session (WorkerConfig.n_ctx)."""
     max_datagram_size: int = 1200
     return_logits: bool = False
     quic_library: str = DEFAULT_LIBRARY
@@ -74,6 +75,9 @@ class LocalSwarm:
     """Seconds a peer has to authenticate before its link is closed."""
     session_idle_s: float = WorkerConfig.session_idle_s
     """Sessions with no step for this long are closed."""
+    worker_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    """Environment added for the worker of a stage, by its index (tests make one lie:
+    app.serving.chaos_lies)."""
     workdir: Path | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     route: Route | None = None
@@ -184,16 +188,23 @@ class LocalSwarm:
         )
         (wd / "route.json").write_text(self.route.to_json(), encoding="utf-8")
         # Start from the last stage so each next hop is listening before traffic arrives.
-        for config in reversed(configs):
-            self.workers.insert(0, await self._launch(config, ready_timeout))
+        for i, config in reversed(list(enumerate(configs))):
+            env = self.worker_env.get(i)
+            self.workers.insert(0, await self._launch(config, ready_timeout, env))
 
-    async def _launch(self, config: WorkerConfig, timeout: float) -> WorkerProcess:
+    async def _launch(
+        self, config: WorkerConfig, timeout: float, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         assert self.workdir is not None
         cfg_path = self.workdir / f"{config.node_id}.toml"
         cfg_path.write_text(config.to_toml(), encoding="utf-8")
         log_path = self.workdir / f"{config.node_id}.log"
         child = await spawn_sangama(
-            f"worker {config.node_id}", ["worker", "--config", str(cfg_path)], log_path, timeout
+            f"worker {config.node_id}",
+            ["worker", "--config", str(cfg_path)],
+            log_path,
+            timeout,
+            env=env,
         )
         return WorkerProcess(config, child)
 

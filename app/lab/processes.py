@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,9 +67,15 @@ def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 async def spawn_sangama(
-    name: str, args: list[str], log_path: Path, timeout: float, wait_ready: bool = True
+    name: str,
+    args: list[str],
+    log_path: Path,
+    timeout: float,
+    wait_ready: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> Child:
-    """Run `sangama ARGS...` and return once it prints its READY line (or at once)."""
+    """Run `sangama ARGS...` and return once it prints its READY line (or at once);
+    `env` adds to this process's environment."""
     parent = os.getpid()
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -81,7 +88,7 @@ async def spawn_sangama(
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_WATCH_ENV: "1"},
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", PARENT_WATCH_ENV: "1"},
         preexec_fn=(lambda: child_preexec(parent)) if sys.platform == "linux" else None,
     )
     assert proc.stdout is not None and proc.stderr is not None

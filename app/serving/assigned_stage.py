@@ -92,8 +92,8 @@ class CoordinatedOptions:
     """When the volunteer said this PC stops serving (Unix seconds; 0: not said): told to
     the coordinator, which keeps a spare ready for this stage first."""
     reproducible: bool = False
-    """Each session's rows in a llama_decode of their own (WorkerConfig.reproducible):
-    a greedy answer equals the one it gives alone, whatever else the stage batches."""
+    """Each session's rows in a llama_decode of their own (WorkerConfig.reproducible): no
+    batching across sessions, for measuring what it gains."""
     row_budget: int = 0
     """Rows per engine step, as the volunteer set it (WorkerConfig.row_budget, not
     measured at start); 0: measured at start."""
@@ -102,10 +102,11 @@ class CoordinatedOptions:
 def stage_sizing(assignment: Assignment, most: int) -> tuple[int, int]:
     """Sessions and KV positions of the stage, as the coordinator planned them (its
     assignment), so placement's memory count is what the worker allocates; `most` is the
-    volunteer's own limit on sessions (0: none), llama.cpp's 256 the hard one."""
+    volunteer's own limit on sessions (0: none), llama.cpp's 256 the hard one. Positions
+    are per session: each has a KV stream of its own."""
     sessions = min(assignment.max_sessions, most or LLAMA_MAX_SEQ, LLAMA_MAX_SEQ)
     sessions = max(1, sessions)
-    return sessions, sessions * max(1, assignment.context_tokens)
+    return sessions, max(1, assignment.context_tokens)
 
 
 def capacity(cap: int) -> tuple[int, dict[str, Any]]:

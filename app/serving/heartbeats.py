@@ -189,6 +189,7 @@ class ServingBeats:
                 "rows": stats.rows,
                 "rows_reused": stats.rows_reused,
                 "rows_one_by_one": stats.rows_one_by_one,
+                "rows_refused": stats.rows_refused,
                 "adopted": stats.sessions_adopted,
             },
         )

@@ -88,7 +88,7 @@ async def load_stage(config: WorkerConfig) -> LoadedStage:
     spec = StageSpec(
         config.layers,
         n_layer,
-        n_ctx=config.n_ctx,
+        n_ctx=config.n_ctx * config.max_sessions,
         n_batch=config.row_budget,
         n_seq_max=config.max_sessions,
         n_threads=config.threads or 1,  # auto: set after the measurement below
@@ -144,7 +144,7 @@ def admission_policy(path: Path, spec: StageSpec) -> AdmissionPolicy:
         n_ctx=spec.n_ctx,
         max_sessions=spec.n_seq_max,
         kv_bytes_per_token=kv_bytes_per_token(sizes.kv_bytes_per_token),
-        session_ctx=spec.session_ctx if spec.reproducible else 0,
+        session_ctx=spec.session_ctx,
     )
 
 

@@ -123,6 +123,8 @@ class WorkerStats:
     (nor, past a middle stage, sent on)."""
     sessions_idle_closed: int = 0
     """Sessions closed for taking no step for WorkerConfig.session_idle_s."""
+    rows_refused: int = 0
+    """Steps whose rows failed the per-step checks (app.serving.steps.row_checks)."""
     rows_one_by_one: int = 0
     """A replay's rows evaluated one at a time, as first computed (replay_rows)."""
     last_compute_ms: float = 0.0

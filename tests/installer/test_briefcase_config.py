@@ -113,3 +113,11 @@ def test_ci_installs_what_briefcase_checks_on_the_build_machine() -> None:
     ci = {f[1] for f in (line.split() for line in listed.splitlines()) if f[:1] == ["ci"]}
     missing = [p for p in debian["system_runtime_requires"] if p not in ci]
     assert missing == [], f"installers/system-packages.txt does not list {missing} for CI"
+
+
+def test_the_package_leaves_the_test_only_liar_out(tmp_path: Path) -> None:
+    deb_build.copy_sources(tmp_path)
+    serving = tmp_path / "app" / "serving"
+    assert (ROOT / "app" / "serving" / "chaos_lies.py").is_file()
+    assert (serving / "worker.py").is_file() and not (serving / "chaos_lies.py").exists()
+    assert not list(tmp_path.rglob("chaos_lies*"))

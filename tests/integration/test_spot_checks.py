@@ -1,7 +1,8 @@
-"""Spot checks in a real swarm: a coordinator and six reproducible workers in three
-chains of two stages (8 layers, 4 + 4), every step sampled (--spot-check-rate 1). One
-first stage lies (SANGAMA_TEST_LIE=flip: the lowest bit of the first value of every
-row it sends on, tests/support/liar). Answers go through every chain; the liar's record
+"""Spot checks in a real swarm: a coordinator and six workers in three chains of two
+stages (8 layers, 4 + 4), every step sampled (--spot-check-rate 1). One first stage
+lies (SANGAMA_TEST_LIE=noise, app/serving/chaos_lies.py: small noise on every row it
+sends on, which the next stage's row checks let through, as they would a plausible
+lie). Answers go through every chain; the liar's record
 of a session is recomputed by the other two first stages, which agree with each other
 and not with it: it is marked faulty with the evidence, leaves the plan and every route,
 and its certificate is not renewed until the operator clears it. The honest stages'
@@ -11,7 +12,6 @@ first stage is checked and found honest. ~30-60 s each (6 worker processes)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ from coordinator.server.placement.costs import Costs
 from coordinator.server.placement.model import ModelSpec
 from coordinator.server.service import CoordinatorSettings
 from core.manifest import Manifest
-from tests.support.coordinator_proc import REPO_ROOT, CoordinatorProcess
+from tests.support.coordinator_proc import CoordinatorProcess
 from tests.support.spare_swarm import node_id, spawn_worker
 from tests.support.tiny_models import write_tiny_model
 
@@ -41,7 +41,6 @@ pytestmark = pytest.mark.integration
 N_LAYER = 8
 PROMPT = [46, 396, 89, 255, 13, 12, 429, 5]
 N_TOKENS = 8
-LIAR_DIR = REPO_ROOT / "tests" / "support" / "liar"
 COORDINATOR_ARGS = [
     "--answer-probe-every",
     "0",  # its sessions would share the stages' decodes and add checks
@@ -54,7 +53,7 @@ COORDINATOR_ARGS = [
     "--dead-after",
     "30",
 ]
-HONEST_ARGS = ["--reproducible", "--vram-cap", "3G"]
+HONEST_ARGS = ["--vram-cap", "3G"]
 
 
 def _liar_cap(coord: CoordinatorProcess) -> int:
@@ -69,27 +68,6 @@ def _liar_cap(coord: CoordinatorProcess) -> int:
     first, last = costs.need(0, N_LAYER // 2), costs.need(N_LAYER // 2, N_LAYER)
     assert first < last, "the last stage must need more than the first"
     return (first + last) // 2
-
-
-async def _spawn_small(coord: CoordinatorProcess, root: Path, args: list[str], lie: bool) -> Child:
-    """The small worker, named liar; where it lies, the liar folder first on its
-    PYTHONPATH and the lie in its environment (only its own: the environment is copied
-    when the process starts)."""
-    if not lie:
-        return await spawn_worker(coord, root, "liar", False, args)
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "SANGAMA_TEST_LIE")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(LIAR_DIR), saved["PYTHONPATH"] or str(REPO_ROOT)) if p
-    )
-    os.environ["SANGAMA_TEST_LIE"] = "flip"
-    try:
-        return await spawn_worker(coord, root, "liar", False, args)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 async def _ready(child: Child, timeout: float = 300.0) -> str:
@@ -164,8 +142,9 @@ def _run(tmp_path: Path, lie: bool, scenario: Scenario) -> None:
         )
         workers: list[Child] = []
         try:
-            small_args = ["--reproducible", "--vram-cap", str(_liar_cap(coord))]
-            small = await _spawn_small(coord, tmp_path, small_args, lie)
+            small_args = ["--vram-cap", str(_liar_cap(coord))]
+            lies = {"SANGAMA_TEST_LIE": "noise"} if lie else None
+            small = await spawn_worker(coord, tmp_path, "liar", False, small_args, env=lies)
             workers.append(small)
             honest = await asyncio.gather(
                 *(spawn_worker(coord, tmp_path, f"w{i}", True, HONEST_ARGS) for i in range(5))

@@ -54,6 +54,16 @@ def test_staging_appends_the_briefcase_tables_and_swaps_the_engine_pin(tmp_path:
     assert not list((tmp_path / "project").rglob("__pycache__"))
 
 
+def test_staging_leaves_the_test_only_liar_out(tmp_path: Path) -> None:
+    wheel = tmp_path / "llama_cpp_python-0.3.36-cp311-cp311-win_amd64.whl"
+    wheel.write_bytes(b"PK")
+    stage.stage(tmp_path / "project", wheel)
+    serving = tmp_path / "project" / "app" / "serving"
+    assert (ROOT / "app" / "serving" / "chaos_lies.py").is_file()
+    assert (serving / "worker.py").is_file() and not (serving / "chaos_lies.py").exists()
+    assert not list((tmp_path / "project").rglob("chaos_lies*"))
+
+
 def test_staging_refuses_what_would_build_a_wrong_msi(tmp_path: Path) -> None:
     with pytest.raises(stage.StageError, match="not a wheel"):
         stage.stage(tmp_path / "p", tmp_path / "missing.whl")

@@ -40,6 +40,18 @@ class Refused(Generic[L]):
 
 
 @dataclass(frozen=True)
+class StepRejected(Generic[L]):
+    """The stage refused the rows of a step of `session` from `link` before its engine
+    saw them (app.serving.steps.row_checks): the session's KV is as it was, so it is
+    kept for a replay to take over."""
+
+    link: L
+    session: str
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True)
 class LinkReady(Generic[L]):
     link: L
     peer: str
@@ -87,6 +99,7 @@ class Shutdown:
 Event = (
     FrameReceived[L]
     | Refused[L]
+    | StepRejected[L]
     | LinkReady[L]
     | LinkClosed[L]
     | GraceExpired

@@ -46,6 +46,12 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
     CLOSE                      session exists                         [Release] End
     Refused (worker's check)   the link owns the session              Send ERROR, Fail
                                otherwise                              Send ERROR, Release
+    StepRejected (rows no      the link owns the session or is its    Send ERROR (and to the
+      model computes)            loop                                   client), LinkLost
+                                                                      (LINKED->WAITING:
+                                                                      ArmGrace; a replay
+                                                                      may take its KV over)
+                               otherwise                              as Refused
     LinkReady (last stage)     client of a session, on a new link     reply link = it,
                                                                       Send latest TOKENS,
                                                                       (WAITING->LINKED:
@@ -93,6 +99,7 @@ from app.serving.rules.events import (
     Resumed,
     Send,
     Shutdown,
+    StepRejected,
     Take,
     TokensReady,
 )
@@ -129,6 +136,7 @@ __all__ = [
     "Send",
     "SessionRules",
     "Shutdown",
+    "StepRejected",
     "Take",
     "TokensReady",
 ]
@@ -352,6 +360,21 @@ class SessionRules(Generic[L]):
     def _on_refused(self, ev: Refused[L]) -> list[Action[L]]:
         return self._refuse(ev.link, ev.session, ev.code, ev.message)
 
+    def _on_step_rejected(self, ev: StepRejected[L]) -> list[Action[L]]:
+        session = self._sessions.get(ev.session)
+        if session is None or ev.link not in (session.owner, session.loop):
+            return self._refuse(ev.link, ev.session, ev.code, ev.message)
+        error = wire.Error(ev.session, ev.code, wire.truncate_utf8(ev.message, ERROR_MESSAGE_BYTES))
+        actions: list[Action[L]] = [Send(ev.link, error)]
+        if session.reply is not None and session.reply != ev.link:
+            actions.append(Send(session.reply, error))
+        # Nothing of the step reached the KV: the session waits, as for a lost link, for
+        # the client's replay to take it over (resume_rules), and ends after its grace.
+        if session.state is LinkState.LINKED:
+            session.state, session.grace_reason = LinkState.WAITING, ev.message
+            actions.append(LinkLost(ev.session, ev.message, arm_grace=True))
+        return actions
+
     def _refuse(self, link: L, session: str, code: ErrorCode, message: str) -> list[Action[L]]:
         actions: list[Action[L]] = [Send(link, wire.Error(session, code, message))]
         if self.owns(link, session):
@@ -478,6 +501,7 @@ class SessionRules(Generic[L]):
 _HANDLERS: dict[type, Callable[[Any, Any], list[Any]]] = {
     FrameReceived: SessionRules._on_frame,
     Refused: SessionRules._on_refused,
+    StepRejected: SessionRules._on_step_rejected,
     LinkReady: SessionRules._on_link_ready,
     LinkClosed: SessionRules._on_link_closed,
     GraceExpired: SessionRules._on_grace_expired,

@@ -40,6 +40,7 @@ from app.serving.rules.events import (
     Refused,
     Resent,
     Resumed,
+    StepRejected,
     Take,
     TokensReady,
 )
@@ -77,6 +78,8 @@ from app.serving.session_records import LinkState, PendingStep, SessionRecord, W
 from app.serving.steps.batch import guess_checks, step_request
 from app.serving.steps.mtp_guesses import chosen_position, gate_offered, gate_open, gate_step
 from app.serving.steps.replies import choose_tokens, onward_step, tokens_reply
+from app.serving.steps.row_checks import check_rows
+from app.session.rows_refusal import RowsRefusal, rows_refused_message
 from app.session.wire_values import sampling_from_wire
 from core.admission import AdmissionLedger
 from core.errors import PositionError
@@ -310,6 +313,18 @@ class StageCore(Generic[L]):
             request = step_request(frame, self.setup.is_first, self.setup.n_embd)
         except FrameError as exc:
             return self._refused(link, frame.session, exc.code, exc.message)
+        if request.hidden is not None:
+            # Rows no model computes never reach the engine (the session's KV stays as
+            # it was); the ERROR names the check and where the rows came in, so the
+            # client suspects the stage that sent them (app.session.rows_refusal).
+            bad = check_rows(request.hidden)
+            if bad is not None:
+                self.stats.rows_refused += 1
+                refusal = RowsRefusal(bad.check.value, self.setup.first_layer)
+                why = f"step {frame.step_id}: {bad.detail}"
+                message = rows_refused_message(refusal, why)
+                rejected = StepRejected(link, frame.session, ErrorCode.STAGE_ERROR, message)
+                return self._after_rules(self.rules.handle(rejected))
         if frame.one_by_one:
             self.stats.rows_one_by_one += frame.n_rows
         wake = not self._pending

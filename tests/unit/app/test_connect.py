@@ -22,6 +22,7 @@ ROUTE = Route("m.gguf", (RouteStage("s0", ("127.0.0.1", 7000), LayerRange(0, 4))
 
 class FakeTokenizer:
     closed = False
+    n_vocab = 64
 
     def close(self) -> None:
         self.closed = True

@@ -50,7 +50,7 @@ def test_a_prompt_that_can_never_fit_is_told_not_to_retry_here() -> None:
     assert ledger.capacity().reserved_tokens == 128
 
 
-def test_reproducible_mode_caps_a_session_at_its_own_stream() -> None:
+def test_a_session_is_capped_at_its_own_stream() -> None:
     ledger = AdmissionLedger(AdmissionPolicy(n_ctx=1024, max_sessions=4, session_ctx=256))
     assert ledger.admit("a", 300, 1) is not None
     assert ledger.admit("b", 100, 1000) is None

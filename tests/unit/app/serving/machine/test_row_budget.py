@@ -29,7 +29,7 @@ def test_calibration_times_each_size_the_batch_holds_and_leaves_the_stage_empty(
     assert stage.n_past("real") == 0
 
 
-def test_reproducible_mode_calibrates_within_one_session_stream() -> None:
-    spec = StageSpec(LayerRange(0, 2), 6, n_ctx=64, n_batch=256, n_seq_max=4, reproducible=True)
+def test_the_calibration_stays_within_one_session_stream() -> None:
+    spec = StageSpec(LayerRange(0, 2), 6, n_ctx=64, n_batch=256, n_seq_max=4)
     samples = measure_steps(Stage(FakeEngine(), spec))
     assert max(n for n, _ in samples) == 16  # 64 positions / 4 streams

@@ -9,6 +9,7 @@ import pytest
 
 from app.serving.rules.events import LinkClosed, LinkReady
 from app.serving.rules.work import StepsComputed, SweepIdle, TimerFired
+from app.session.rows_refusal import RowsRefusal, rows_refusal
 from net import wire
 from net.errors import ErrorCode
 from net.wire.tensors import WireDtype, encode_rows
@@ -281,6 +282,76 @@ def test_rows_a_stage_cannot_take_fail_the_session_with_a_typed_error(
     errors = chain.client.answers["a"].errors
     assert errors and errors[0].code is code
     _settled(chain)
+
+
+def _row(values: list[float]) -> np.ndarray:
+    return np.array([values], dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    ("rows", "check"),
+    [
+        (_row([1.0, float("nan"), 2.0, 0.0]), "not-finite"),
+        (_row([1.0, float("inf"), 2.0, 0.0]), "not-finite"),
+        (_row([0.0, 0.0, 0.0, 0.0]), "zero-row"),
+        (_row([3.0e10, 15.0, 1.0, 0.0]), "norm-ceiling"),
+    ],
+)
+def test_rows_no_model_computes_are_refused_before_the_engine(rows: np.ndarray, check: str) -> None:
+    """Rows of the right shape and dtype that cannot be a model's: the next stage
+    refuses the step before its engine sees them and counts it; the client hears a
+    STAGE_ERROR naming the check and the layer the rows came in at (their sender is
+    the stage that ends there). The refusing stage keeps the session's KV as it was,
+    so the client's replay takes it over there and the answer goes on unchanged."""
+    chain = _with_bad_rows(rows)
+    middle = chain.hosts[1]
+    assert middle.core.stats.rows_refused == 1
+    sent_back = [f for link, f in middle.sent if link == "n0-n1" and isinstance(f, wire.Error)]
+    assert [e.code for e in sent_back] == [ErrorCode.STAGE_ERROR]
+    errors = chain.client.answers["a"].errors
+    assert errors and {e.code for e in errors} == {ErrorCode.STAGE_ERROR}
+    refusal, why = rows_refusal(errors[0].message)
+    assert refusal == RowsRefusal(check, CUTS[1])
+    assert why.startswith("step 50: row 0 ")
+    assert "a" in middle.core and "a" in chain.last.core  # kept for the replay
+    # The replay takes the refusing stage's KV over (and the last stage's).
+    chain.client.replay("a", "a2", from_layer=CUTS[1])
+    chain.pump()
+    replayed = chain.client.answers["a2"]
+    assert [*chain.client.answers["a"].tokens, *replayed.tokens] == answer_of(PROMPT, 6)
+    assert replayed.finished and not replayed.errors
+    assert middle.core.stats.sessions_adopted == 1
+    assert middle.core.stats.rows_refused == 1  # the honest replay: no alarm
+    _settled(chain)
+
+
+def _with_bad_rows(rows: np.ndarray) -> Chain:
+    """A chain whose first stage sent `rows` on as a step of session "a" (paused after
+    two tokens), pumped until everyone answered."""
+    chain = Chain(CUTS)
+    chain.client.pause_after["a"] = 2
+    chain.client.open("a", PROMPT, 6)
+    chain.pump()
+    first, middle = chain.hosts[0], chain.hosts[1]
+    assert all(h.core.stats.rows_refused == 0 for h in chain.hosts)  # honest: no alarm
+    computed = middle.engine.rows
+    start = len(PROMPT) + 1
+    data = encode_rows(rows, WireDtype.F32)
+    bad = wire.Step("a", 50, start, (1,), data, 1, 4, WireDtype.F32)
+    first._send(first.downstream or "", bad)
+    chain.pump()
+    assert middle.engine.rows == computed  # the rows never reached the engine
+    return chain
+
+
+def test_a_session_whose_rows_were_refused_ends_after_its_grace_without_a_replay() -> None:
+    chain = _with_bad_rows(_row([0.0, 0.0, 0.0, 0.0]))
+    middle = chain.hosts[1]
+    assert "a" in middle.core
+    chain.clock.now += middle.core.setup.resume_grace + 1
+    middle.feed(TimerFired())
+    chain.pump()
+    _settled(chain)  # the middle stage's CLOSE freed the last stage's too
 
 
 def test_a_session_that_stops_stepping_is_closed_and_its_client_told() -> None:
