@@ -578,7 +578,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     def swarm(_a: Admin) -> SwarmOut:
         return _swarm_out(coord)
 
-    add_spot_routes(app, coord.spot, lambda: list(coord.hosted_models), Admin, NodeId, NodePath)
+    add_spot_routes(app, coord, Admin, NodeId, NodePath)
 
     if web_dir is not None:
         from coordinator.server.web import mount_web
