@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from coordinator.errors import MalformedAnswer
 from coordinator.names import check_name
+from coordinator.spot_checks import CheckAsk, read_asks
 
 # ---------------------------------------------------------------- the URL layout
 # Templates in FastAPI's syntax: the server routes them as they are, the client fills
@@ -48,6 +49,11 @@ PIECES = f"{API}/models/{{name}}/pieces"
 PIECE = f"{PIECES}/{{file}}"
 PIECE_SOURCES = f"{PIECE}/sources"
 INCIDENTS = f"{API}/nodes/{{node_id}}/incidents"
+CHECK = f"{API}/nodes/{{node_id}}/checks/{{check_id}}"
+"""A spot check (coordinator/spot_checks.py): GET, the record a checker recomputes;
+POST, the node's answer to the check's ask (a record, or digests)."""
+FAULTS = f"{API}/faults"
+FAULT = f"{API}/faults/{{node_id}}"
 PEER_PIECES = "/pieces/{model}/{file}"
 """A worker's piece server (mutual TLS, swarm members only): a piece it holds."""
 LOGIN = f"{API}/login"
@@ -358,6 +364,11 @@ class Heartbeat:
     pieces_layers: tuple[int, int] = (0, 0)
     """The layers (its stage's or its standby stage's) whose pieces it holds complete
     and verified, served at `pieces_address`; (0, 0): none."""
+    checkable: bool = False
+    """Its stage's steps can be recomputed bit for bit elsewhere (reproducible, and
+    not the last stage): it may be spot-checked, and check others of its layers."""
+    check_sessions: tuple[tuple[str, int], ...] = ()
+    """Sessions whose steps it keeps for spot checks, with how many (newest first)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -433,6 +444,8 @@ class HeartbeatAnswer:
     """Unix seconds since when `can_answer` has been so."""
     answer_reason: str = ""
     """Why the swarm cannot answer: which stage or link failed ("" when it can)."""
+    check_asks: tuple[CheckAsk, ...] = ()
+    """Spot checks asked of this node (coordinator/spot_checks.py)."""
 
     @staticmethod
     def from_json(doc: Any) -> HeartbeatAnswer:
@@ -449,6 +462,7 @@ class HeartbeatAnswer:
                 _can_answer(d.get("can_answer")),
                 _integer(d.get("answer_since", 0), "answer_since", 0, 2**40),
                 _text(d.get("answer_reason", ""), "answer_reason", MAX_ANSWER_REASON, empty=True),
+                read_asks(d.get("check_asks")),
             )
 
         return _read("heartbeat answer", build, doc)

@@ -84,6 +84,22 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         help="ask the planned chain for two tokens this often, and after every re-plan "
         "(0: never): the operator page says whether the swarm can answer",
     )
+    p.add_argument(
+        "--max-chains",
+        type=int,
+        default=1,
+        metavar="N",
+        help="complete chains to form when there are workers enough (1: one chain, the "
+        "rest spares); stages of the same layers in two chains can check each other",
+    )
+    p.add_argument(
+        "--spot-check-rate",
+        type=float,
+        default=0.01,
+        metavar="SHARE",
+        help="share of reproducible stages' steps recomputed by another node serving the "
+        "same layers (0: no spot checks in this swarm); a stage caught lying leaves the routes",
+    )
     p.add_argument("--stale-after", type=float, default=15.0, help="seconds of silence: stale")
     p.add_argument(
         "--min-release",
@@ -203,6 +219,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from app.config import parse_address
     from coordinator.server.serve import CoordinatorOptions, default_data_dir, serve
     from coordinator.server.service import CoordinatorSettings
+    from coordinator.server.spot_policy import SpotSettings
 
     options = CoordinatorOptions(
         host=args.host,
@@ -232,6 +249,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             trusted_ends=args.trusted_ends,
             min_release=_release_arg(args.min_release, "--min-release"),
             latest_release=_release_arg(args.latest_release, "--latest-release"),
+            max_chains=max(1, args.max_chains),
+            spot=SpotSettings(rate=min(1.0, max(0.0, args.spot_check_rate))),
         ),
     )
     return serve(options)

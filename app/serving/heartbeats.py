@@ -19,6 +19,7 @@ from app.identity import Identity
 from app.node_status import NodeStatus, StatusReport, swarm_answer
 from app.serving.plan import HEARTBEAT_S
 from app.serving.rules.beats import BeatPolicy, beat_delay
+from app.serving.spot_answers import answer_asks
 from app.serving.worker import StageWorker
 from coordinator.client.session import CoordinatorClient
 from coordinator.contract import Heartbeat, HeartbeatAnswer
@@ -123,6 +124,8 @@ class ServingBeats:
         self._hop_text = serving.next_hop
         self._last_tokens, self._last_rows, self._last_t = 0, 0, time.monotonic()
         self._memory, self._memory_at = memory, time.monotonic()
+        self._checking: set[asyncio.Task[None]] = set()
+        """Spot checks being answered (app.serving.spot_answers)."""
 
     @classmethod
     async def start(
@@ -167,6 +170,8 @@ class ServingBeats:
             rtt_ms=rtt,
             step_ms=worker.step_times(),
             row_budget=worker.row_budget,
+            checkable=worker.checkable,
+            check_sessions=worker.check_sessions(),
             path=worker.next_hop_path,
             tokens=stats.tokens - self._last_tokens,  # the coordinator sums these per period
             compute_ms=stats.last_compute_ms,
@@ -210,6 +215,10 @@ class ServingBeats:
             log.warning("heartbeat failed: %s", exc)
             return None
         worker.set_revoked(frozenset(int(s) for s in beat.revoked_serials))
+        if beat.check_asks:  # answered beside the serving, not before the next beat
+            task = loop.create_task(answer_asks(self._client, worker, beat.check_asks))
+            self._checking.add(task)
+            task.add_done_callback(self._checking.discard)
         # Shown from the next report on (the tray's status window, `sangama status`).
         self.serving = replace(
             self.serving,

@@ -73,6 +73,8 @@ from app.serving.session_records import WorkerStats
 from app.serving.steps.batch import StageSteps
 from app.serving.steps.engine_calls import EngineCalls
 from app.serving.steps.mtp_guesses import guess
+from app.serving.steps.recompute import recompute
+from coordinator.spot_checks import CheckDigests, CheckRecord
 from core.admission import AdmissionLedger, AdmissionPolicy, Capacity
 from core.errors import CoreError
 from core.stage import Stage
@@ -332,6 +334,30 @@ class StageWorker:
         """Sessions and KV reserved against this stage's budget (heartbeats, status)."""
         return self.admission.capacity()
 
+    # ------------------------------------------------------------ spot checks
+
+    @property
+    def checkable(self) -> bool:
+        """Whether another node can recompute this stage's steps bit for bit: hidden rows
+        sent on, and each session's numbers the same whatever shares its decodes (the
+        default; not in the batch-variant builds kept for measurements)."""
+        from core.backends import batch_variant  # the engine's library, loaded already
+
+        return not self.is_last and not batch_variant()
+
+    def check_sessions(self) -> tuple[tuple[str, int], ...]:
+        """Sessions whose steps a spot check may ask for (StepLedger.offered)."""
+        return self.core.ledger.offered() if self.checkable else ()
+
+    def check_record(self, session: str, steps: int) -> CheckRecord | None:
+        return self.core.ledger.check_record(session, steps)
+
+    async def recompute(self, record: CheckRecord, session: str) -> CheckDigests:
+        """Another stage's record recomputed here, on the engine thread (recompute.py)."""
+        if not self.checkable:
+            return CheckDigests(refused="this stage does not recompute bit for bit")
+        return await self._engine_calls.run(recompute, self._steps, record, session)
+
     async def drain(self, timeout: float) -> int:
         """Take no new sessions and wait up to `timeout` s for the running ones to end.
 
@@ -401,10 +427,12 @@ class StageWorker:
                     self._send(link, frame)
                 case Release(link, session):
                     link.release(session)
-                case Forward(frame):
+                case Forward(frame, taken):
                     assert self._downstream is not None
                     if self._liar is not None and isinstance(frame, wire.Step):
                         frame = self._liar.tamper(frame)
+                    if taken is not None and isinstance(frame, wire.Step):
+                        self.core.sent(taken, frame)  # as it goes: what the next stage gets
                     self._downstream.send(frame)
                 case ForgetDownstream(session):
                     if self._downstream is not None:

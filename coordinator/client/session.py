@@ -44,6 +44,7 @@ from coordinator.contract import (
 from coordinator.errors import CoordinatorError, MalformedAnswer
 from coordinator.invites import InviteCode, invite_refusal
 from coordinator.releases import RELEASE_HEADER
+from coordinator.spot_checks import CheckRecord
 from core.manifest import Manifest
 from net import auth
 from net.wire.versions import this_release
@@ -250,6 +251,16 @@ class CoordinatorClient:
         """Tell the operator's timeline of a source of pieces this node gave up on."""
         path = c.INCIDENTS.format(node_id=self.node_id)
         _call(self.session, "POST", self.url(path), json=incident.to_json())
+
+    def check_inputs(self, check_id: str) -> CheckRecord:
+        """A spot check's record, for this node to recompute."""
+        path = c.CHECK.format(node_id=self.node_id, check_id=quote(check_id, safe=""))
+        return CheckRecord.from_json(_call(self.session, "GET", self.url(path)))
+
+    def answer_check(self, check_id: str, answer: dict[str, Any]) -> None:
+        """This node's answer to a spot check's ask: {"record": ...}, or digests."""
+        path = c.CHECK.format(node_id=self.node_id, check_id=quote(check_id, safe=""))
+        _call(self.session, "POST", self.url(path), json=answer)
 
     def piece_sources(self, model: str, file: str) -> PieceSources:
         """Where to get one piece, best first (peers holding it, the mirror, the

@@ -84,6 +84,7 @@ from coordinator.server.remote_model import local_piece, piece_response
 from coordinator.server.secret_hashes import hash_token
 from coordinator.server.service import Coordinator, NodeAlive
 from coordinator.server.signalling import SignalRefused
+from coordinator.server.spot_api import add_spot_routes
 from coordinator.server.store import as_utc, utcnow
 
 _TOO_BIG = f"request body larger than {MAX_BODY_BYTES} bytes"
@@ -370,6 +371,7 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
             can_answer=coord.answer.can_answer,
             answer_since=int(coord.answer.since),
             answer_reason=coord.answer.reason[:MAX_ANSWER_REASON],
+            check_asks=coord.spot.asks_for(who),
         )
 
     @app.get(
@@ -575,6 +577,8 @@ def create_app(coord: Coordinator, web_dir: Path | None = None) -> FastAPI:
     @app.get(c.SWARM, response_model=SwarmOut, tags=["operator"], responses=_errors(401))
     def swarm(_a: Admin) -> SwarmOut:
         return _swarm_out(coord)
+
+    add_spot_routes(app, coord, Admin, NodeId, NodePath)
 
     if web_dir is not None:
         from coordinator.server.web import mount_web

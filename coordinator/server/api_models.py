@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
@@ -15,6 +15,7 @@ from coordinator.contract import (
 from coordinator.server.events import MAX_NAME
 from coordinator.server.invite_book import MAX_USES
 from coordinator.server.node_claims import check_report
+from coordinator.spot_checks import MAX_CHECK_STEPS, MAX_SESSION_CHARS
 from net.ice.values import IceOffer
 
 MAX_BODY_BYTES = 1 << 20
@@ -92,6 +93,10 @@ class RenewIn(_In):
     csr_pem: str = Field(min_length=1, max_length=8000)
 
 
+CheckSession = Annotated[str, Field(min_length=1, max_length=MAX_SESSION_CHARS)]
+CheckSteps = Annotated[int, Field(ge=0, le=MAX_CHECK_STEPS)]
+
+
 class HeartbeatIn(_In):
     """contract.Heartbeat, with the bounds the database needs (same field names)."""
 
@@ -130,6 +135,10 @@ class HeartbeatIn(_In):
     # layers whose pieces it serves there.
     pieces_address: str = Field(default="", max_length=200)
     pieces_layers: tuple[int, int] = (0, 0)
+    # Spot checks (coordinator/spot_checks.py): whether its steps recompute bit for bit,
+    # and the sessions it keeps records of, with their steps.
+    checkable: bool = False
+    check_sessions: tuple[tuple[CheckSession, CheckSteps], ...] = Field(default=(), max_length=16)
 
     @model_validator(mode="after")
     def _layers_within_stage(self) -> HeartbeatIn:

@@ -58,6 +58,10 @@ KINDS: Mapping[str, Kind] = {
     "renamed": Kind("renamed", "info"),
     "revoked": Kind("revoked", "bad"),
     "forgotten": Kind("forgotten", "info"),
+    "faulty": Kind("faulty: a spot check caught it", "bad"),
+    "fault_cleared": Kind("fault cleared", "ok"),
+    "check_undecided": Kind("spot check undecided", "warn"),
+    "check_disputed": Kind("spot check: a stage's input disputed", "warn"),
 }
 
 

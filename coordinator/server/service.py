@@ -87,6 +87,8 @@ from coordinator.server.routes import StageLoad, pick_chain
 from coordinator.server.secret_hashes import check_password, hash_password, hash_token
 from coordinator.server.signalling import SignalBoxes, planned_peers
 from coordinator.server.spare_policy import Standby
+from coordinator.server.spot_policy import SpotSettings
+from coordinator.server.spot_service import SpotChecks
 from coordinator.server.standby import standby_assignment, standby_of, warm_layers
 from coordinator.server.store import Certificate, Invite, Node, Rtt, Sample, Store, as_utc, utcnow
 from coordinator.server.timeline import StoredEvent, Timeline
@@ -171,6 +173,8 @@ class CoordinatorSettings:
     latest_release: str = ""
     """The newest release the operator knows of: nodes are told, the tray offers the
     update (the coordinator never looks it up itself). "": none announced."""
+    spot: SpotSettings = field(default_factory=SpotSettings)
+    """Spot checks of stages' steps (spot_policy.py); rate 0: none in this swarm."""
 
 
 def placement_capacity(node: Node) -> int:
@@ -274,6 +278,8 @@ class Coordinator:
         store.set_setting(CA_CERT, self.ca_pem)
         self.timeline = Timeline(store)
         """The operator's event timeline (timeline.py; the rules in events.py)."""
+        self.spot = SpotChecks(settings.spot, store, self.timeline, lambda: self.replan(True))
+        """Spot checks, and the nodes they found faulty (spot_service.py)."""
         names = ", ".join(m.name for m in self.models)
         self.timeline.record(
             "started", "", f"serving model{'s' if len(self.models) > 1 else ''} {names}"
@@ -412,6 +418,11 @@ class Coordinator:
 
     def renew(self, node_id: str, token: str, csr_pem: str) -> JoinAnswer:
         node = self.authenticate_node(node_id, token)
+        if self.spot.is_faulty(node_id):
+            raise AccessDenied(
+                f"node {node_id} was found faulty by a spot check: its certificate is "
+                "renewed once the operator clears it"
+            )
         try:
             csr = auth.load_csr(csr_pem.encode())
         except auth.AuthError as exc:
@@ -520,6 +531,7 @@ class Coordinator:
         self._prune(time.monotonic())
         self.replan()
         self._tell_beat(node_id, beat, heard, now)
+        self.spot.beat(node_id, beat, self._hosted)
         return self.assignment(node_id)
 
     def piece_sources(self, asker: str, file: str, model: str = "default") -> list[PieceSource]:
@@ -820,6 +832,7 @@ class Coordinator:
             gone = set(self._gone)
             verified = dict(self._verified)
             proven = dict(self._proven)
+        faulty = self.spot.faulty()  # caught by a spot check: out until the operator clears it
         workers = [
             n
             for n in self.nodes()
@@ -829,6 +842,7 @@ class Coordinator:
             and (verified.get(n.node_id) == n.address or is_lan_address(n.address))
             and n.node_id not in paused
             and n.node_id not in gone
+            and n.node_id not in faulty
             and (
                 self.health(n, now) == "healthy"
                 or (self.health(n, now) == "stale" and n.node_id not in suspects)

@@ -237,8 +237,10 @@ class StageHost:
                     self._send(link, frame)
                 case Release(link, session):
                     self.released.append((link, session))
-                case Forward(frame):
+                case Forward(frame, taken):
                     assert self.downstream is not None
+                    if taken is not None and isinstance(frame, wire.Step):
+                        self.core.sent(taken, frame)
                     self._send(self.downstream, frame)
                 case ForgetDownstream():
                     pass  # no resend log here: nothing to forget

@@ -19,7 +19,7 @@ import datetime as dt
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,14 +42,17 @@ async def spawn_worker(
     extra: Sequence[str] = (),
     timeout: float = 300.0,
     verbose: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> Child:
     """`sangama worker --join` with a fresh invite, its identity in root/name and its
     output in root/name.log; `wait`: until it prints READY (serves a stage); `verbose`:
-    `sangama -v` (debug lines, each timestamped, in its log)."""
+    `sangama -v` (debug lines, each timestamped, in its log); `env`: added to its
+    environment (e.g. SANGAMA_TEST_LIE)."""
     code = coord.admin.create_invite("worker")["code"]
     args = [*(["-v"] if verbose else []), "worker", "--join", code]
     args += ["--identity-dir", str(root / name), *extra]
-    return await spawn_sangama(name, args, root / f"{name}.log", timeout, wait_ready=wait)
+    log = root / f"{name}.log"
+    return await spawn_sangama(name, args, log, timeout, wait_ready=wait, env=env)
 
 
 def middle_leaves_first(minutes: int = 20) -> list[list[str]]:

@@ -49,6 +49,7 @@ from app.serving.rules.peers import StagePlan, idle_sessions
 from app.serving.rules.resume import extend_history, rows_to_skip, trimmed
 from app.serving.rules.ring_turns import RingGuesses, go_round
 from app.serving.rules.sessions import SessionRules
+from app.serving.rules.step_ledger import StepLedger, ledger_step
 from app.serving.rules.work import (
     AdoptOnStage,
     Batch,
@@ -160,6 +161,9 @@ class StageCore(Generic[L]):
         self._pending: list[PendingStep] = []
         self._ring_guesses = RingGuesses()
         """Last stage: how a ring that guesses guesses (its state is in each record)."""
+        self.ledger = StepLedger()
+        """Recent sessions' steps as spot checks ask for them (a stage that sends hidden
+        rows on: the last stage's answer depends on its sampling too)."""
 
     # ------------------------------------------------------------ reading
 
@@ -267,6 +271,7 @@ class StageCore(Generic[L]):
         # rules checked owner and history, and gave the record its tokens): the KV moves.
         self.stats.sessions_adopted += 1
         self.stats.rows_reused += begin.kept
+        self.ledger.refuse(name)  # its cache here is another session's: no prefix to check
         self._drop_pending(begin.adopt)
         out.append(AdoptOnStage(begin.adopt, name, begin.kept))
         if self.setup.has_next:
@@ -354,6 +359,12 @@ class StageCore(Generic[L]):
                 return Batch(batch, checks)
         return None
 
+    def sent(self, taken: wire.Step, sent: wire.Step) -> None:
+        """The shell sent a step's rows on (`Forward`): recorded as they went, so a spot
+        check compares what the next stage received."""
+        if sent.hidden is not None:
+            self.ledger.record(taken.session, ledger_step(taken, sent.hidden, sent.wire_dtype))
+
     def _drop_pending(self, name: str) -> None:
         self._pending = [p for p in self._pending if p.step.session != name]
 
@@ -402,7 +413,7 @@ class StageCore(Generic[L]):
             if session.history_known and self.setup.adopts:
                 session.history_known = extend_history(session.history, p.step)
             dtype = WireDtype(session.open.wire_dtype)
-            return [Forward(onward_step(p.step, result.hidden, dtype, timings))]
+            return [Forward(onward_step(p.step, result.hidden, dtype, timings), p.step)]
         assert result.logits is not None
         return self._sample_and_reply(session, p.step, result.logits, timings, verdict)
 

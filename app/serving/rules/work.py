@@ -128,6 +128,9 @@ class Forward:
     """Send an OPEN or STEP to the next stage."""
 
     frame: wire.Open | wire.Step
+    taken: wire.Step | None = None
+    """A STEP's rows as this stage took them: what was sent is recorded beside them
+    once it goes (`StageCore.sent`, for spot checks)."""
 
 
 @dataclass(frozen=True)

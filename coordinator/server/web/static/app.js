@@ -220,7 +220,7 @@
 
   // ---------------------------------------------------------------- dashboard
 
-  const state = { swarm: null, invites: [], events: [], timelineKey: "", timer: null, busy: false, failures: 0 };
+  const state = { swarm: null, invites: [], events: [], faults: null, timelineKey: "", timer: null, busy: false, failures: 0 };
 
   function stageIndex(swarm) {
     const index = new Map();
@@ -354,6 +354,38 @@
         el("td", { className: m.plan.length ? "" : "bad", "data-testid": "model-chain", text: chain }),
         el("td", { className: "num", "data-testid": "model-chains", text: m.chains }));
     }));
+  }
+
+  /** Stages spot checks found faulty, with the evidence (coordinator/server/spot_service.py). */
+  function renderFaults() {
+    const faulty = Object.entries((state.faults && state.faults.faulty) || {});
+    show($("faults-panel"), faulty.length > 0);
+    if (!faulty.length) return;
+    const short = (digest) => (digest ? `${digest.slice(0, 12)}…` : "—");
+    const holder = (node, digest) => el("td", { className: "mono", title: digest || "" },
+      node || "—", el("br"), el("span", { className: "muted", text: short(digest) }));
+    $("faults-body").replaceChildren(...faulty.map(([nodeId, e]) => el("tr", { "data-testid": "fault-row", "data-node-id": nodeId },
+      el("td", { className: "mono", text: nodeId }),
+      el("td", { className: "bad", "data-testid": "fault-reason", text: e.reason || "" }),
+      el("td", { className: "mono", text: e.session || "" }),
+      el("td", { className: "num", text: e.step_id ?? "" }),
+      el("td", { text: e.positions ? `${e.positions[0]}–${e.positions[1] - 1}` : "" }),
+      el("td", { className: "mono", title: e.claimed || "", text: short(e.claimed) }),
+      holder(e.checker, e.checker_digest),
+      holder(e.third, e.third_digest),
+      el("td", {}, el("button", { type: "button", className: "small", "data-testid": "fault-clear", text: "Clear",
+        title: "placed and renewed again", onclick: () => clearFault(nodeId) })))));
+  }
+
+  async function clearFault(nodeId) {
+    if (!window.confirm(`Clear ${nodeId}?\n\nIt is placed again and its certificate renewed.`)) return;
+    try {
+      await api("DELETE", `/api/v1/faults/${encodeURIComponent(nodeId)}`);
+    } catch (err) {
+      if (err.status === 401) return relogin();
+      toast(`Could not clear ${nodeId}: ${err.message}`);
+    }
+    refreshSoon(0);
   }
 
   function renderNodes(swarm, index) {
@@ -901,6 +933,7 @@
     const covered = renderCoverage(swarm, index);
     renderSummary(swarm, covered);
     renderModels(swarm);
+    renderFaults();
     renderNodes(swarm, index);
     renderTimeline();
     renderTimings(swarm, index);
@@ -914,9 +947,11 @@
     state.busy = true;
     const updated = $("updated");
     try {
-      const [swarm, invites, events] = await Promise.all([
+      const [swarm, invites, events, faults] = await Promise.all([
         api("GET", "/api/v1/swarm"), api("GET", "/api/v1/invites"), api("GET", "/api/v1/events?limit=200"),
+        api("GET", "/api/v1/faults"),
       ]);
+      state.faults = faults;
       state.swarm = swarm;
       state.invites = invites;
       state.events = events;
