@@ -8,9 +8,9 @@ The prompt was searched for (tiny random-weight model, seed 0): on kernels whose
 depended on the batch, replaying its 8 prompt tokens and 5 generated ones in one 13-row
 decode changed the answer at token 20 (a near-tie), both on a fresh chain and with the
 last stage's KV kept; with batch-invariant kernels `_one_chunk_replay` gives the
-uninterrupted answer too, and checks that in this process. Counts, from the workers' heartbeats: the spare evaluated the 5
-generated rows one at a time, all in one STEP (no trip per token). ~40-115 s each
-(load 1.5-7)."""
+uninterrupted answer too, and checks that in this process. Counts, from the workers'
+heartbeats: the spare evaluated the 5 generated rows one at a time, all in one STEP (no
+trip per token). ~40-115 s each (load 1.5-7)."""
 
 from __future__ import annotations
 
