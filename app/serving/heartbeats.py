@@ -190,6 +190,9 @@ class ServingBeats:
                 "rows_reused": stats.rows_reused,
                 "rows_one_by_one": stats.rows_one_by_one,
                 "rows_refused": stats.rows_refused,
+                "hidden_bytes_sent": stats.hidden_bytes_sent,
+                "rows_recomputed": stats.rows_recomputed,
+                "check_bytes": stats.check_bytes,
                 "adopted": stats.sessions_adopted,
             },
         )

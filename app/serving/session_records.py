@@ -127,6 +127,14 @@ class WorkerStats:
     """Steps whose rows failed the per-step checks (app.serving.steps.row_checks)."""
     rows_one_by_one: int = 0
     """A replay's rows evaluated one at a time, as first computed (replay_rows)."""
+    hidden_bytes_sent: int = 0
+    """Hidden-state rows sent on to the next stage, as the wire encodes them."""
+    rows_recomputed: int = 0
+    """Rows of another stage's record recomputed here for spot checks."""
+    check_bytes: int = 0
+    """Rows of spot-check records this stage sent (its own) or read (another's, to
+    recompute), as the wire encodes them: what the checks move, against
+    `hidden_bytes_sent`."""
     last_compute_ms: float = 0.0
     last_queue_ms: float = 0.0
     """How long the rows of the last batch waited for the engine (the longest)."""

@@ -350,13 +350,20 @@ class StageWorker:
         return self.core.ledger.offered() if self.checkable else ()
 
     def check_record(self, session: str, steps: int) -> CheckRecord | None:
-        return self.core.ledger.check_record(session, steps)
+        record = self.core.ledger.check_record(session, steps)
+        if record is not None:
+            self.core.stats.check_bytes += sum(len(s.rows) for s in record.steps)
+        return record
 
     async def recompute(self, record: CheckRecord, session: str) -> CheckDigests:
         """Another stage's record recomputed here, on the engine thread (recompute.py)."""
         if not self.checkable:
             return CheckDigests(refused="this stage does not recompute bit for bit")
-        return await self._engine_calls.run(recompute, self._steps, record, session)
+        stats = self.core.stats
+        stats.check_bytes += sum(len(s.rows) for s in record.steps)
+        digests = await self._engine_calls.run(recompute, self._steps, record, session)
+        stats.rows_recomputed += sum(s.n_rows for s in record.steps[: len(digests.digests)])
+        return digests
 
     async def drain(self, timeout: float) -> int:
         """Take no new sessions and wait up to `timeout` s for the running ones to end.

@@ -413,7 +413,9 @@ class StageCore(Generic[L]):
             if session.history_known and self.setup.adopts:
                 session.history_known = extend_history(session.history, p.step)
             dtype = WireDtype(session.open.wire_dtype)
-            return [Forward(onward_step(p.step, result.hidden, dtype, timings), p.step)]
+            onward = onward_step(p.step, result.hidden, dtype, timings)
+            self.stats.hidden_bytes_sent += len(onward.hidden or b"")
+            return [Forward(onward, p.step)]
         assert result.logits is not None
         return self._sample_and_reply(session, p.step, result.logits, timings, verdict)
 

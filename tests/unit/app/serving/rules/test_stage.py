@@ -13,7 +13,7 @@ from app.session.rows_refusal import RowsRefusal, rows_refusal
 from net import wire
 from net.errors import ErrorCode
 from net.wire.tensors import WireDtype, encode_rows
-from tests.support.pump import Chain, answer_of, prompt_of
+from tests.support.pump import N_EMBD, Chain, answer_of, prompt_of
 
 pytestmark = pytest.mark.unit
 
@@ -37,6 +37,17 @@ def test_an_answer_through_three_stages_is_the_models_own() -> None:
     assert answer.finished and not answer.errors
     assert chain.last.core.stats.tokens == 10
     _settled(chain)
+
+
+def test_each_stage_counts_the_hidden_bytes_it_sends_on() -> None:
+    """What spot checks move is weighed against these (bench/trust.py)."""
+    chain = Chain(CUTS)
+    chain.client.open("a", PROMPT, 10)
+    chain.pump()
+    *senders, last = chain.hosts
+    for host in senders:  # f32 rows, each N_EMBD wide, for every row computed
+        assert host.core.stats.hidden_bytes_sent == host.core.stats.rows * N_EMBD * 4 > 0
+    assert last.core.stats.hidden_bytes_sent == 0  # the last stage sends tokens
 
 
 def test_guesses_are_verified_at_the_last_stage_and_change_nothing() -> None:
