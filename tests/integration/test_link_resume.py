@@ -7,6 +7,7 @@ import asyncio
 import functools
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.client.swarm_client import SwarmClient
@@ -134,7 +135,8 @@ def test_only_the_upstream_that_opened_a_session_may_resume_it(gemma_path: Path)
                 ch.on_frame = functools.partial(_append_frame, got[name])
                 channels[name] = ch
             opened = wire.Open("s1", "m", WireDtype.F32, wire.SamplingSpec(), "owner", 4, 2)
-            rows = b"\0" * (2 * 640 * 4)
+            # small finite values: the stage refuses rows no model computes (all zeros)
+            rows = np.full((2, 640), 0.01, dtype=np.float32).tobytes()
             # The owner's session first, answered, so that it is surely the older one (two
             # links' first frames may reach the stage in either order).
             channels["owner"].send(opened)
