@@ -139,8 +139,8 @@ class Rules:
     max_chains: int = 1
     spares: int = 0
     min_stages: int = 2
-    sessions_per_stage: int = 256
-    context_tokens: int = 256
+    sessions_per_stage: int = 64
+    context_tokens: int = 1024
     trusted_ends: str = "off"
 
 

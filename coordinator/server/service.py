@@ -142,12 +142,13 @@ class CoordinatorSettings:
     spares: int = 0
     warm_spares: bool = True
     """Spares download the pieces of the stage most at risk in advance (spare_policy)."""
-    sessions_per_stage: int = 256
-    """Sessions each stage is planned for; llama.cpp allows 256 sequences per context."""
-    context_tokens: int = 256
-    """Positions of KV per session. A worker's KV cache is one shared pool (llama.cpp's
-    unified cache) of max_sessions x this; the assignment tells the worker both, so
-    placement counts exactly the memory the stage allocates."""
+    sessions_per_stage: int = 64
+    """Sessions each stage is planned for (llama.cpp allows 256 sequences per context;
+    a stage's batched throughput stops rising well before that)."""
+    context_tokens: int = 1024
+    """Positions of KV per session: prompt, history and answer. Every session has a KV
+    stream of its own of this size (the same numbers alone and batched); the assignment
+    tells the worker both, so placement counts exactly the memory the stage allocates."""
     max_chains: int = 1
     """Complete chains to form when nodes beyond the main chain (and its spares) can
     hold the model again; new routes go to the one with the most room by measured load

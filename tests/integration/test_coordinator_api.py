@@ -331,7 +331,7 @@ def test_heartbeat_reports_sessions_and_free_kv_and_the_assignment_sizes_the_sta
     # What placement counted KV for is what the worker is told to allocate.
     assignment = HeartbeatAnswer.from_json(answer.json()).assignment
     assert assignment is not None
-    assert assignment.max_sessions == coord.settings.sessions_per_stage == 256
+    assert assignment.max_sessions == coord.settings.sessions_per_stage == 64
     assert assignment.context_tokens == coord.settings.context_tokens
     bad = http.post(url, headers=headers, json={**beat, "kv_reserved_bytes": -1})
     assert bad.status_code == 422
