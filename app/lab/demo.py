@@ -85,7 +85,12 @@ async def serve_local_swarm(
         assert swarm.route is not None and swarm.client_credentials is not None
         tokenizer = Tokenizer.from_gguf(Path(swarm.route.model))
         backend = SwarmBackend(
-            swarm.client_credentials, swarm.route, tokenizer, tuning=swarm.tuning
+            swarm.client_credentials,
+            swarm.route,
+            tokenizer,
+            tuning=swarm.tuning,
+            # more requests than a stage holds sessions wait their turn, not refused
+            max_concurrent=swarm.max_sessions,
         )
         try:
             key_path = default_key_path(None)

@@ -47,8 +47,8 @@ class LocalSwarm:
     model: str
     cuts: list[int]
     threads: int = 1
-    max_sessions: int = 8
-    n_ctx: int = 2048
+    max_sessions: int = 16
+    n_ctx: int = 1024
     """Positions per session (WorkerConfig.n_ctx)."""
     max_datagram_size: int = 1200
     return_logits: bool = False
