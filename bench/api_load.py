@@ -69,7 +69,7 @@ class ApiSwarm:
             env["SANGAMA_BATCH_VARIANT"] = "1"
         cmd = [str(ROOT / ".venv" / "bin" / "sangama"), "demo", "--static", "--model", model]
         self.process = subprocess.Popen(
-            cmd + ["--api-port", str(self.port)],
+            [*cmd, "--api-port", str(self.port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -104,9 +104,7 @@ class ApiSwarm:
         if not r.ok:
             raise SystemExit(f"the API answered {r.status_code}: {r.text[:300]}")
         out = r.json()
-        return str(out["choices"][0]["message"]["content"]), int(
-            out["usage"]["completion_tokens"]
-        )
+        return str(out["choices"][0]["message"]["content"]), int(out["usage"]["completion_tokens"])
 
     def close(self) -> None:
         self.process.terminate()
@@ -171,7 +169,8 @@ def main() -> int:
         print(json.dumps({"model": args.model, "load_average": load, "modes": rows}, indent=2))
         return 0
     print(f"{args.requests} greedy chat requests of up to {args.tokens} tokens, model {args.model}")
-    print(f"{'mode':<14} {'same as alone':>13} {'alone tok/s':>11} {'together tok/s':>14} {'ratio':>6}")
+    head = ("mode", "same as alone", "alone tok/s", "together tok/s", "ratio")
+    print(f"{head[0]:<14} {head[1]:>13} {head[2]:>11} {head[3]:>14} {head[4]:>6}")
     for r in rows:
         same = f"{r['same_as_alone']}/{r['requests']}"
         print(
