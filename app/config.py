@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from app.errors import ConfigError
+from coordinator.contract import MAX_FAULTY_LISTED
 from core.cpu_placement import CpuListError, parse_cpu_list
 from core.types import LayerRange
 from net.quic.links import DEFAULT_LIBRARY
@@ -260,6 +261,10 @@ class RouteStage:
 class Route:
     model: str
     stages: tuple[RouteStage, ...]
+    faulty: tuple[str, ...] = field(default=(), compare=False)
+    """Nodes the swarm's spot checks found computing wrong, as the coordinator listed them
+    with this route (app.client.recovering replays what passed through one); not part of
+    which chain this is."""
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -289,7 +294,10 @@ class Route:
                 )
                 for s in doc["stages"]
             )
-            return Route(str(doc.get("model", "default")), stages)
+            faulty = doc.get("faulty", ())
+            if not isinstance(faulty, (list, tuple)) or len(faulty) > MAX_FAULTY_LISTED:
+                raise ConfigError(f"a route lists at most {MAX_FAULTY_LISTED} faulty nodes")
+            return Route(str(doc.get("model", "default")), stages, tuple(map(str, faulty)))
         except ConfigError:
             raise
         except (KeyError, TypeError, ValueError, IndexError) as exc:

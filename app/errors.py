@@ -91,6 +91,12 @@ class BadTokens(ClientError):
     suspect, and the answer is replayed as for a failed stage."""
 
 
+class AnswerWithdrawn(ClientError):
+    """Part of an answer already streamed was computed through a stage a spot check then
+    found faulty: what was sent cannot be taken back, so the stream ends; asked again,
+    the answer comes from a chain without that stage."""
+
+
 class StageTimeout(ClientError):
     """No answer from the route within the step deadline."""
 

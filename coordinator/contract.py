@@ -493,12 +493,18 @@ def _route_stage(value: Any) -> RouteAnswerStage:
     )
 
 
+MAX_FAULTY_LISTED = 64
+
+
 @dataclass(frozen=True)
 class RouteAnswer:
     """GET ROUTE: the chain a client sends its tokens through, in token order."""
 
     model: str
     stages: tuple[RouteAnswerStage, ...]
+    faulty: tuple[str, ...] = ()
+    """Nodes a spot check found computing wrong (newest first, at most MAX_FAULTY_LISTED):
+    a client whose answer passed through one replays it from where that node joined."""
 
     @staticmethod
     def from_json(doc: Any) -> RouteAnswer:
@@ -507,6 +513,10 @@ class RouteAnswer:
             lambda d: RouteAnswer(
                 _name(d["model"], "model"),
                 tuple(_route_stage(s) for s in _items(d["stages"], "stages", MAX_STAGES)),
+                tuple(
+                    _name(n, "a faulty node")
+                    for n in _items(d.get("faulty", []), "faulty", MAX_FAULTY_LISTED)
+                ),
             ),
             doc,
         )

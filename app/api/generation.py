@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Literal
 
 from app.api.swarm_backend import Backend, aclose_stream
+from app.client.generation import SuspectTokens
+from app.errors import AnswerWithdrawn
 from core.types import SamplingParams
 
 
@@ -55,7 +57,9 @@ class Generation:
         self.completion_tokens = 0
         self.finish_reason: Literal["stop", "length"] = "length"
         self._tokens = backend.generate(prompt_ids, max_tokens, sampling)
-        self._first: list[int] | None = None
+        self.taken_back = 0
+        """Times the answer was taken back to fewer tokens (a faulty stage found)."""
+        self._first: list[int] | SuspectTokens | None = None
         self._started = False
         self._stops = stops
 
@@ -70,7 +74,7 @@ class Generation:
             await self.aclose()
             raise
 
-    async def _next_batch(self) -> list[int] | None:
+    async def _next_batch(self) -> list[int] | SuspectTokens | None:
         if not self._started:
             await self.start()
         if self._first is not None:
@@ -86,13 +90,50 @@ class Generation:
         await aclose_stream(self._tokens)
 
     async def deltas(self) -> AsyncIterator[str]:
+        """The answer's text as it comes (a stream): tokens taken back after they were
+        sent (a stage found faulty computed them) end it with `AnswerWithdrawn`."""
+        async for _, text in self._pieces():
+            if text is None:
+                raise AnswerWithdrawn(
+                    "a stage that computed part of this answer was found faulty by a spot "
+                    "check; ask again for an answer from a chain without it"
+                )
+            yield text
+
+    async def text(self) -> str:
+        """The whole answer (not streamed): tokens taken back are replaced by the ones
+        computed again without the faulty stage, as if they had never come."""
+        parts: list[tuple[int, str]] = []
+        async for at, text in self._pieces():
+            if text is None:
+                parts = [(k, t) for k, t in parts if k <= at]
+                self.taken_back += 1
+            else:
+                parts.append((at, text))
+        return "".join(t for _, t in parts)
+
+    async def _pieces(self) -> AsyncIterator[tuple[int, str | None]]:
+        """(tokens of the answer so far, text they let out); (first, None) when the
+        answer is taken back to its first `first` tokens."""
         tok = self.backend.tokenizer
+        ids: list[int] = []
         streamer = tok.streamer()
         cutter = StopCutter(self._stops)
         done = False
         try:
             while not done and (batch := await self._next_batch()) is not None:
+                if isinstance(batch, SuspectTokens):
+                    # Back to the state after the kept tokens: the text they let out
+                    # is kept by the caller, what they held back is held again.
+                    del ids[batch.first :]
+                    streamer, cutter = tok.streamer(), StopCutter(self._stops)
+                    for t in ids:
+                        cutter.push(streamer.push(t))
+                    self.completion_tokens = len(ids)
+                    yield len(ids), None
+                    continue
                 for t in batch:
+                    ids.append(t)
                     self.completion_tokens += 1
                     if tok.is_end(t):
                         self.finish_reason = "stop"
@@ -100,7 +141,7 @@ class Generation:
                         break
                     text, hit = cutter.push(streamer.push(t))
                     if text:
-                        yield text
+                        yield self.completion_tokens, text
                     if hit:
                         self.finish_reason = "stop"
                         return
@@ -115,7 +156,7 @@ class Generation:
         else:
             text += cutter.flush()
         if text:
-            yield text
+            yield self.completion_tokens, text
 
     def usage(self) -> dict[str, int]:
         return {

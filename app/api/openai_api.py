@@ -212,7 +212,7 @@ def create_openai_app(
             raise swarm_error(exc) from None
         if not req.stream:
             try:
-                text = "".join([d async for d in gen.deltas()])
+                text = await gen.text()
             except ClientError as exc:
                 raise swarm_error(exc) from None
             finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from app.client.answer_client import AnswerClient
+from app.client.generation import SuspectTokens
 from app.client.recovering import RecoveringClient, RouteSource
 from app.client.swarm_client import ChannelDialer, SwarmClient
 from app.config import Route
@@ -46,9 +47,11 @@ class Backend(Protocol):
 
     def generate(
         self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams
-    ) -> AsyncIterator[list[int]]:
-        """Tokens as they come, stopping at max_tokens or an end-of-generation token.
-        Raises `ClientError` when the model cannot answer."""
+    ) -> AsyncIterator[list[int] | SuspectTokens]:
+        """Tokens as they come, stopping at max_tokens or an end-of-generation token, and
+        `SuspectTokens` where the answer is taken back to fewer tokens (a stage that
+        computed them was found faulty). Raises `ClientError` when the model cannot
+        answer."""
         ...
 
 
@@ -188,7 +191,7 @@ class SwarmBackend:
 
     async def generate(
         self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams
-    ) -> AsyncIterator[list[int]]:
+    ) -> AsyncIterator[list[int] | SuspectTokens]:
         async with self._slots:
             client = await self._connected()
             events = client.generate(
@@ -201,7 +204,7 @@ class SwarmBackend:
             self._active += 1
             try:
                 async for event in events:
-                    yield list(event.tokens)
+                    yield event if isinstance(event, SuspectTokens) else list(event.tokens)
             except (RouteUnavailable, StageTimeout):
                 await self._drop(client)  # the route is gone: reconnect on the next request
                 raise

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
-from app.client.swarm_client import TokenEvent
+from app.client.generation import AnswerEvent
 from app.config import Route
 from core.guessing import GuessPolicy
 from core.types import SamplingParams
@@ -35,4 +35,4 @@ class AnswerClient(Protocol):
         chunk: int = ...,
         is_end: Callable[[int], bool] = ...,
         guesses: GuessPolicy | None = ...,
-    ) -> AsyncIterator[TokenEvent]: ...
+    ) -> AsyncIterator[AnswerEvent]: ...

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.client.answer_client import AnswerClient
+from app.client.generation import SuspectTokens
 from app.client.swarm_client import NO_GUESSES, TokenEvent
 from core.guessing import GuessPolicy
 from core.repetition_guard import looping_tail
@@ -124,6 +125,20 @@ async def chat_once(
     )
     try:
         async for ev in generation:
+            if isinstance(ev, SuspectTokens):
+                # A stage found faulty computed these: they come again from a chain
+                # without it; the terminal says so and starts the answer's text over.
+                del tokens[ev.first :]
+                answer = [t for t in tokens if not tokenizer.is_end(t)]
+                events = events[: max(0, ev.first - 1)]
+                streamer = tokenizer.streamer()
+                if stream is not None:
+                    stream(
+                        f"\n[{ev.count} tokens taken back: {', '.join(ev.nodes)} was found "
+                        "faulty; the answer again from a chain without it]\n"
+                    )
+                    stream("".join(streamer.push(t) for t in answer))
+                continue
             if not tokens:
                 t_first = time.perf_counter()
                 first_ms = (t_first - t0) * 1e3

@@ -63,6 +63,23 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class SuspectTokens:
+    """Tokens of this answer that a stage later found faulty helped compute: the answer
+    goes on from `first` (its tokens `first` .. `first + count - 1` are taken back and
+    computed again on a chain without `nodes`), as if they had never been sent."""
+
+    first: int
+    """Index of the first suspect token among the answer's generated tokens."""
+    count: int
+    nodes: tuple[str, ...]
+    """The faulty nodes (the coordinator's spot checks convicted them)."""
+
+
+AnswerEvent = TokenEvent | SuspectTokens
+"""What an answer's stream carries: tokens, or tokens taken back (app.client.recovering)."""
+
+
+@dataclass(frozen=True)
 class GuessesRejected:
     """The last stage turned down guesses of the step `step_id`: every stage holds them
     past the answer until the next step's `keep_until` cuts them."""

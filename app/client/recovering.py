@@ -11,6 +11,13 @@ each position with the shape it first had (app.session.replay_shapes: the answer
 uninterrupted run's bit for bit, not only nearly). The caller's stream goes on with the
 next token: a pause, never an error, while a replacement exists. Each recovery's stall
 (failure noticed -> next token) is kept in `stalls`.
+
+A stage the coordinator's spot checks convict (it lists faulty nodes with every route;
+the client asks every `faulty_poll_s` while answering, and whenever it re-routes) is
+avoided like a dead one, and what it touched is taken back: the stream carries
+`SuspectTokens` naming the answer's tokens from the first one computed through it, and
+the answer goes on from there on a chain without it, replayed from nothing (the stages
+after it hold KV computed from its rows), so it ends as an honest chain's would.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from app.client.generation import AnswerEvent, SuspectTokens
 from app.client.recovery import (
     Decision,
     Probe,
@@ -67,6 +75,15 @@ class StageDead(RouteUnavailable):
     def __init__(self, dead: tuple[str, ...]) -> None:
         super().__init__(f"stage {', '.join(dead)} stopped answering")
         self.dead = dead
+
+
+class StageFaulty(RouteUnavailable):
+    """The coordinator lists stages of the route as faulty: a spot check found them
+    computing rows no honest stage computes."""
+
+    def __init__(self, nodes: tuple[str, ...]) -> None:
+        super().__init__(f"stage {', '.join(nodes)} was found faulty by a spot check")
+        self.nodes = nodes
 
 
 @dataclass(frozen=True)
@@ -122,6 +139,10 @@ class RecoveringClient:
         self._switching = asyncio.Lock()
         """Concurrent answers (the API) that break together switch the client once."""
         self.recoveries: list[Recovery] = []
+        self.faulty: frozenset[str] = frozenset(route.faulty)
+        """Nodes the coordinator last listed as faulty."""
+        self._faulty_asked = time.monotonic()
+        self._faulty_ask: asyncio.Future[None] | None = None
 
     def _make(self, route: Route) -> SwarmClient:
         return SwarmClient(
@@ -175,10 +196,11 @@ class RecoveringClient:
         chunk: int = DEFAULT_CHUNK,
         is_end: Callable[[int], bool] = lambda _t: False,
         guesses: GuessPolicy | None = None,
-    ) -> AsyncIterator[TokenEvent]:
-        """`SwarmClient.generate`, continued on a replacement chain when a stage dies.
-        Guesses (default `self.guesses`) restart from the replayed history (the guesses
-        come from it)."""
+    ) -> AsyncIterator[AnswerEvent]:
+        """`SwarmClient.generate`, continued on a replacement chain when a stage dies, and
+        taken back from where a stage found faulty joined it (`SuspectTokens`). Guesses
+        (default `self.guesses`) restart from the replayed history (the guesses come
+        from it)."""
         if guesses is None:
             guesses = self.guesses
         produced: list[int] = []
@@ -187,9 +209,13 @@ class RecoveringClient:
         replays = 0
         previous: str | None = None
         previous_route = self.route
+        served: dict[str, int] = {}
+        """Node -> the first generated token it helped compute (0: the prompt's too)."""
         while True:
             history = [*prompt, *produced]
             client = self._client
+            for stage in client.route.stages:
+                served.setdefault(stage.node_id, len(produced))
             # A replay names the session it continues: the stages that kept it (the run
             # of them ending the route) keep its KV and compute only what they lack
             # (app.serving.rules.resume).
@@ -258,6 +284,8 @@ class RecoveringClient:
                 code = exc.error_code if isinstance(exc, StageFailed) else None
                 if isinstance(exc, StageDead):
                     dead = exc.dead
+                elif isinstance(exc, StageFaulty):
+                    dead = exc.nodes
                 else:
                     # Stages it still has a link to are alive; dialling them again would
                     # move their replies off that link (the last stage sends TOKENS on
@@ -291,6 +319,16 @@ class RecoveringClient:
                     failure, replays = str(exc), 1
                 await self._switch(decision, exc, client)
                 pending = (decision, noticed, failure, dead)
+                convicted = sorted(n for n in served if n in self.faulty)
+                if convicted:
+                    first = min(served[n] for n in convicted)
+                    if first < len(produced):
+                        yield SuspectTokens(first, len(produced) - first, tuple(convicted))
+                        del produced[first:]
+                    served = {n: min(i, first) for n, i in served.items() if n not in convicted}
+                    # The stages after a faulty one hold KV computed from its rows: the
+                    # replay starts from nothing everywhere.
+                    previous = None
 
     async def _watched(self, stream: AsyncIterator[TokenEvent]) -> AsyncIterator[TokenEvent]:
         """`stream`, probing the route whenever an answer is `probe_after_s` late: a stage
@@ -315,10 +353,37 @@ class RecoveringClient:
                     event = nxt.result()
                 except StopAsyncIteration:
                     return
+                self._ask_faulty()
+                convicted = tuple(
+                    s.node_id for s in self._client.route.stages if s.node_id in self.faulty
+                )
+                if convicted:
+                    raise StageFaulty(convicted)
                 yield event
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()  # type: ignore[attr-defined]
+
+    def _ask_faulty(self) -> None:
+        """Ask the coordinator which nodes are faulty, in the background, when
+        `faulty_poll_s` has passed since the last ask (one ask at a time, shared by
+        concurrent answers)."""
+        now = time.monotonic()
+        if now - self._faulty_asked < self.policy.faulty_poll_s:
+            return
+        if self._faulty_ask is not None and not self._faulty_ask.done():
+            return
+        self._faulty_asked = now
+
+        async def ask() -> None:
+            try:
+                route = await self._route_source(())
+            except (AppError, CoordinatorError, NetError, OSError, TimeoutError) as exc:
+                log.info("could not ask which nodes are faulty: %s", exc)
+                return
+            self.faulty = frozenset(route.faulty)
+
+        self._faulty_ask = asyncio.ensure_future(ask())
 
     async def _probe(self, route: Route, skip: frozenset[str] = frozenset()) -> dict[str, Probe]:
         """What a short dial finds at each stage of `route` outside `skip` (in parallel):
@@ -407,6 +472,7 @@ class RecoveringClient:
                 avoid = await self._still_dead(avoid)
                 continue
             self._client, self.route = client, route
+            self.faulty = frozenset(route.faulty)
             return
         raise RouteUnavailable(
             f"no route avoiding {', '.join(decision.avoid) or 'the failed stage'} "

@@ -131,6 +131,9 @@ class RecoveryPolicy:
     the direct dial got no answer."""
     step_timeout_s: float = 40.0
     """The step deadline while recovering is allowed (a silent chain must be noticed)."""
+    faulty_poll_s: float = 5.0
+    """How often an answering client asks the coordinator which nodes spot checks found
+    faulty (a convicted stage that keeps serving is noticed within this)."""
 
 
 @dataclass(frozen=True)

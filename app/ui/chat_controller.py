@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from PySide6.QtCore import QObject, Signal
 
 from app.client.connect import ChatConnection, ChatConnector
+from app.client.generation import SuspectTokens
 from app.node_status import plain_reason
 from app.ui.controllers import AsyncThread, Mailbox
 from core.repetition_guard import looping_tail
@@ -75,6 +76,9 @@ class ChatController(QObject):
     """One chat at a time through the swarm; tokens stream back as signals."""
 
     text = Signal(str)
+    taken_back = Signal(str)
+    """The answer so far is only this text: a stage found faulty computed the rest,
+    which comes again from a chain without it."""
     """A piece of the answer (decoded, UTF-8 safe)."""
     progress = Signal(object)
     """ChatProgress, as tokens arrive (at most once per batch of tokens)."""
@@ -103,6 +107,8 @@ class ChatController(QObject):
         kind, value = item
         if kind == "text":
             self.text.emit(value)
+        elif kind == "taken_back":
+            self.taken_back.emit(value)
         elif kind == "progress":
             self.progress.emit(value)
         elif kind == "finished":
@@ -172,9 +178,21 @@ class ChatController(QObject):
             ids = _encode(tok, messages)
             streamer = tok.streamer()
             answer: list[int] = []
+            generated: list[int] = []
             stream = conn.client.generate(ids, max_tokens, sampling, is_end=tok.is_end)
             try:
                 async for ev in stream:
+                    if isinstance(ev, SuspectTokens):
+                        # A stage found faulty computed these: the window shows the
+                        # answer without them, and the ones computed again follow.
+                        del generated[ev.first :]
+                        answer = [t for t in generated if not tok.is_end(t)]
+                        n = len(generated)
+                        streamer = tok.streamer()
+                        kept = "".join(streamer.push(t) for t in answer)
+                        self._mailbox.post(("taken_back", kept))
+                        continue
+                    generated.extend(ev.tokens)
                     for t in ev.tokens:
                         if n == 0:
                             t_first = time.perf_counter()

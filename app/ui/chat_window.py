@@ -197,6 +197,7 @@ class ChatWindow(QWidget):
             ispin.valueChanged.connect(self._remember)
         self.greedy.toggled.connect(self._show_sampling_choice)
         chat.text.connect(self._on_text)
+        chat.taken_back.connect(self._on_taken_back)
         chat.progress.connect(self._on_progress)
         chat.finished.connect(self._on_finished)
         chat.failed.connect(self._on_failed)
@@ -381,6 +382,18 @@ class ChatWindow(QWidget):
         cursor.insertText(piece, QTextCharFormat())
         self.transcript.setTextCursor(cursor)
         self.transcript.ensureCursorVisible()
+
+    def _on_taken_back(self, kept: str) -> None:
+        """The answer shown so far becomes `kept`: the rest came through a stage a spot
+        check then found faulty, and is computed again."""
+        cursor = self.transcript.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.movePosition(
+            QTextCursor.MoveOperation.Left, QTextCursor.MoveMode.KeepAnchor, len(self._answer)
+        )
+        cursor.insertText(kept, QTextCharFormat())
+        self._answer = kept
+        self.transcript.setTextCursor(cursor)
 
     def _keep_answer(self) -> None:
         if self._answer.strip():

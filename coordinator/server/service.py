@@ -23,6 +23,7 @@ from sqlalchemy import delete, select, update
 from coordinator import contract
 from coordinator import invites as inv
 from coordinator.contract import (
+    MAX_FAULTY_LISTED,
     Assignment,
     Heartbeat,
     JoinAnswer,
@@ -1041,7 +1042,8 @@ class Coordinator:
             )
             for st in current.stages
         )
-        return RouteAnswer(hosted.name, stages)
+        faulty = tuple(reversed(self.spot.faulty()))[:MAX_FAULTY_LISTED]
+        return RouteAnswer(hosted.name, stages, faulty)
 
     def fleet_forecast(self) -> FleetForecast:
         """The main chain's predicted tokens/s, alone and at 1..N requests at once, from

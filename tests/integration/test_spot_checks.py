@@ -6,8 +6,10 @@ lie). Answers go through every chain; the liar's record
 of a session is recomputed by the other two first stages, which agree with each other
 and not with it: it is marked faulty with the evidence, leaves the plan and every route,
 and its certificate is not renewed until the operator clears it. The honest stages'
-checks find them honest, and no one else is marked; in a swarm where no one lies, every
-first stage is checked and found honest. ~30-60 s each (6 worker processes)."""
+checks find them honest, and no one else is marked. An answer under way through the liar
+when it is caught is told which of its tokens the liar touched, and ends as an honest
+chain's answer. In a swarm where no one lies, every first stage is checked and found
+honest. ~30-60 s each (6 worker processes)."""
 
 from __future__ import annotations
 
@@ -17,14 +19,21 @@ from typing import Any
 
 import pytest
 
+from app.client.connect import avoiding_source
+from app.client.generation import SuspectTokens
+from app.client.recovering import RecoveringClient
+from app.client.recovery import RecoveryPolicy
 from app.identity import Identity
 from coordinator.client.session import CoordinatorRefused
-from tests.support.spot_swarm import Scenario, Swarm, run_spot_swarm
+from tests.support.spot_swarm import PROMPT, Scenario, Swarm, ask, run_spot_swarm
 from tests.support.spot_swarm import faults as _faults
 from tests.support.spot_swarm import routes as _routes
 from tests.support.spot_swarm import until as _until
 
 pytestmark = pytest.mark.integration
+
+LONG = 48
+"""Tokens of the answer that is under way when the liar is caught."""
 
 
 def _run(tmp_path: Path, lie: bool, scenario: Scenario) -> None:
@@ -37,12 +46,42 @@ def test_a_stage_that_lies_is_caught_and_leaves_the_routes(tmp_path: Path) -> No
         loop = asyncio.get_running_loop()
         coord, liar_id = swarm.coord, swarm.small
         firsts = {c[0] for c in swarm.chains}
+        through_liar = next(r for c, r in swarm.chains.items() if c[0] == liar_id)
+        honest = next(r for c, r in swarm.chains.items() if c[0] != liar_id)
+
+        # An answer through the liar, paused after its first tokens until it is caught.
+        policy = RecoveryPolicy(step_timeout_s=20.0, faulty_poll_s=0.2)
+        client = RecoveringClient(
+            swarm.me.credentials(), through_liar, avoiding_source(swarm.me), policy
+        )
+        await client.connect()
+        answer = client.generate(PROMPT, LONG)
+        events = [await anext(answer) for _ in range(3)]
 
         def caught() -> dict[str, Any] | None:
             faults = _faults(coord)
             return faults if liar_id in faults["faulty"] else None
 
         faults = await loop.run_in_executor(None, _until, "the liar caught", caught)
+        # The next token starts the client's ask of the faulty nodes (in the background);
+        # the one after it comes once the answer is in.
+        events.append(await anext(answer))
+        await asyncio.sleep(1.0)
+        events += [e async for e in answer]
+        await client.close()
+        # It is told which of its tokens the liar touched (all: it computed the prompt)
+        # and the answer goes on from there without it, ending as an honest chain's.
+        taken = [e for e in events if isinstance(e, SuspectTokens)]
+        assert len(taken) == 1 and taken[0].nodes == (liar_id,) and taken[0].first == 0
+        assert taken[0].count >= 3
+        tokens: list[int] = []
+        for e in events:
+            if isinstance(e, SuspectTokens):
+                del tokens[e.first :]
+            else:
+                tokens.extend(e.tokens)
+        assert tokens == await ask(swarm.me, honest, LONG)
+        assert all(liar_id not in r for r in client.recoveries[-1].route)
         evidence = faults["faulty"][liar_id]
         assert evidence["verdict"] == "faulty" and evidence["node"] == liar_id
         assert {evidence["checker"], evidence["third"]} == firsts - {liar_id}

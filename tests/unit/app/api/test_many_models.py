@@ -4,7 +4,6 @@ model any name is answered by it, as before."""
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -12,40 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.openai_api import create_openai_app
-from core.sampling_defaults import FALLBACK, RecommendedSampling
 from core.types import SamplingParams
+from tests.support.letter_tokens import LetterTokenizer
 
 pytestmark = pytest.mark.unit
-
-
-class _Tokenizer:
-    """Token i is the letter chr(ord('a') + i % 26); no end token."""
-
-    n_vocab = 64
-
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
-        return [ord(c) % 26 for c in text]
-
-    def encode_chat(self, messages: Sequence[Any]) -> list[int]:
-        return self.encode("".join(str(m[-1]) for m in messages))
-
-    def is_end(self, token: int) -> bool:
-        return False
-
-    def recommended_sampling(self) -> RecommendedSampling:
-        return RecommendedSampling(FALLBACK, "test")
-
-    def streamer(self) -> Any:
-        decoder = codecs.getincrementaldecoder("utf-8")()
-
-        class _Streamer:
-            def push(self, token: int) -> str:
-                return decoder.decode(bytes([ord("a") + token % 26]))
-
-            def flush(self) -> str:
-                return decoder.decode(b"", final=True)
-
-        return _Streamer()
 
 
 class _Backend:
@@ -53,7 +22,7 @@ class _Backend:
 
     def __init__(self, name: str, letter: int) -> None:
         self.model_name = name
-        self.tokenizer: Any = _Tokenizer()
+        self.tokenizer: Any = LetterTokenizer()
         self.context_length = 128
         self.letter = letter
 
