@@ -346,7 +346,11 @@ class StageWorker:
         return not self.is_last and not batch_variant()
 
     def check_sessions(self) -> tuple[tuple[str, int], ...]:
-        """Sessions whose steps a spot check may ask for (StepLedger.offered)."""
+        """Sessions whose steps a spot check may ask for (StepLedger.offered); a last
+        stage's are those it saw (StepLedger.witnessed): the coordinator samples a
+        stage's checks from its neighbours' lists, which it cannot edit."""
+        if self.is_last:
+            return self.core.ledger.witnessed()
         return self.core.ledger.offered() if self.checkable else ()
 
     def check_record(self, session: str, steps: int) -> CheckRecord | None:

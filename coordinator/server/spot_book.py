@@ -116,8 +116,10 @@ class SpotBook:
         upstream: str | None,
         holders: Sequence[str],
         now: float,
+        vouched: bool = False,
     ) -> Check | None:
-        """A heartbeat of a checkable stage: start a check of it when one is due."""
+        """A heartbeat of a checkable stage: start a check of it when one is due, of a
+        session sampled from `offered` (a neighbour's list where `vouched`)."""
         s = self.settings
         if self.in_flight >= s.max_in_flight or any(c.node == node for c in self._checks.values()):
             return None
@@ -126,7 +128,7 @@ class SpotBook:
         picked = pick_prefix(offered, self._draw())
         if picked is None:
             return None
-        return self.start(node, picked[0], picked[1], upstream, holders, now)
+        return self.start(node, picked[0], picked[1], upstream, holders, now, vouched)
 
     def start(
         self,
@@ -136,12 +138,20 @@ class SpotBook:
         upstream: str | None,
         holders: Sequence[str],
         now: float,
+        vouched: bool = False,
     ) -> Check:
         """A check of `node`'s first `steps` steps of `session` (at most MAX_CHECK_STEPS:
         what a node's heartbeat answer takes)."""
         steps = max(1, min(steps, MAX_CHECK_STEPS))
         check = Check(
-            self._next, node, session, steps, upstream, tuple(h for h in holders if h != node), now
+            self._next,
+            node,
+            session,
+            steps,
+            upstream,
+            tuple(h for h in holders if h != node),
+            now,
+            Answers(vouched=vouched),
         )
         self._next += 1
         self._checks[check.number] = check

@@ -78,6 +78,10 @@ class Verdict(Enum):
     """Its rows recompute as it claims, but its input is not what its upstream says it
     sent: one of the two lies (links are authenticated, frames are not signed), so
     neither is marked; the operator sees both."""
+    WITHHELD = "withheld"
+    """It gave no record of a session its neighbour saw pass through it: a stage that
+    lied on that session would hide it so; an honest one may have forgotten it already
+    (each keeps a bounded window), so it is shown, not marked."""
     UNDECIDED = "undecided"
     """No one can be blamed: no third holder, one refused, or all three differ."""
     UNVERIFIED = "unverified"
@@ -99,6 +103,8 @@ class Answers:
     has_checker: bool = True
     has_third: bool = True
     expired: bool = False
+    vouched: bool = False
+    """The session was sampled from a neighbour's list: the stage should hold it."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,9 @@ def judge(a: Answers) -> Finding:
 def _judge_rows(a: Answers) -> Finding:
     """Each row a situation, in the order they are tried."""
     if a.record is None:
+        if a.record_refused and a.vouched:
+            why = f"no record of a session its neighbour saw: {a.record_refused}"
+            return Finding(Verdict.WITHHELD, why)
         if a.record_refused or a.expired:
             return Finding(Verdict.UNVERIFIED, f"no record: {a.record_refused or 'no answer'}")
         return Finding(Verdict.PENDING, "waiting for the record")

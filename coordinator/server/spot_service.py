@@ -28,6 +28,8 @@ FAULTY_NODES = "faulty_nodes"
 """Setting: node id -> the evidence a spot check found against it (JSON)."""
 MAX_FAULTY_CHARS = 256 * 1024
 MAX_RECENT = 20
+MAX_NODES_REMEMBERED = 4096
+"""Nodes whose latest session lists are kept (the oldest heard of go first)."""
 """Decided checks the operator page lists."""
 
 __all__ = ["CheckUnknown", "SpotChecks"]
@@ -52,6 +54,9 @@ class SpotChecks:
         self._book = SpotBook(settings, draw)
         self._checkable: dict[str, bool] = {}
         self._steps_seen: dict[str, int] = {}
+        self._offered: dict[str, tuple[tuple[str, int], ...]] = {}
+        """Each node's latest sessions with their steps: what a check of its neighbour
+        samples from (`_sample_from`)."""
         self.recent: list[dict[str, Any]] = []
         """The latest decided checks, newest first (the operator page)."""
         self.counts: dict[str, int] = {}
@@ -100,27 +105,47 @@ class SpotChecks:
     # ------------------------------------------------------------ heartbeats
 
     def beat(self, node_id: str, beat: Heartbeat, hosted: list[ModelPlan]) -> None:
-        """A heartbeat: what the node offers, and maybe the start of a check of it."""
+        """A heartbeat: the sessions the node saw, and maybe the start of a check of it.
+
+        The session a check asks for is sampled from what a neighbour of the checked
+        stage saw pass through it (the stage before it, else the one after), not from
+        the stage's own list: a stage that lied on a session cannot keep it out of the
+        sample, and one that will not give the record of a session its neighbour saw is
+        shown to the operator (WITHHELD)."""
         steps = beat.stats.get("steps") if isinstance(beat.stats, dict) else None
         steps = steps if isinstance(steps, int) and steps >= 0 else 0
         with self._lock:
             self._checkable[node_id] = beat.checkable
+            self._offered[node_id] = beat.check_sessions
+            if len(self._offered) > MAX_NODES_REMEMBERED:
+                del self._offered[next(iter(self._offered))]
             seen = self._steps_seen.get(node_id, steps)
             self._steps_seen[node_id] = steps
             new = max(0, steps - seen)
             expired = self._book.expire(time.monotonic())
         for c in expired:
             self._decided(c)
-        if self.settings.rate <= 0 or not beat.checkable or not beat.check_sessions:
+        if self.settings.rate <= 0 or not beat.checkable:
             return
         where = self._place_of(node_id, hosted)
         if where is None:
             return
-        upstream, holders = where
+        upstream, holders, downstream = where
         with self._lock:
+            offered, vouched = self._sample_from(node_id, upstream, downstream)
             self._book.maybe_start(
-                node_id, beat.check_sessions, new, upstream, holders, time.monotonic()
+                node_id, offered, new, upstream, holders, time.monotonic(), vouched
             )
+
+    def _sample_from(
+        self, node_id: str, upstream: str | None, downstream: str | None
+    ) -> tuple[tuple[tuple[str, int], ...], bool]:
+        """The sessions to sample a check of `node_id` from, and whether a neighbour
+        vouches for them: the nearest neighbour's list, else the stage's own."""
+        for neighbour in (upstream, downstream):
+            if neighbour is not None and self._offered.get(neighbour):
+                return self._offered[neighbour], True
+        return self._offered.get(node_id, ()), False
 
     def start(self, node_id: str, session: str, steps: int, hosted: list[ModelPlan]) -> int:
         """A check of `node_id`'s first `steps` steps of `session`, now (the operator's
@@ -128,8 +153,11 @@ class SpotChecks:
         where = self._place_of(node_id, hosted)
         if where is None:
             raise NotFound(f"{node_id} serves no stage of a chain")
+        upstream, holders, _ = where
         with self._lock:
-            return self._book.start(node_id, session, steps, *where, time.monotonic()).number
+            return self._book.start(
+                node_id, session, steps, upstream, holders, time.monotonic()
+            ).number
 
     def asks_for(self, node_id: str) -> tuple[CheckAsk, ...]:
         with self._lock:
@@ -147,9 +175,10 @@ class SpotChecks:
 
     def _place_of(
         self, node_id: str, hosted: list[ModelPlan]
-    ) -> tuple[str | None, tuple[str, ...]] | None:
-        """The node's upstream stage, and the checkable nodes serving its layers of the
-        same model in other chains (not faulty); None when it serves no stage."""
+    ) -> tuple[str | None, tuple[str, ...], str | None] | None:
+        """The node's upstream stage, the checkable nodes serving its layers of the same
+        model in other chains (not faulty), and its downstream stage; None when it
+        serves no stage."""
         faulty = self.faulty()
         for h in hosted:
             for chain in h.placed():
@@ -158,6 +187,8 @@ class SpotChecks:
                     continue
                 at = chain.node_ids.index(node_id)
                 upstream = chain.stages[at - 1].node_id if at > 0 else None
+                after = chain.stages[at + 1 :]
+                downstream = after[0].node_id if after else None
                 holders = tuple(
                     s.node_id
                     for other in h.placed()
@@ -167,7 +198,7 @@ class SpotChecks:
                     and self._checkable.get(s.node_id, False)
                     and s.node_id not in faulty
                 )
-                return upstream, holders
+                return upstream, holders, downstream
         return None
 
     def _decided(self, concluded: Concluded) -> None:
@@ -183,6 +214,10 @@ class SpotChecks:
         }.get(verdict)
         if blamed:
             self._mark(blamed, evidence)
+        elif verdict is Verdict.WITHHELD:
+            self._timeline.record(
+                "check_withheld", concluded.check.node, concluded.finding.reason[:300]
+            )
         elif verdict is Verdict.UNDECIDED:
             self._timeline.record(
                 "check_undecided", concluded.check.node, concluded.finding.reason[:300]

@@ -417,6 +417,7 @@ class StageCore(Generic[L]):
             self.stats.hidden_bytes_sent += len(onward.hidden or b"")
             return [Forward(onward, p.step)]
         assert result.logits is not None
+        self.ledger.witness(p.step.session, p.step.start)
         return self._sample_and_reply(session, p.step, result.logits, timings, verdict)
 
     def _sample_and_reply(

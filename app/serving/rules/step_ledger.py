@@ -80,6 +80,8 @@ class StepLedger:
         self.limits = limits
         self._sessions: OrderedDict[str, _Kept] = OrderedDict()
         self._bytes = 0
+        self._seen: OrderedDict[str, int] = OrderedDict()
+        """A last stage's steps per session (`witness`)."""
         self._refused: set[str] = set()
         """Sessions that did not start at position 0 here: never recorded (bounded like
         the rest: cleared with the session's `forget`, and capped)."""
@@ -122,7 +124,25 @@ class StepLedger:
         kept = self._sessions.pop(session, None)
         if kept is not None:
             self._bytes -= kept.bytes
+        self._seen.pop(session, None)
         self._refused.discard(session)
+
+    def witness(self, session: str, start: int) -> None:
+        """A last stage computed a step of `session` (it sends no rows on, so it keeps no
+        record): only the count, for the coordinator to sample the previous stage's
+        sessions from (`witnessed`), not from what that stage chooses to offer."""
+        if start == 0 and session not in self._seen:
+            self._seen[session] = 0
+        if session not in self._seen:
+            return  # heard of from the middle: its prefix is not checkable anywhere
+        self._seen[session] += 1
+        self._seen.move_to_end(session)
+        while len(self._seen) > self.limits.sessions:
+            self._seen.popitem(last=False)
+
+    def witnessed(self) -> tuple[tuple[str, int], ...]:
+        """The sessions `witness` counted, newest first, with their steps."""
+        return tuple(list(reversed(self._seen.items()))[:MAX_OFFERED_SESSIONS])
 
     def offered(self) -> tuple[tuple[str, int], ...]:
         """The sessions a check may ask for, newest first, with their steps recorded."""

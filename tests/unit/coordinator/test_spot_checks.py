@@ -144,6 +144,10 @@ def test_digest_lists_differ_where_they_first_do() -> None:
     [
         (Answers(), Verdict.PENDING),
         (Answers(record_refused="no record"), Verdict.UNVERIFIED),
+        # A session its neighbour saw: an honest stage may have forgotten it, a liar
+        # would hide it; shown, not marked.
+        (Answers(record_refused="no record", vouched=True), Verdict.WITHHELD),
+        (Answers(expired=True, vouched=True), Verdict.UNVERIFIED),
         (Answers(expired=True), Verdict.UNVERIFIED),
         (Answers(record=_record(A, B), has_checker=False), Verdict.UNVERIFIED),
         (Answers(record=_record(A, B)), Verdict.PENDING),
@@ -260,3 +264,13 @@ def test_an_ask_never_names_more_steps_than_a_node_reads() -> None:
     assert check is not None and check.steps == MAX_CHECK_STEPS
     (ask,) = book.asks_for("n1")
     assert read_asks([ask.to_json()]) == (ask,)
+
+
+def test_a_session_a_neighbour_saw_and_the_stage_will_not_show_is_withheld() -> None:
+    book = _book()
+    check = book.maybe_start("n1", [("s1", 3)], 5, "n0", ["h1"], now=0.0, vouched=True)
+    assert check is not None
+    assert book.answer("n1", "1-record", {"refused": "no record of s1"}) is None
+    done = book.answer("n0", "1-upstream", {"refused": "no record of s1"})
+    assert done is not None and done.finding.verdict is Verdict.WITHHELD
+    assert book.asks_for("h1") == ()  # nothing to recompute

@@ -49,6 +49,9 @@ def test_stages_before_the_last_record_each_step_and_agree_along_the_chain() -> 
     chain = _answered(guesses=3)
     first, middle = (_whole(h.core.ledger, "a") for h in chain.hosts[:2])
     assert chain.last.core.ledger.offered() == ()  # its answer depends on sampling too
+    # ... but it counts the steps it saw, as many as the stage before it sent on: the
+    # coordinator samples that stage's checks from this list, which it cannot edit.
+    assert chain.last.core.ledger.witnessed() == (("a", len(middle.steps)),)
     assert first.steps[0].start == 0 and first.steps[0].kind == TOKENS
     assert middle.steps[0].kind == HIDDEN
     assert not first.lies_about_itself() and not middle.lies_about_itself()
