@@ -14,7 +14,11 @@ stages of a tiny 8-layer model, the small worker placed as a first stage.
    before the catch, counted after the set-up's one answer per chain (a verdict comes
    with a heartbeat, so the tokens of the check's round trips count too), which
    mechanism caught it, median and p95 over runs, and whether the answer finished at
-   the catch and the next one equal the whole model's greedy tokens.
+   the catch and the next one equal the whole model's greedy tokens. Beside them, one
+   long answer through the liar's chain is under way the whole time (a token every
+   0.1 s until the catch): whether it was told which of its tokens the liar touched
+   (`SuspectTokens` naming it; a spot check's catch) and ended equal to the whole
+   model's answer.
 2. An honest swarm answering continuously for `--honest-seconds` with checks on: the
    faults marked and rows refused (both must be 0), answers unequal to the whole
    model's, and the checks' overhead from the workers' heartbeat stats (the
@@ -41,6 +45,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+from app.client.generation import SuspectTokens
 from app.client.route import fetch_route
 from app.errors import ClientError
 from app.serving.plan import HEARTBEAT_S
@@ -58,6 +63,9 @@ from tests.support.whole_model import whole_model_tokens
 KINDS = ("flip", "noise", "swap", "zeros")
 ROW_CHECKS, SPOT_CHECK = "row checks", "spot check"
 NEXT_ANSWER_TRIES = 10
+WATCHED_TOKENS = 960
+"""The long answer under way at the catch (the coordinator's 1024 positions a session)."""
+WATCH_PACE_S = 0.1
 
 
 @dataclass
@@ -81,6 +89,12 @@ class Catch:
     """Tries of the next answer refused while the chains re-formed."""
     rows_refused: int = 0
     seconds: float = 0.0
+    under_way_told: bool | None = None
+    """The long answer under way at the catch heard SuspectTokens naming the liar."""
+    under_way_taken_back: int = 0
+    """Its tokens taken back and computed again."""
+    under_way_equal: bool | None = None
+    """It ended equal to the whole model's answer."""
 
 
 @dataclass
@@ -124,6 +138,9 @@ async def _answer(swarm: Swarm, route: Any, n: int, catch: Catch | None) -> tupl
     refused = False
     async with client:
         async for event in client.generate(PROMPT, n):
+            if isinstance(event, SuspectTokens):
+                del out[event.first :]
+                continue
             if not refused and _refused(client.recoveries, swarm.small):
                 refused = True
                 if catch is not None:
@@ -140,10 +157,33 @@ def _refused(recoveries: Any, liar: str) -> bool:
     return any("rows refused" in r.failure and liar in r.dead for r in recoveries)
 
 
+async def _under_way(swarm: Swarm, route: Any, catch: Catch, expected: list[int]) -> None:
+    """The long answer through the liar's chain, paced until the catch."""
+    client = recovering_client(swarm.me, route, faulty_poll_s=1.0)
+    out: list[int] = []
+    async with client:
+        async for event in client.generate(PROMPT, WATCHED_TOKENS):
+            if isinstance(event, SuspectTokens):
+                catch.under_way_told = swarm.small in event.nodes
+                catch.under_way_taken_back += event.count
+                del out[event.first :]
+                continue
+            out.extend(event.tokens)
+            if not catch.caught_by:
+                catch.tokens_before += len(event.tokens)
+                await asyncio.sleep(WATCH_PACE_S)
+    catch.under_way_told = bool(catch.under_way_told)
+    catch.under_way_equal = out == expected
+
+
 async def _catch(swarm: Swarm, kind: str, a: argparse.Namespace, expected: list[int]) -> Catch:
     loop = asyncio.get_running_loop()
     catch, started = Catch(kind), time.monotonic()
     liar_route = next(r for chain, r in swarm.chains.items() if chain[0] == swarm.small)
+    long_expected = await loop.run_in_executor(
+        None, whole_model_tokens, swarm.model, N_LAYER, PROMPT, WATCHED_TOKENS
+    )
+    under_way = asyncio.ensure_future(_under_way(swarm, liar_route, catch, long_expected))
     while time.monotonic() - started < a.catch_seconds and catch.tokens_before < a.max_tokens:
         try:
             out, refused = await _answer(swarm, liar_route, a.tokens, catch)
@@ -162,6 +202,14 @@ async def _catch(swarm: Swarm, kind: str, a: argparse.Namespace, expected: list[
             catch.caught_by = SPOT_CHECK
             break
     catch.seconds = time.monotonic() - started
+    if not catch.caught_by:
+        catch.caught_by = "-"  # not caught: the long answer goes on unpaced to its end
+    try:
+        await under_way
+    except ClientError as exc:
+        catch.answers_failed.append(f"the long answer: {str(exc)[:200]}")
+    if catch.caught_by == "-":
+        catch.caught_by = ""
     if catch.caught_by:
         await _next_answer(swarm, a, expected, catch)
     await asyncio.sleep(HEARTBEAT_S + 0.5)  # the refusals reach the coordinator
@@ -250,10 +298,14 @@ def _summary(catches: list[Catch]) -> dict[str, Any]:
         "tokens_median": statistics.median(steps) if steps else None,
         "tokens_p95": _p95(steps) if steps else None,
         "answers_after_equal": all(
-            c.answer_at_catch_equal is not False and c.next_answer_equal is True for c in caught
+            c.answer_at_catch_equal is not False
+            and c.next_answer_equal is True
+            and c.under_way_equal is True
+            for c in caught
         )
         if caught
         else None,
+        "under_way_told": sum(bool(c.under_way_told) for c in caught),
     }
 
 
@@ -313,15 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         "| liar | caught | by row checks | by spot check | tokens before, median | p95 "
-        "| answers after equal |"
+        "| answer under way told | answers after equal |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for kind, found in catches.items():
         s = _summary(found)
         print(
             f"| {kind} | {s['caught']}/{s['runs']} | {s['caught_by'].get(ROW_CHECKS, 0)} "
             f"| {s['caught_by'].get(SPOT_CHECK, 0)} | {s['tokens_median']} | {s['tokens_p95']} "
-            f"| {_yes(s['answers_after_equal'])} |"
+            f"| {s['under_way_told']}/{s['caught']} | {_yes(s['answers_after_equal'])} |"
         )
     h = honest
     print()

@@ -52,16 +52,17 @@ _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 # Batching may change a session's numbers three ways: in one KV cache shared by all
 # sessions its cells sit at other indices, and two CPU paths sum a row's products in an
 # order that depends on how many rows share the step (the repacked layouts' 4-row gemm,
-# the tiled K-quant matmul at 8 rows or more). Stages avoid all three by default
-# (docs/decisions/batch-invariance.md; the engine wheel's repack-rows-alone patch makes
-# the repacked layouts take every row one by one); "1" brings them back, for measuring
-# what exact numbers cost.
+# the tiled K-quant matmul at 8 rows or more); and the machine's thread count changes a
+# long row's attention (the KV-chunked flash attention). Stages avoid all four by default
+# (docs/decisions/batch-invariance.md; the engine wheel's patches sum every row alone);
+# "1" brings them back, for measuring what exact numbers cost.
 _BATCH_VARIANT_ENV = "SANGAMA_BATCH_VARIANT"
 
 
 def batch_variant() -> bool:
-    """One shared KV cache, the repacked layouts' 4-row gemm and the tiled matmul:
-    batched steps whose numbers depend on what else shares them. For measurements."""
+    """One shared KV cache, the repacked layouts' 4-row gemm, the tiled matmul and the
+    KV-chunked attention: steps whose numbers depend on what else shares them and on the
+    thread count. For measurements."""
     return os.environ.get(_BATCH_VARIANT_ENV) == "1"
 
 
@@ -167,6 +168,7 @@ def _initialise() -> BackendReport:
     # ggml-cpu reads these at its first matmul; an explicit setting wins.
     if batch_variant():
         os.environ.setdefault("GGML_CPU_REPACK_GEMM", "1")
+        os.environ.setdefault("GGML_CPU_FA_SPLIT", "1")
     else:
         os.environ.setdefault("GGML_CPU_TILED_MM", "0")
     ggml, base = _load_ggml(), _load_ggml_base()

@@ -132,3 +132,35 @@ def test_32_batched_sessions_get_the_hidden_states_they_get_alone(
 
     same = [s for s in names if batched[s] == solo[s]]
     assert len(same) == SESSIONS, f"{len(same)} of {SESSIONS} sessions as alone"
+
+
+def _long_session(model: Path, threads: int) -> list[str]:
+    """Digests of the logits of 12 one-row decodes after 520 positions (past 512 cells,
+    where attention used to be split into one chunk per thread)."""
+    spec = StageSpec(
+        LayerRange(0, 8), 8, n_ctx=1024, n_batch=512, n_seq_max=1, use_gpu=False, n_threads=threads
+    )
+    stage = Stage.from_file(model, spec)
+    try:
+        stage.open("long")
+        prompt = [1 + (j * 37) % 500 for j in range(520)]
+        for start in (0, 512):
+            chunk = np.asarray(prompt[start : start + 512], dtype=np.int32)
+            (out,) = stage.step([StepRequest("long", start, tokens=chunk)])
+        digests, position = [], len(prompt)
+        for _ in range(12):
+            assert isinstance(out, StepResult) and out.logits is not None
+            digests.append(_digest(out.logits[-1]))
+            token = np.asarray([int(np.argmax(out.logits[-1]))], dtype=np.int32)
+            (out,) = stage.step([StepRequest("long", position, tokens=token)])
+            position += 1
+        return digests
+    finally:
+        stage.shutdown()
+
+
+def test_a_long_session_gives_the_same_numbers_at_any_thread_count(tiny_f32: Path) -> None:
+    # Volunteers' PCs run different thread counts; a chain is compared with the whole
+    # model, and a spot check recomputes a stage's steps on another PC, bit for bit.
+    one, three = _long_session(tiny_f32, 1), _long_session(tiny_f32, 3)
+    assert len(one) == 12 and one == three

@@ -101,11 +101,10 @@ def until(what: str, check: Any, timeout: float = 120.0) -> Any:
     raise AssertionError(f"{what} within {timeout:.0f} s")
 
 
-def recovering_client(me: Identity, route: Route) -> RecoveringClient:
+def recovering_client(me: Identity, route: Route, faulty_poll_s: float = 5.0) -> RecoveringClient:
     """A client that replays a broken answer on a route avoiding the suspects."""
-    return RecoveringClient(
-        me.credentials(), route, avoiding_source(me), RecoveryPolicy(step_timeout_s=20.0)
-    )
+    policy = RecoveryPolicy(step_timeout_s=20.0, faulty_poll_s=faulty_poll_s)
+    return RecoveringClient(me.credentials(), route, avoiding_source(me), policy)
 
 
 async def ask(me: Identity, route: Route, n: int = N_TOKENS) -> list[int]:
