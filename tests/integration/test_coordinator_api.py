@@ -13,20 +13,21 @@ from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
 from coordinator.contract import HeartbeatAnswer
-from coordinator.releases import NODE_HEADERS, RELEASE_HEADER
-from coordinator.server.api import ADMIN_TOKEN, create_app
-from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator, CoordinatorSettings, HostedModel
+from coordinator.releases import RELEASE_HEADER
+from coordinator.server.service import Coordinator, CoordinatorSettings
 from coordinator.server.store import Invite, Store, migrate
 from core.gguf_slices import slice_model
 from net import auth
 from net.wire.versions import this_release
+from tests.support.coordinator_in_process import (
+    ADMIN_HEADERS,
+    api_client,
+    coordinator_in_process,
+)
 from tests.support.postgres import postgres_bin, temporary_postgres
 from tests.support.probe_answerer import HARDWARE
 
 pytestmark = pytest.mark.integration
-
-ADMIN = "admin-token-for-tests"
 
 
 @pytest.fixture(scope="module")
@@ -48,31 +49,21 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def coord(db_url: str, pieces: tuple[Path, object]) -> Iterator[Coordinator]:
-    migrate(db_url)
-    store = Store(db_url)
-    ca = auth.create_ca("test-swarm")
     directory, manifest = pieces
-    c = Coordinator(
-        store,
-        ca,
-        "https://127.0.0.1:8443",
-        HostedModel("tiny", directory, manifest),  # type: ignore[arg-type]
-        CoordinatorSettings(min_stages=2, stale_after_s=30, dead_after_s=60),
-        reachable=lambda _address: True,  # no worker answers the probe here
-    )
-    c.set_admin_password("operator-pw")
-    store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
-    yield c
-    store.close()
+    settings = CoordinatorSettings(min_stages=2, stale_after_s=30, dead_after_s=60)
+    # No worker answers the probe here.
+    with coordinator_in_process(db_url, directory, manifest, settings, lambda _a: True) as c:
+        c.set_admin_password("operator-pw")
+        yield c
 
 
 @pytest.fixture
 def http(coord: Coordinator) -> TestClient:
-    return TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
+    return api_client(coord)
 
 
 def _admin() -> dict[str, str]:
-    return {"Authorization": f"Bearer {ADMIN}"}
+    return ADMIN_HEADERS
 
 
 def _invite(http: TestClient, role: str = "worker", uses: int = 1) -> str:

@@ -13,51 +13,43 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from fastapi.testclient import TestClient
 
-from coordinator.releases import NODE_HEADERS
-from coordinator.server.api import ADMIN_TOKEN, create_app
-from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator, CoordinatorSettings, HostedModel
+from coordinator.server.service import Coordinator, CoordinatorSettings
 from coordinator.server.spot_policy import SpotSettings
-from coordinator.server.store import Store, migrate
 from coordinator.spot_checks import RECOMPUTE, RECORD, TOKENS, CheckRecord, CheckStep, digest
 from core.gguf_slices import slice_model
 from net import auth
+from tests.support.coordinator_in_process import (
+    ADMIN,
+    ADMIN_HEADERS,
+    api_client,
+    coordinator_in_process,
+)
 from tests.support.node_calls import join_as, node_headers
 from tests.support.probe_answerer import HARDWARE
 
 pytestmark = pytest.mark.integration
 
-ADMIN = "admin-token-for-tests"
 SESSION = "s1"
 
 
 @pytest.fixture
 def coord(tiny_llama: Path, tmp_path: Path) -> Iterator[Coordinator]:
-    url = f"sqlite:///{tmp_path / 'c.db'}"
-    migrate(url)
-    store = Store(url)
     manifest = slice_model(tiny_llama, tmp_path / "pieces")
-    c = Coordinator(
-        store,
-        auth.create_ca("test-swarm"),
-        "https://127.0.0.1:8443",
-        HostedModel("tiny", tmp_path / "pieces", manifest),
-        CoordinatorSettings(
-            min_stages=2, max_chains=3, stale_after_s=30, dead_after_s=60, spot=SpotSettings(0.0)
-        ),
-        reachable=lambda _address: True,
+    settings = CoordinatorSettings(
+        min_stages=2, max_chains=3, stale_after_s=30, dead_after_s=60, spot=SpotSettings(0.0)
     )
-    store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
-    yield c
-    store.close()
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with coordinator_in_process(url, tmp_path / "pieces", manifest, settings, _reachable) as c:
+        yield c
+
+
+def _reachable(_address: str) -> bool:
+    return True
 
 
 @pytest.fixture
 def http(coord: Coordinator) -> TestClient:
-    return TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
-
-
-ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+    return api_client(coord)
 
 
 class Node:

@@ -14,43 +14,30 @@ from fastapi.testclient import TestClient
 
 from coordinator import invites as inv
 from coordinator.contract import TurnAnswer
-from coordinator.releases import NODE_HEADERS
-from coordinator.server.api import ADMIN_TOKEN, create_app
-from coordinator.server.secret_hashes import hash_token
-from coordinator.server.service import Coordinator, CoordinatorSettings, HostedModel
-from coordinator.server.store import Store, migrate
+from coordinator.server.service import CoordinatorSettings
 from core.gguf_slices import slice_model
 from net import auth
 from net.ice.turn import DEFAULT_NODE_TTL_S, credentials_valid
+from tests.support.coordinator_in_process import ADMIN_HEADERS, api_client, coordinator_in_process
 
 pytestmark = pytest.mark.integration
 
-ADMIN = "admin-token-for-tests"
 SECRET = "relay-secret"
 
 
 @pytest.fixture
 def http(tiny_llama: Path, tmp_path: Path) -> Iterator[TestClient]:
-    url = f"sqlite:///{tmp_path / 'c.db'}"
-    migrate(url)
-    store = Store(url)
     manifest = slice_model(tiny_llama, tmp_path / "pieces")
-    coord = Coordinator(
-        store,
-        auth.create_ca("test-swarm"),
-        "https://127.0.0.1:8443",
-        HostedModel("tiny", tmp_path / "pieces", manifest),
-        dataclasses.replace(
-            CoordinatorSettings(), turn_server=("203.0.113.5", 3478), turn_secret=SECRET
-        ),
+    settings = dataclasses.replace(
+        CoordinatorSettings(), turn_server=("203.0.113.5", 3478), turn_secret=SECRET
     )
-    store.set_setting(ADMIN_TOKEN, hash_token(ADMIN))
-    yield TestClient(create_app(coord), base_url="https://testserver", headers=NODE_HEADERS)
-    store.close()
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with coordinator_in_process(url, tmp_path / "pieces", manifest, settings) as coord:
+        yield api_client(coord)
 
 
 def _join(http: TestClient) -> dict[str, str]:
-    admin = {"Authorization": f"Bearer {ADMIN}"}
+    admin = ADMIN_HEADERS
     r = http.post(
         "/api/v1/invites", json={"role": "worker", "uses": 1, "expires": "1d"}, headers=admin
     )
@@ -77,7 +64,7 @@ def test_a_node_keeps_one_short_lived_username_and_loses_it_when_revoked(
     expiry = int(first.username.split(":")[0])
     assert credentials_valid(SECRET, first.username, first.password, expiry - 1)
 
-    admin = {"Authorization": f"Bearer {ADMIN}"}
+    admin = ADMIN_HEADERS
     node = a["X-Sangama-Node"]
     assert http.post(f"/api/v1/nodes/{node}/revoke", headers=admin).status_code == 200
     refused = http.get("/api/v1/turn", headers=a)
