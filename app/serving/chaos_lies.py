@@ -25,10 +25,10 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
+from app.serving.worker import TEST_LIE_ENV as LIE_ENV
 from net import wire
 from net.wire.tensors import WireDtype, decode_rows, encode_rows
 
-LIE_ENV = "SANGAMA_TEST_LIE"
 RATE_ENV = "SANGAMA_TEST_LIE_RATE"
 SEED_ENV = "SANGAMA_TEST_LIE_SEED"
 
