@@ -9,6 +9,7 @@ never disturbs the others.
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -117,7 +118,10 @@ class Stage:
         self.engine = engine
         self.spec = spec
         self._sessions: dict[str, _SessionSlot] = {}
-        self._free_slots = list(range(spec.n_seq_max - 1, -1, -1))
+        # The lowest free slot first: live sessions keep to the lowest slots, so the ones
+        # stepping together tend to be consecutive, which llama.cpp computes in one
+        # micro-batch (core.ubatch_order).
+        self._free_slots = list(range(spec.n_seq_max))
         self.stats = StageStats()
         self.mtp: MtpGuesser | None = None
         """The model's MTP head, on a last stage whose file carries one."""
@@ -158,7 +162,7 @@ class Stage:
             raise DuplicateSessionError(session, "already open on this stage")
         if not self._free_slots:
             raise StageFullError(session, f"all {self.spec.n_seq_max} sequence slots are in use")
-        slot = self._free_slots.pop()
+        slot = heapq.heappop(self._free_slots)
         self.engine.seq_rm(slot, 0, -1)
         self._sessions[session] = _SessionSlot(slot)
         if self.mtp is not None:
@@ -170,7 +174,7 @@ class Stage:
         if self.mtp is not None:
             self.mtp.close(session)
         del self._sessions[session]
-        self._free_slots.append(s.slot)
+        heapq.heappush(self._free_slots, s.slot)
 
     def n_past(self, session: str) -> int:
         return self._get(session).n_past

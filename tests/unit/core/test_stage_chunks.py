@@ -42,3 +42,21 @@ def test_two_chunks_of_one_session_never_share_a_decode(tiny_llama: Path) -> Non
         assert np.array_equal(second.logits, alone.logits)  # the chunk's own shape
     finally:
         stage.shutdown()
+
+
+def test_a_new_session_takes_the_lowest_free_slot(tiny_llama: Path) -> None:
+    # Live sessions keep to the lowest slots, so those stepping together tend to be
+    # consecutive: llama.cpp computes a run of consecutive slots in one micro-batch.
+    spec = StageSpec(LayerRange(0, 8), 8, n_ctx=64 * 6, n_batch=64, n_seq_max=6)
+    stage = Stage.from_file(tiny_llama, spec)
+    try:
+        for name in "abcde":
+            stage.open(name)
+        stage.close("b")
+        stage.close("d")
+        stage.open("f")
+        stage.open("g")
+        slots = {name: s.slot for name, s in stage._sessions.items()}
+        assert slots == {"a": 0, "c": 2, "e": 4, "f": 1, "g": 3}
+    finally:
+        stage.shutdown()
