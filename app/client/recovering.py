@@ -178,6 +178,8 @@ class RecoveringClient:
             await self._switch(Decision(RecoveryAction.REROUTE, avoid=dead), exc, self._client)
 
     async def close(self) -> None:
+        if self._faulty_ask is not None:
+            self._faulty_ask.cancel()
         await self._client.close()
 
     async def __aenter__(self) -> RecoveringClient:
