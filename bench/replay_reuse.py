@@ -35,6 +35,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from app.client.connect import avoiding_source
+from app.client.generation import apply_event
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
 from app.client.route import fetch_route
@@ -151,7 +152,7 @@ async def one_run(
         killed_at = gap = 0.0
         async with client:
             async for event in client.generate(prompt, N_TOKENS):
-                out.extend(event.tokens)
+                apply_event(out, event)
                 if len(out) == KILL_AFTER:
                     os.kill(victim.process.pid, signal.SIGKILL)
                     killed_at = time.monotonic()

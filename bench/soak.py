@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.client.generation import apply_event
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.client.recovering import RecoveringClient, Recovery
@@ -177,7 +179,7 @@ async def client_loop(
         try:
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
                 async for event in client.generate(asks[p], run.config.tokens):
-                    out.extend(event.tokens)
+                    apply_event(out, event)
                     now = loop.time()
                     run.tokens.append((now, now - last))
                     gap, last = max(gap, now - last), now

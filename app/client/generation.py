@@ -17,7 +17,7 @@ Clocks come in as arguments (`now`: a monotonic second count, for a trip's durat
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +77,23 @@ class SuspectTokens:
 
 AnswerEvent = TokenEvent | SuspectTokens
 """What an answer's stream carries: tokens, or tokens taken back (app.client.recovering)."""
+
+
+def apply_event(answer: list[int], event: AnswerEvent) -> None:
+    """`answer` (its tokens so far) after `event`: its tokens added, or cut back to the
+    first `event.first` where they are taken back."""
+    if isinstance(event, SuspectTokens):
+        del answer[event.first :]
+    else:
+        answer.extend(event.tokens)
+
+
+async def answer_of(events: AsyncIterator[AnswerEvent]) -> list[int]:
+    """The tokens an answer's stream ends with."""
+    answer: list[int] = []
+    async for event in events:
+        apply_event(answer, event)
+    return answer
 
 
 @dataclass(frozen=True)

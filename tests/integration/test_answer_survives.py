@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from app.client.connect import avoiding_source
+from app.client.generation import answer_of, apply_event
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
 from app.client.route import fetch_route
@@ -145,7 +146,7 @@ def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
             last_t = loop.time()
             async with RecoveringClient(me.credentials(), route, avoiding_source(me)) as client:
                 async for event in client.generate(PROMPT, N_TOKENS):
-                    out.extend(event.tokens)
+                    apply_event(out, event)
                     gaps.append(loop.time() - last_t)
                     last_t = loop.time()
                     if len(out) == KILL_AFTER:
@@ -165,7 +166,7 @@ def test_coordinator_killed_mid_answer_the_answer_completes_and_nobody_moves(
                 back_after = loop.time() - down_at
                 # A later answer, on the route the restarted coordinator hands out.
                 after_route, _ = await loop.run_in_executor(None, fetch_route, me)
-                later = [t async for ev in client.generate(PROMPT, 8) for t in ev.tokens]
+                later = await answer_of(client.generate(PROMPT, 8))
             # Before the workers stop (then the chain shrinks and they are re-planned).
             logs = [(tmp_path / f"w{i}.log").read_text() for i in range(3)]
             return (

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from app.client.generation import apply_event
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
 from app.client.route import route_avoiding
@@ -52,7 +53,7 @@ def test_a_stage_that_reboots_mid_answer_is_replayed_on(tmp_path: Path) -> None:
             out: list[int] = []
             async with client:
                 async for event in client.generate(PROMPT, N_TOKENS):
-                    out.extend(event.tokens)
+                    apply_event(out, event)
                     if len(out) == KILL_AFTER:
                         swarm.kill_worker(victim)
                         await swarm.restart_worker(victim)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.client.connect import identity_connector
+from app.client.generation import answer_of
 from app.client.route import fetch_route
 from app.identity import Identity
 from app.lab.local_run import build_pipeline
@@ -66,7 +67,7 @@ def test_first_chat_as_the_first_stages_own_identity_answers(
             async def chat() -> list[int]:
                 conn = await identity_connector(tmp_path / own)()
                 try:
-                    return [t async for ev in conn.client.generate(PROMPT, 6) for t in ev.tokens]
+                    return await answer_of(conn.client.generate(PROMPT, 6))
                 finally:
                     await conn.close()
 

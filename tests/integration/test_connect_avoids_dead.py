@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.client.connect import avoiding_source
+from app.client.generation import apply_event
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
 from app.lab.local_run import build_pipeline
@@ -46,7 +47,7 @@ def test_connecting_with_a_dead_stage_on_the_route_goes_around_it(tmp_path: Path
             out: list[int] = []
             async with client:  # connects: the stale route's first stage is gone
                 async for event in client.generate(PROMPT, N_TOKENS):
-                    out.extend(event.tokens)
+                    apply_event(out, event)
             return out, client, chain[0]
         finally:
             await swarm.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.client.generation import answer_of
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy, accused
 from app.client.swarm_client import SwarmClient
@@ -130,7 +131,7 @@ def test_an_answer_survives_a_stage_that_lies_now_and_then(smollm2_path: Path) -
                 creds, route, same_route, RecoveryPolicy(step_timeout_s=20.0), swarm.tuning
             )
             async with client:
-                out = [t async for ev in client.generate(prompt, n) for t in ev.tokens]
+                out = await answer_of(client.generate(prompt, n))
         return out, client
 
     out, client = asyncio.run(scenario())

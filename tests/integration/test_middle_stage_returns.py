@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from app.client.connect import ChatConnection, identity_connector
+from app.client.generation import answer_of
 from app.client.route import fetch_route
 from app.identity import Identity, join_swarm
 from app.serving.coordinated import CoordinatedOptions
@@ -120,7 +121,7 @@ def test_a_middle_stage_that_drains_stops_and_returns_answers_again(
     assert first.runner is not None
 
     async def ask(conn: ChatConnection, n: int) -> list[int]:
-        return [t async for ev in conn.client.generate(PROMPT, n) for t in ev.tokens]
+        return await answer_of(conn.client.generate(PROMPT, n))
 
     missed: list[str] = []
 

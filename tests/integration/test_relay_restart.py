@@ -15,6 +15,7 @@ import pytest
 
 from app.cli.relay import RelayError
 from app.client.connect import avoiding_source
+from app.client.generation import answer_of
 from app.client.recovering import RecoveringClient
 from app.client.route import fetch_route
 from app.identity import join_swarm
@@ -65,7 +66,7 @@ def test_coturn_killed_and_restarted_mid_answer_the_answer_completes(tmp_path: P
             path = ""
             while time.monotonic() < deadline and path != "relayed":
                 async with RecoveringClient(me.credentials(), route, avoiding_source(me)) as c:
-                    _ = [t async for ev in c.generate(PROMPT, 2) for t in ev.tokens]
+                    _ = await answer_of(c.generate(PROMPT, 2))
                 await asyncio.sleep(4.5)  # two heartbeats
                 with store.session() as s:
                     node = s.get(Node, route.stages[0].node_id)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from app.client.generation import apply_event
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
 from app.client.route import fetch_route, route_avoiding
@@ -119,7 +120,7 @@ def _second_stage_killed(
             out: list[int] = []
             async with client:
                 async for event in client.generate(PROMPT, N_TOKENS):
-                    out.extend(event.tokens)
+                    apply_event(out, event)
                     if len(out) == KILL_AFTER:
                         os.kill(victim.process.pid, signal.SIGKILL)
             # The workers' heartbeats bring the counters while they still serve.

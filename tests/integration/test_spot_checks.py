@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from app.client.connect import avoiding_source
-from app.client.generation import SuspectTokens
+from app.client.generation import SuspectTokens, apply_event
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
 from app.identity import Identity
@@ -76,10 +76,7 @@ def test_a_stage_that_lies_is_caught_and_leaves_the_routes(tmp_path: Path) -> No
         assert taken[0].count >= 3
         tokens: list[int] = []
         for e in events:
-            if isinstance(e, SuspectTokens):
-                del tokens[e.first :]
-            else:
-                tokens.extend(e.tokens)
+            apply_event(tokens, e)
         assert tokens == await ask(swarm.me, honest, LONG)
         assert all(liar_id not in r for r in client.recoveries[-1].route)
         evidence = faults["faulty"][liar_id]

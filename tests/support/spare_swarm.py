@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.client.generation import apply_event
 from app.client.recovering import RecoveringClient
 from app.client.route import fetch_route
 from app.config import Route
@@ -193,7 +194,7 @@ async def generate_killing(
     out: list[int] = []
     killed_at = gap = 0.0
     async for event in client.generate(prompt, n):
-        out.extend(event.tokens)
+        apply_event(out, event)
         if len(out) >= after and not killed_at:
             kill()
             killed_at = time.monotonic()

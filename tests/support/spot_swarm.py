@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from app.client.connect import avoiding_source
-from app.client.generation import SuspectTokens
+from app.client.generation import apply_event
 from app.client.recovering import RecoveringClient
 from app.client.recovery import RecoveryPolicy
 from app.client.route import fetch_route
@@ -111,10 +111,7 @@ async def ask(me: Identity, route: Route, n: int = N_TOKENS) -> list[int]:
     out: list[int] = []
     async with recovering_client(me, route) as client:
         async for event in client.generate(PROMPT, n):
-            if isinstance(event, SuspectTokens):
-                del out[event.first :]
-            else:
-                out.extend(event.tokens)
+            apply_event(out, event)
     return out
 
 
