@@ -95,6 +95,8 @@ class Catch:
     """Its tokens taken back and computed again."""
     under_way_equal: bool | None = None
     """It ended equal to the whole model's answer."""
+    verdicts: dict[str, int] = field(default_factory=dict)
+    """Checks the coordinator decided during the run, by verdict."""
 
 
 @dataclass
@@ -202,6 +204,8 @@ async def _catch(swarm: Swarm, kind: str, a: argparse.Namespace, expected: list[
             catch.caught_by = SPOT_CHECK
             break
     catch.seconds = time.monotonic() - started
+    decided = await loop.run_in_executor(None, faults, swarm.coord)
+    catch.verdicts = {str(k): int(v) for k, v in decided.get("counts", {}).items()}
     if not catch.caught_by:
         catch.caught_by = "-"  # not caught: the long answer goes on unpaced to its end
     try:
