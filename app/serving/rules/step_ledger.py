@@ -141,8 +141,10 @@ class StepLedger:
             self._seen.popitem(last=False)
 
     def witnessed(self) -> tuple[tuple[str, int], ...]:
-        """The sessions `witness` counted, newest first, with their steps."""
-        return tuple(list(reversed(self._seen.items()))[:MAX_OFFERED_SESSIONS])
+        """The sessions `witness` counted, newest first, with their steps (at most
+        MAX_CHECK_STEPS: a check covers no more, and a heartbeat carries no more)."""
+        newest = list(reversed(self._seen.items()))[:MAX_OFFERED_SESSIONS]
+        return tuple((name, min(steps, MAX_CHECK_STEPS)) for name, steps in newest)
 
     def offered(self) -> tuple[tuple[str, int], ...]:
         """The sessions a check may ask for, newest first, with their steps recorded."""

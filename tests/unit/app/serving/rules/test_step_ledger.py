@@ -12,7 +12,14 @@ import pytest
 from app.serving.rules.step_ledger import LedgerLimits, StepLedger
 from app.serving.steps.batch import StageSteps
 from app.serving.steps.recompute import recompute
-from coordinator.spot_checks import HIDDEN, TOKENS, CheckRecord, CheckStep, digest
+from coordinator.spot_checks import (
+    HIDDEN,
+    MAX_CHECK_STEPS,
+    TOKENS,
+    CheckRecord,
+    CheckStep,
+    digest,
+)
 from core.stage import Stage
 from core.types import LayerRange, StageSpec
 from tests.support.pump import Chain, ChainEngine, prompt_of
@@ -129,3 +136,12 @@ def test_a_session_past_its_cap_keeps_its_prefix_and_records_no_more() -> None:
     assert record is not None and [s.step_id for s in record.steps] == [0, 1]
     assert ledger.check_record("a", 3) is None
     assert ledger.check_record("nobody", 1) is None
+
+
+def test_a_witness_count_stops_where_a_check_and_a_heartbeat_do() -> None:
+    ledger = StepLedger(LedgerLimits())
+    ledger.witness("long", 0)
+    for start in range(1, 400):
+        ledger.witness("long", start)
+    ledger.witness("middle", 7)  # heard of from the middle: not counted
+    assert ledger.witnessed() == (("long", MAX_CHECK_STEPS),)
