@@ -130,7 +130,6 @@ async def chat_once(
                 # without it; the terminal says so and starts the answer's text over.
                 del tokens[ev.first :]
                 answer = [t for t in tokens if not tokenizer.is_end(t)]
-                events = events[: max(0, ev.first - 1)]
                 streamer = tokenizer.streamer()
                 if stream is not None:
                     stream(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from PySide6.QtCore import QObject, Signal
 
 from app.client.connect import ChatConnection, ChatConnector
-from app.client.generation import SuspectTokens
+from app.client.generation import SuspectTokens, apply_event
 from app.node_status import plain_reason
 from app.ui.controllers import AsyncThread, Mailbox
 from core.repetition_guard import looping_tail
@@ -182,17 +182,16 @@ class ChatController(QObject):
             stream = conn.client.generate(ids, max_tokens, sampling, is_end=tok.is_end)
             try:
                 async for ev in stream:
+                    apply_event(generated, ev)
                     if isinstance(ev, SuspectTokens):
                         # A stage found faulty computed these: the window shows the
                         # answer without them, and the ones computed again follow.
-                        del generated[ev.first :]
                         answer = [t for t in generated if not tok.is_end(t)]
                         n = len(generated)
                         streamer = tok.streamer()
                         kept = "".join(streamer.push(t) for t in answer)
                         self._mailbox.post(("taken_back", kept))
                         continue
-                    generated.extend(ev.tokens)
                     for t in ev.tokens:
                         if n == 0:
                             t_first = time.perf_counter()
