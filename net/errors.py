@@ -28,6 +28,10 @@ class ErrorCode(IntEnum):
     MISSING_POSITIONS = 14
     """A stage was sent rows that do not continue its cache (it restarted and lost its KV,
     or rows were skipped): the sender must replay the session, never get garbage."""
+    ROUTE_MOVED = 15
+    """The client's route is not the chain its OPEN went down: a stage's next hop moved
+    since the coordinator handed the route out. The client fetches a route again and
+    replays the session on it."""
 
 
 class NetError(Exception):

@@ -57,7 +57,7 @@ from coordinator.errors import CoordinatorError
 from core.guessing import GuessPolicy
 from core.types import SamplingParams
 from net.channel import NodeCredentials, connect_channel
-from net.errors import NetError
+from net.errors import ErrorCode, NetError
 from net.quic.links import PeerUnreachable, QuicTuning
 from net.wire.tensors import WireDtype
 
@@ -288,6 +288,8 @@ class RecoveringClient:
                     dead = exc.dead
                 elif isinstance(exc, StageFaulty):
                     dead = exc.nodes
+                elif code is ErrorCode.ROUTE_MOVED:
+                    dead = ()  # every stage answered; the coordinator's route is newer
                 else:
                     # Stages it still has a link to are alive; dialling them again would
                     # move their replies off that link (the last stage sends TOKENS on

@@ -13,6 +13,8 @@ what `decide` says:
     the client's own fault (BAD_VALUE, ...)  -               GIVE_UP (re-sending fails
                                                              the same way)
     a stage of the route is unreachable      yes             REROUTE avoiding it, replay
+    the route moved (ROUTE_MOVED: a stage's  yes             REROUTE: ask for the route
+      next hop is not the route's)                           as it is now, replay
     a stage reported it lacks positions or   yes             REPLAY on the same route
       the session (it restarted, no KV)                      (a fresh session)
     anything else (STAGE_ERROR, timeout,     yes             REROUTE (avoid what the
@@ -82,6 +84,7 @@ class FailureKind(Enum):
     CLIENT_FAULT = "the request itself is wrong"
     MISSING_STATE = "a stage lacks the session's positions (restarted)"
     UNREACHABLE = "a stage of the route cannot be reached"
+    ROUTE_MOVED = "the route is not the chain any more"
     STAGE = "a stage failed or went silent"
 
 
@@ -111,6 +114,8 @@ def classify(code: ErrorCode | None, unreachable: bool) -> FailureKind:
         return FailureKind.UNREACHABLE
     if code in MISSING_STATE:
         return FailureKind.MISSING_STATE
+    if code is ErrorCode.ROUTE_MOVED:
+        return FailureKind.ROUTE_MOVED
     return FailureKind.STAGE
 
 
@@ -161,6 +166,8 @@ def decide(
     avoid = tuple(dict.fromkeys(dead))
     if kind is FailureKind.MISSING_STATE:
         return Decision(RecoveryAction.REPLAY, avoid, n_tokens)
+    if kind is FailureKind.ROUTE_MOVED:
+        return Decision(RecoveryAction.REROUTE, (), n_tokens)
     return Decision(RecoveryAction.REROUTE, avoid, n_tokens)
 
 

@@ -22,7 +22,7 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
                                draining                               refuse OVERLOADED
                                node over its limits (node_limits)     refuse OVERLOADED
                                                                       (with retry hint)
-                               last stage, client has no link here    refuse BAD_VALUE
+                               last stage, client has no link here    refuse ROUTE_MOVED
                                admission refuses (slots, KV memory)   refuse OVERLOADED
                                                                       (with retry hint)
                                it resumes a session held here for     [Release old] Begin
@@ -38,6 +38,8 @@ there) or WAITING (one was lost; a grace timer runs). The rules, event by event:
                                same upstream node and same OPEN       [Release old] Resumed
                                                                       (WAITING->LINKED:
                                                                       CancelGrace)
+                               first stage, the same OPEN from a      refuse ROUTE_MOVED
+                                 last stage its `loop` does not name
                                another node, or another OPEN          refuse NOT_OWNER
     STEP                       unknown session, or neither the owner  refuse UNKNOWN_SESSION
                                  link nor its loop link
@@ -268,8 +270,10 @@ class SessionRules(Generic[L]):
                 return self._refuse(
                     link,
                     frame.session,
-                    ErrorCode.BAD_VALUE,
-                    f"client {frame.reply_to!r} has no link to the last stage",
+                    # The client links its route's last stage before it opens: an OPEN
+                    # without that link came down a chain whose next hop moved.
+                    ErrorCode.ROUTE_MOVED,
+                    f"client {frame.reply_to!r} has no link here: its route ends elsewhere",
                 )
         old, kept = self._adoptable(frame)
         if self.admission is not None:
@@ -330,6 +334,17 @@ class SessionRules(Generic[L]):
                 joined.append(Release(session.loop, frame.session))
             session.loop = link
             return joined
+        if ring is not None and peer not in (session.owner_id, ring.last_node):
+            if frame == session.open and not self.upstream_is_stage:
+                # The session's OPEN back round the ring, from a last stage the client's
+                # route does not end at: this stage's next hop moved since the route
+                # was handed out.
+                return self._refuse(
+                    link,
+                    frame.session,
+                    ErrorCode.ROUTE_MOVED,
+                    f"the chain ends at {peer}, the client's route at {ring.last_node}",
+                )
         # The same OPEN again from the same upstream node over a new link: its path died
         # and was replaced. The session moves to the new link; nothing else changes.
         if peer != session.owner_id or frame != session.open:

@@ -30,6 +30,7 @@ POLICY = RecoveryPolicy(max_recoveries=3)
         (None, True, FailureKind.UNREACHABLE),
         (ErrorCode.MISSING_POSITIONS, False, FailureKind.MISSING_STATE),
         (ErrorCode.UNKNOWN_SESSION, False, FailureKind.MISSING_STATE),
+        (ErrorCode.ROUTE_MOVED, False, FailureKind.ROUTE_MOVED),
         (ErrorCode.OVERLOADED, False, FailureKind.STAGE),
         (None, False, FailureKind.STAGE),
     ],
@@ -51,6 +52,11 @@ def test_a_restarted_stage_gets_a_replay_on_the_same_route() -> None:
 def test_a_stage_failure_without_a_dead_stage_reroutes_without_avoiding_anyone() -> None:
     d = decide(FailureKind.STAGE, 0, (), 7, POLICY)
     assert d.verdict is RecoveryAction.REROUTE and d.avoid == ()
+
+
+def test_a_moved_route_is_fetched_again_avoiding_no_one() -> None:
+    d = decide(FailureKind.ROUTE_MOVED, 0, ("b",), 9, POLICY)
+    assert d.verdict is RecoveryAction.REROUTE and d.avoid == () and d.replay_tokens == 9
 
 
 def test_gives_up_on_its_own_fault_and_after_the_last_recovery() -> None:

@@ -164,10 +164,12 @@ def test_a_draining_stage_refuses_new_sessions_but_resumes_running_ones() -> Non
 
 
 def test_the_last_stage_refuses_a_session_whose_client_has_no_link() -> None:
+    """The client links its route's last stage before it opens: without that link the
+    OPEN came down a chain that moved, and the client is told to fetch its route again."""
     rules: SessionRules[str] = SessionRules(is_last=True)
-    message = "client 'client' has no link to the last stage"
+    message = "client 'client' has no link here: its route ends elsewhere"
     assert rules.handle(FrameReceived("up-a", "a", OPEN)) == [
-        error(ErrorCode.BAD_VALUE, message),
+        error(ErrorCode.ROUTE_MOVED, message),
         Release("up-a", "s1"),
     ]
     assert "s1" not in rules

@@ -68,19 +68,25 @@ def test_steps_on_the_ring_link_before_it_joined_are_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("peer", "frame"),
+    ("peer", "frame", "code"),
     [
-        ("mallory", OPEN),  # not the node the loop names
-        ("last", dataclasses.replace(OPEN, max_tokens=9)),  # another OPEN
-        ("last", dataclasses.replace(OPEN, loop=None)),
+        # Not the node the loop names: the chain ends elsewhere than the client's route
+        # (this stage's next hop moved), and the client is told to fetch a new one.
+        ("mallory", OPEN, ErrorCode.ROUTE_MOVED),
+        ("mallory", dataclasses.replace(OPEN, max_tokens=9), ErrorCode.NOT_OWNER),
+        ("last", dataclasses.replace(OPEN, max_tokens=9), ErrorCode.NOT_OWNER),  # another OPEN
+        ("last", dataclasses.replace(OPEN, loop=None), ErrorCode.NOT_OWNER),
     ],
 )
-def test_only_the_named_last_stage_with_the_same_open_joins(peer: str, frame: wire.Open) -> None:
+def test_only_the_named_last_stage_with_the_same_open_joins(
+    peer: str, frame: wire.Open, code: ErrorCode
+) -> None:
     rules = first_stage()
     rules.handle(LinkReady("other", peer))
     actions = rules.handle(FrameReceived("other", peer, frame))
     assert isinstance(actions[0], Send) and isinstance(actions[0].frame, wire.Error)
-    assert actions[0].frame.code is ErrorCode.NOT_OWNER
+    assert actions[0].frame.code is code
+    assert rules.owns("cl", "s1")  # the client's session is untouched
     refused = rules.handle(FrameReceived("other", peer, step(1)))
     assert isinstance(refused[0], Send) and refused[0].link == "other"
 
