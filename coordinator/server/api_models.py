@@ -1,5 +1,5 @@
 """The coordinator API's request and answer bodies (pydantic models) and the error
-answers its routes document. Shapes only: coordinator/server/api.py routes them."""
+answers its routes document. Shapes only: the api*.py modules route them."""
 
 from __future__ import annotations
 

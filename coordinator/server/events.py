@@ -157,6 +157,23 @@ def name_from_note(note: str, taken: Collection[str]) -> str:
 # ---------------------------------------------------------------- node state
 
 
+def health_of(
+    revoked: bool, silent_s: float | None, stale_after_s: float, dead_after_s: float
+) -> str:
+    """A node's health: revoked, joined (never heard from; `silent_s` None), then by how
+    long it has been silent: healthy, stale past `stale_after_s`, gone past
+    `dead_after_s`."""
+    if revoked:
+        return "revoked"
+    if silent_s is None:
+        return "joined"
+    if silent_s > dead_after_s:
+        return "gone"
+    if silent_s > stale_after_s:
+        return "stale"
+    return "healthy"
+
+
 def node_state(health: str, paused: str) -> str:
     """What the page shows for a node: its health (healthy, stale, gone, revoked,
     joined), but "paused" for a node that said it pauses and is not yet gone: a paused

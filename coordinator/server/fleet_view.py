@@ -1,7 +1,7 @@
 """The fleet prediction's inputs, gathered from what the coordinator holds: the main
 chain, each stage's latest step-time report, its admission figures and the links'
 measured round trips. Pure: the service hands the facts in (coordinator/server/service.py)
-and shows what comes out (api.py, the operator page, `sangama status`)."""
+and shows what comes out (swarm_view.py, the operator page, `sangama status`)."""
 
 from __future__ import annotations
 

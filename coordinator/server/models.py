@@ -3,8 +3,8 @@ one's placement state: its chains, the last good one kept, the routes handed to 
 
 The first model is the default: a route, manifest or piece asked for model "default"
 means it, and a coordinator with one model behaves as it always did. Which workers each
-model's placement may use is placement/fleet_split.py's pure policy; the Coordinator
-(service.py) owns these objects and changes them under its lock.
+model's placement may use is placement/fleet_split.py's pure policy; plan_keeper.Plans
+owns these objects and changes them under its lock.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def plan_setting(name: str) -> str:
 
 @dataclass
 class ModelPlan:
-    """One hosted model's placement: owned by the Coordinator, changed under its lock."""
+    """One hosted model's placement: owned by plan_keeper.Plans, changed under its lock."""
 
     model: HostedModel
     kept: Plan | None = None
@@ -134,7 +134,7 @@ def find(hosted: Sequence[ModelPlan], name: str) -> ModelPlan:
 
 @dataclass(frozen=True)
 class Rules:
-    """The operator's placement settings (service.Settings), as placement takes them."""
+    """The operator's placement settings (CoordinatorSettings), as placement takes them."""
 
     max_chains: int = 1
     spares: int = 0

@@ -133,6 +133,25 @@ class PieceBook:
         with self._lock:
             self._pointed.append((self._clock(), node_id))
 
+    def sources(
+        self,
+        asker: str,
+        file: str,
+        manifest: Manifest,
+        stages: Mapping[str, Sequence[tuple[int, int]]],
+        healthy: Collection[str],
+        rtt_ms: Mapping[tuple[str, str], float],
+    ) -> list[PieceSource]:
+        """Where `asker` gets piece `file` of `manifest`, best first (`rank_sources` of
+        `holders_of`); the first peer listed counts as pointed at."""
+        holders = holders_of(file, manifest, self.holders(), stages, healthy)
+        piece = next(p for p in manifest.pieces if p.file == file)
+        has_mirror = manifest.mirror is not None and manifest.mirror.ranges(piece.name) is not None
+        ranked = rank_sources(asker, holders, rtt_ms, self.pointed(), has_mirror)
+        if ranked[0].kind == "peer":
+            self.point(ranked[0].node_id)
+        return ranked
+
     def served(self, n_bytes: int) -> None:
         with self._lock:
             self.coordinator_bytes += max(0, n_bytes)

@@ -262,7 +262,7 @@ def serve(options: CoordinatorOptions) -> int:
         access_log=False,
         # uvicorn would believe X-Forwarded-For from any loopback peer, so behind a
         # proxy on this machine every caller could name itself: the API reads the
-        # header itself, from --trusted-proxy peers only (api.caller_address).
+        # header itself, from --trusted-proxy peers only (api_callers.caller_address).
         proxy_headers=False,
     )
     server = uvicorn.Server(config)

@@ -32,6 +32,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 if TYPE_CHECKING:  # alembic is imported only when migrating
     from alembic.config import Config
 
+    from coordinator.contract import Heartbeat
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -210,9 +212,116 @@ class Store:
         query = select(Node).where(Node.forgotten_at.is_(None)).order_by(Node.node_id)
         return list(s.scalars(query))
 
+    def node(self, node_id: str) -> Node | None:
+        """The node's row, forgotten or not; None for an id never joined."""
+        with self.session() as s:
+            return s.get(Node, node_id)
+
     def revoked_serials(self) -> list[str]:
         with self.session() as s:
             return list(s.scalars(select(Certificate.serial).where(Certificate.revoked)))
+
+    # -- certificates
+    def add_certificate(self, node_id: str, serial: int, not_after: dt.datetime) -> None:
+        with self.session() as s:
+            s.add(
+                Certificate(serial=str(serial), node_id=node_id, not_after=not_after, revoked=False)
+            )
+
+    def revoke_certificates(self, s: Session, node_id: str) -> None:
+        """Mark every certificate of the node revoked, in the caller's transaction."""
+        for cert in s.scalars(select(Certificate).where(Certificate.node_id == node_id)):
+            cert.revoked = True
+
+    def revoke_node(self, node_id: str) -> bool:
+        """Revoke the node and its certificates; False when there is no such node."""
+        with self.session() as s:
+            node = s.get(Node, node_id)
+            if node is None:
+                return False
+            node.revoked = True
+            self.revoke_certificates(s, node_id)
+        return True
+
+    # -- what heartbeats write
+    def record_beat(
+        self, node_id: str, beat: Heartbeat, address: str, now: dt.datetime
+    ) -> dt.datetime | None:
+        """Store what a (joined) node's heartbeat reports, its links' round trips and its
+        throughput sample; return when it was heard from before."""
+        with self.session() as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            heard = node.last_seen
+            node.address = address
+            node.capacity_bytes = max(0, beat.capacity_bytes)
+            node.vram_cap_bytes = max(0, beat.vram_cap_bytes)
+            node.hardware = beat.hardware
+            node.stats = beat.stats
+            node.path = beat.path[:32]
+            node.backend = beat.backend[:200]
+            node.device_bytes_used = max(0, beat.device_bytes_used)
+            node.device_cap_bytes = max(0, beat.device_cap_bytes)
+            node.gpu_layers = max(0, beat.gpu_layers)
+            node.n_layers = max(0, beat.n_layers)
+            node.sessions = max(0, beat.sessions)
+            node.max_sessions = max(0, beat.max_sessions)
+            node.kv_budget_bytes = max(0, beat.kv_budget_bytes)
+            node.kv_reserved_bytes = max(0, beat.kv_reserved_bytes)
+            node.last_seen = now
+            s.execute(delete(Rtt).where(Rtt.src == node_id))
+            for peer, ms in list(beat.rtt_ms.items())[:256]:
+                s.add(Rtt(src=node_id, dst=peer[:64], ms=float(ms), measured_at=now))
+            if beat.tokens or beat.compute_ms:
+                s.add(
+                    Sample(at=now, node_id=node_id, tokens=beat.tokens, compute_ms=beat.compute_ms)
+                )
+        return heard
+
+    def mark_seen(self, node_id: str, now: dt.datetime) -> dt.datetime | None:
+        """A (joined) node was heard from, and nothing else; when it was heard before."""
+        with self.session() as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            heard = node.last_seen
+            node.last_seen = now
+        return heard
+
+    def rename_node(self, node_id: str, name: str) -> str | None:
+        """Set the node's name; its name before, or None for no such (unforgotten) node."""
+        with self.session() as s:
+            node = s.get(Node, node_id)
+            if node is None or node.forgotten_at is not None:
+                return None
+            old, node.name = node.name, name
+        return old
+
+    def throughput(self, since: dt.datetime) -> list[tuple[str, int]]:
+        """Tokens reported per 10-second bucket since `since`, oldest first."""
+        buckets: dict[str, int] = {}
+        with self.session() as s:
+            for row in s.scalars(select(Sample).where(Sample.at >= since).order_by(Sample.at)):
+                at = as_utc(row.at)
+                key = at.replace(second=at.second - at.second % 10, microsecond=0).isoformat()
+                buckets[key] = buckets.get(key, 0) + row.tokens
+        return sorted(buckets.items())
+
+    def prune(self, samples_before: dt.datetime) -> None:
+        """Delete throughput samples older than `samples_before`, and forgotten nodes
+        once no certificate of theirs is still valid."""
+        with self.session() as s:
+            s.execute(delete(Sample).where(Sample.at < samples_before))
+            # Forgotten nodes are kept (revoked) while a certificate of theirs could
+            # still open links; then they go for good.
+            live_certs = select(Certificate.node_id).where(Certificate.not_after > utcnow())
+            done = select(Node.node_id).where(
+                Node.forgotten_at.is_not(None), Node.node_id.not_in(live_certs)
+            )
+            ids = list(s.scalars(done))
+            if ids:
+                s.execute(delete(Certificate).where(Certificate.node_id.in_(ids)))
+                s.execute(delete(Rtt).where(Rtt.src.in_(ids)))
+                s.execute(delete(Node).where(Node.node_id.in_(ids)))
 
     def rtt_map(self) -> dict[tuple[str, str], float]:
         with self.session() as s:
