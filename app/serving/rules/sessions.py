@@ -334,17 +334,20 @@ class SessionRules(Generic[L]):
                 joined.append(Release(session.loop, frame.session))
             session.loop = link
             return joined
-        if ring is not None and peer not in (session.owner_id, ring.last_node):
-            if frame == session.open and not self.upstream_is_stage:
-                # The session's OPEN back round the ring, from a last stage the client's
-                # route does not end at: this stage's next hop moved since the route
-                # was handed out.
-                return self._refuse(
-                    link,
-                    frame.session,
-                    ErrorCode.ROUTE_MOVED,
-                    f"the chain ends at {peer}, the client's route at {ring.last_node}",
-                )
+        if (
+            ring is not None
+            and not self.upstream_is_stage
+            and peer not in (session.owner_id, ring.last_node)
+            and frame == session.open
+        ):
+            # The session's OPEN back round the ring, from a last stage the client's route
+            # does not end at: this stage's next hop moved since the route was handed out.
+            return self._refuse(
+                link,
+                frame.session,
+                ErrorCode.ROUTE_MOVED,
+                f"the chain ends at {peer}, the client's route at {ring.last_node}",
+            )
         # The same OPEN again from the same upstream node over a new link: its path died
         # and was replaced. The session moves to the new link; nothing else changes.
         if peer != session.owner_id or frame != session.open:
