@@ -4,7 +4,7 @@ The URL layout and one frozen dataclass per message: the server (coordinator/ser
 answers with these (FastAPI serialises them and derives the OpenAPI description from
 them) and the volunteers' client (coordinator/client) reads its answers into them, so a
 field renamed on one end is renamed on the other. Request bodies the server must
-validate field by field stay pydantic models in coordinator/server/api.py; a test holds
+validate field by field stay pydantic models in coordinator/server/api_models.py; a test holds
 their field names equal to the dataclasses here.
 
 Standard library only: this module runs on volunteer PCs as well as on the server.
