@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from app.client.generation import AnswerEvent, SuspectTokens
@@ -38,6 +38,7 @@ from app.client.recovery import (
     RecoveryPolicy,
     accused,
     classify,
+    convicted_span,
     dead_stages,
     decide,
     first_layer_to_adopt,
@@ -78,8 +79,8 @@ class StageDead(RouteUnavailable):
 
 
 class StageFaulty(RouteUnavailable):
-    """The coordinator lists stages of the route as faulty: a spot check found them
-    computing rows no honest stage computes."""
+    """The coordinator lists stages that served the answer as faulty: a spot check found
+    them computing rows no honest stage computes."""
 
     def __init__(self, nodes: tuple[str, ...]) -> None:
         super().__init__(f"stage {', '.join(nodes)} was found faulty by a spot check")
@@ -236,6 +237,7 @@ class RecoveringClient:
             answered = False
             try:
                 async for event in self._watched(
+                    served,
                     client.generate(
                         history,
                         max_tokens - len(produced),
@@ -249,7 +251,7 @@ class RecoveringClient:
                         # Every position with the shape it first had: the prompt in its
                         # chunks, each generated row alone (app.session.replay_shapes).
                         segments=replay_segments(len(prompt), chunk, len(produced)),
-                    )
+                    ),
                 ):
                     if pending is not None:
                         decision, noticed, failure, dead = pending
@@ -323,22 +325,26 @@ class RecoveringClient:
                     failure, replays = str(exc), 1
                 await self._switch(decision, exc, client)
                 pending = (decision, noticed, failure, dead)
-                convicted = sorted(n for n in served if n in self.faulty)
-                if convicted:
-                    first = min(served[n] for n in convicted)
+                span = convicted_span(served, self.faulty)
+                if span is not None:
+                    first, convicted = span
                     if first < len(produced):
-                        yield SuspectTokens(first, len(produced) - first, tuple(convicted))
+                        yield SuspectTokens(first, len(produced) - first, convicted)
                         del produced[first:]
                     served = {n: min(i, first) for n, i in served.items() if n not in convicted}
                     # The stages after a faulty one hold KV computed from its rows: the
                     # replay starts from nothing everywhere.
                     previous = None
 
-    async def _watched(self, stream: AsyncIterator[TokenEvent]) -> AsyncIterator[TokenEvent]:
+    async def _watched(
+        self, served: Mapping[str, int], stream: AsyncIterator[TokenEvent]
+    ) -> AsyncIterator[TokenEvent]:
         """`stream`, probing the route whenever an answer is `probe_after_s` late: a stage
         whose host says nothing listens ends the wait at once (`StageDead`) instead of at
         the step deadline; one that is merely slow or silent is waited for (the chain's
-        typed error or the step deadline decides, `dead_stages`)."""
+        typed error or the step deadline decides, `dead_stages`). A node that `served`
+        the answer, on this route or an earlier one, found faulty since ends it too
+        (`StageFaulty`): what it touched is taken back."""
         try:
             while True:
                 nxt = asyncio.ensure_future(anext(stream))
@@ -358,11 +364,9 @@ class RecoveringClient:
                 except StopAsyncIteration:
                     return
                 self._ask_faulty()
-                convicted = tuple(
-                    s.node_id for s in self._client.route.stages if s.node_id in self.faulty
-                )
-                if convicted:
-                    raise StageFaulty(convicted)
+                span = convicted_span(served, self.faulty)
+                if span is not None:
+                    raise StageFaulty(span[1])
                 yield event
         finally:
             with contextlib.suppress(Exception):

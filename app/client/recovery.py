@@ -44,7 +44,7 @@ at the replay (documented, not hidden: `exact_for` says which answers are exact)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -212,6 +212,19 @@ def first_layer_to_adopt(
         if state_lost:
             break
     return first
+
+
+def convicted_span(
+    served: Mapping[str, int], faulty: Collection[str]
+) -> tuple[int, tuple[str, ...]] | None:
+    """The answer's first token a faulty node may have touched, and those nodes: of the
+    nodes that served it (node -> the first generated token it helped compute, 0 for
+    the prompt's too), every one spot checks found faulty, whether it is on the route
+    now or the answer left it before it was caught. None when none of them is."""
+    convicted = tuple(sorted(n for n in served if n in faulty))
+    if not convicted:
+        return None
+    return min(served[n] for n in convicted), convicted
 
 
 def exact_for(sampling: SamplingParams) -> bool:

@@ -10,6 +10,7 @@ from app.client.recovery import (
     RecoveryAction,
     RecoveryPolicy,
     classify,
+    convicted_span,
     dead_stages,
     decide,
     exact_for,
@@ -113,3 +114,12 @@ def test_the_stages_that_keep_the_kv_are_the_kept_run_ending_the_route(
     new: list[tuple[str, int, int]], dead: set[str], state_lost: bool, first: int | None
 ) -> None:
     assert first_layer_to_adopt(OLD_ROUTE, new, dead, state_lost) == first
+
+
+def test_the_faulty_nodes_that_served_an_answer_name_its_first_suspect_token() -> None:
+    served = {"a": 0, "b": 0, "c": 12, "d": 30}  # c and d joined after reroutes
+    assert convicted_span(served, frozenset()) is None
+    assert convicted_span(served, {"x"}) is None  # faulty, but never served it
+    assert convicted_span(served, {"d", "c"}) == (12, ("c", "d"))
+    # One the answer left before it was caught still counts: it computed tokens 0-11.
+    assert convicted_span({"a": 0, "c": 12}, {"a"}) == (0, ("a",))
