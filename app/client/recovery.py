@@ -221,6 +221,8 @@ def convicted_span(
     nodes that served it (node -> the first generated token it helped compute, 0 for
     the prompt's too), every one spot checks found faulty, whether it is on the route
     now or the answer left it before it was caught. None when none of them is."""
+    if not faulty:  # the usual case, asked after every token: nothing to look through
+        return None
     convicted = tuple(sorted(n for n in served if n in faulty))
     if not convicted:
         return None
